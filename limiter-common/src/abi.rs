@@ -1,0 +1,308 @@
+//! Map keys and values shared by the XDP program and the daemon.
+//!
+//! Layout rules: `#[repr(C)]`, explicit padding fields, `u32` flags instead of `bool`.
+//! Size assertions at the bottom of the file pin every layout; the daemon additionally
+//! refuses pinned maps whose key/value sizes differ from these.
+
+use crate::gcra::Limit;
+
+/// Rule slots. A slot is stable for a rule name across reloads, so its bucket and
+/// counters continue.
+pub const MAX_RULES: u32 = 1024;
+/// Rule-table generations: one live, one being built (see [`Control::generation`]).
+pub const GENERATIONS: u32 = 2;
+/// Prefix entries per address family per generation.
+pub const MAX_PREFIXES: u32 = 16384;
+/// Rules that can apply to one destination prefix (its own and every covering prefix).
+pub const MAX_CANDIDATES: usize = 16;
+/// Default capacity of the per-source bucket map (`max_sources`).
+pub const DEFAULT_MAX_SOURCES: u32 = 1_048_576;
+
+/// Map names: the ELF symbols of the XDP object and the file names under `pin_dir`.
+pub mod map_name {
+    pub const CONTROL: &str = "CONTROL";
+    pub const RULES: &str = "RULES";
+    pub const PREFIXES_V4_0: &str = "PREFIXES_V4_0";
+    pub const PREFIXES_V4_1: &str = "PREFIXES_V4_1";
+    pub const PREFIXES_V6_0: &str = "PREFIXES_V6_0";
+    pub const PREFIXES_V6_1: &str = "PREFIXES_V6_1";
+    pub const AGG_BUCKETS: &str = "AGG_BUCKETS";
+    pub const SRC_BUCKETS: &str = "SRC_BUCKETS";
+    pub const RULE_COUNTERS: &str = "RULE_COUNTERS";
+    pub const GLOBAL_COUNTERS: &str = "GLOBAL_COUNTERS";
+
+    /// Every map the program owns, in a stable order.
+    pub const ALL: [&str; 10] = [
+        CONTROL,
+        RULES,
+        PREFIXES_V4_0,
+        PREFIXES_V4_1,
+        PREFIXES_V6_0,
+        PREFIXES_V6_1,
+        AGG_BUCKETS,
+        SRC_BUCKETS,
+        RULE_COUNTERS,
+        GLOBAL_COUNTERS,
+    ];
+}
+
+/// Name of the XDP program in the object.
+pub const PROGRAM_NAME: &str = "limiter";
+
+/// The single entry of `CONTROL`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Control {
+    /// Live rule-table generation (0 or 1). The daemon fills the other one, then flips
+    /// this word: a packet reads it once, so it never sees half a rule set.
+    pub generation: u32,
+    /// `CONTROL_*` bits.
+    pub flags: u32,
+}
+
+/// Kill switch: pass every frame without classifying or counting it.
+pub const CONTROL_BYPASS: u32 = 1 << 0;
+
+/// `RULES` holds `GENERATIONS * MAX_RULES` entries; this is the index of a slot in a
+/// generation.
+#[inline(always)]
+pub const fn rule_index(generation: u32, slot: u32) -> u32 {
+    (generation & 1) * MAX_RULES + slot
+}
+
+/// Unit in which a rule meters traffic.
+pub const UNIT_PACKETS: u32 = 0;
+/// Frame length as seen by XDP, L2 header included.
+pub const UNIT_BYTES: u32 = 1;
+/// TCP SYN without ACK; other packets of the rule pass unmetered.
+pub const UNIT_SYN: u32 = 2;
+
+/// The slot holds a rule.
+pub const RULE_IN_USE: u32 = 1 << 0;
+/// Pass everything, count what enforce mode would drop.
+pub const RULE_SHADOW: u32 = 1 << 1;
+/// `aggregate` is a limit (else the rule has no aggregate limit).
+pub const RULE_HAS_AGGREGATE: u32 = 1 << 2;
+/// `per_source` is a limit.
+pub const RULE_HAS_PER_SOURCE: u32 = 1 << 3;
+/// fail_mode = "static": keep the last share for the whole allocator outage.
+pub const RULE_FAIL_STATIC: u32 = 1 << 4;
+
+/// Fleet share state of a rule (DESIGN.md "Fleet behaviour"). Standalone rules are
+/// `SHARE_STANDALONE` and their deadlines are zero.
+pub const SHARE_STANDALONE: u32 = 0;
+pub const SHARE_BOOTSTRAP: u32 = 1;
+pub const SHARE_LEASED: u32 = 2;
+pub const SHARE_STICKY: u32 = 3;
+pub const SHARE_FAIL_OPEN: u32 = 4;
+
+/// Bytes of a rule name kept in the map (NUL padded); config validation enforces it.
+pub const RULE_NAME_LEN: usize = 64;
+
+/// One rule of one generation (`RULES[rule_index(gen, slot)]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleConfig {
+    /// `RULE_*` bits.
+    pub flags: u32,
+    /// `UNIT_*`.
+    pub unit: u32,
+    /// Aggregate limit (valid when `RULE_HAS_AGGREGATE`).
+    pub aggregate: Limit,
+    /// Per-source limit (valid when `RULE_HAS_PER_SOURCE`).
+    pub per_source: Limit,
+    /// Source prefix length that keys a per-source bucket, IPv4 (0..=32).
+    pub source_prefix_v4: u32,
+    /// Source prefix length that keys a per-source bucket, IPv6 (0..=128).
+    pub source_prefix_v6: u32,
+    /// `SHARE_*` as last written by the daemon.
+    pub share_state: u32,
+    pub _reserved: u32,
+    /// CLOCK_MONOTONIC ns after which the lease has lapsed (STICKY); 0 = no lease.
+    pub lease_expires_ns: u64,
+    /// CLOCK_MONOTONIC ns after which a fail_mode=open rule passes everything
+    /// (FAIL_OPEN); 0 = never.
+    pub fail_open_at_ns: u64,
+    /// Configured aggregate rate and burst, in units per second / units (for display).
+    pub rate: u64,
+    pub burst: u64,
+    /// Configured per-source rate and burst (for display).
+    pub source_rate: u64,
+    pub source_burst: u64,
+    /// Rule name, UTF-8, NUL padded.
+    pub name: [u8; RULE_NAME_LEN],
+}
+
+impl RuleConfig {
+    pub const EMPTY: RuleConfig = RuleConfig {
+        flags: 0,
+        unit: UNIT_PACKETS,
+        aggregate: Limit::NONE,
+        per_source: Limit::NONE,
+        source_prefix_v4: 32,
+        source_prefix_v6: 128,
+        share_state: SHARE_STANDALONE,
+        _reserved: 0,
+        lease_expires_ns: 0,
+        fail_open_at_ns: 0,
+        rate: 0,
+        burst: 0,
+        source_rate: 0,
+        source_burst: 0,
+        name: [0; RULE_NAME_LEN],
+    };
+
+    /// The rule name up to the first NUL (lossy: the daemon only writes UTF-8).
+    pub fn name_bytes(&self) -> &[u8] {
+        let end = self
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(RULE_NAME_LEN);
+        &self.name[..end]
+    }
+}
+
+impl Default for RuleConfig {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+/// The candidate's destination port must equal the packet's.
+pub const MATCH_PORT: u8 = 1 << 0;
+/// The candidate's protocol must equal the packet's.
+pub const MATCH_PROTO: u8 = 1 << 1;
+
+/// Protocol numbers the classifier matches on. `icmp` rules match ICMP in IPv4 and
+/// ICMPv6 in IPv6: the compiler writes the family's number into the candidate.
+pub const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// One rule that may apply to addresses under a prefix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Candidate {
+    /// Rule slot.
+    pub slot: u16,
+    /// Destination port, host byte order (valid with `MATCH_PORT`).
+    pub port: u16,
+    /// IP protocol number (valid with `MATCH_PROTO`).
+    pub proto: u8,
+    /// `MATCH_*` bits.
+    pub match_flags: u8,
+    pub _pad: u16,
+}
+
+/// Value of a prefix-table (LPM trie) entry: every rule whose destination prefix covers
+/// this prefix, most specific first (longest prefix, then exact port, then exact
+/// protocol). The program takes the first candidate that matches the packet, so the
+/// longest-prefix lookup plus one ordered scan implements "most specific wins".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixRules {
+    pub count: u32,
+    pub candidates: [Candidate; MAX_CANDIDATES],
+}
+
+/// GCRA state: theoretical arrival time in ticks (see [`crate::gcra`]), updated by CAS.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bucket {
+    pub tat: u64,
+}
+
+/// Key of a per-source bucket: the rule slot and the masked source address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceKey {
+    pub slot: u32,
+    /// 4 or 6.
+    pub family: u32,
+    /// Masked source address, network byte order; IPv4 uses the first 4 bytes.
+    pub addr: [u8; 16],
+}
+
+/// Per-rule counters, one copy per CPU (`RULE_COUNTERS`, per-CPU array by slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCounters {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+    pub would_drop_packets: u64,
+    pub would_drop_bytes: u64,
+}
+
+impl RuleCounters {
+    /// Adds another CPU's copy (wrapping, as the kernel's increments wrap).
+    pub fn accumulate(&mut self, other: &RuleCounters) {
+        self.passed_packets = self.passed_packets.wrapping_add(other.passed_packets);
+        self.passed_bytes = self.passed_bytes.wrapping_add(other.passed_bytes);
+        self.dropped_packets = self.dropped_packets.wrapping_add(other.dropped_packets);
+        self.dropped_bytes = self.dropped_bytes.wrapping_add(other.dropped_bytes);
+        self.would_drop_packets = self
+            .would_drop_packets
+            .wrapping_add(other.would_drop_packets);
+        self.would_drop_bytes = self.would_drop_bytes.wrapping_add(other.would_drop_bytes);
+    }
+}
+
+/// Program-wide counters, one copy per CPU (`GLOBAL_COUNTERS[0]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GlobalCounters {
+    /// Frames the parser could not read (passed).
+    pub malformed: u64,
+    /// Frames that are not IPv4/IPv6 (passed).
+    pub non_ip: u64,
+    /// IP frames no rule matched (passed).
+    pub unmatched: u64,
+    /// Per-source buckets that could not be created (frame metered by the aggregate only).
+    pub insert_failures: u64,
+    /// Bucket updates that lost the CAS race too often and were passed.
+    pub contended: u64,
+}
+
+impl GlobalCounters {
+    pub fn accumulate(&mut self, other: &GlobalCounters) {
+        self.malformed = self.malformed.wrapping_add(other.malformed);
+        self.non_ip = self.non_ip.wrapping_add(other.non_ip);
+        self.unmatched = self.unmatched.wrapping_add(other.unmatched);
+        self.insert_failures = self.insert_failures.wrapping_add(other.insert_failures);
+        self.contended = self.contended.wrapping_add(other.contended);
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no padding
+    // (the size assertions below prove the last part).
+    unsafe impl aya::Pod for super::Control {}
+    unsafe impl aya::Pod for super::RuleConfig {}
+    unsafe impl aya::Pod for super::Candidate {}
+    unsafe impl aya::Pod for super::PrefixRules {}
+    unsafe impl aya::Pod for super::Bucket {}
+    unsafe impl aya::Pod for super::SourceKey {}
+    unsafe impl aya::Pod for super::RuleCounters {}
+    unsafe impl aya::Pod for super::GlobalCounters {}
+}
+
+// No implicit padding anywhere: each size equals the sum of its fields.
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<Control>() == 8);
+    assert!(size_of::<Limit>() == 16);
+    assert!(size_of::<RuleConfig>() == 4 * 6 + 16 * 2 + 8 * 6 + RULE_NAME_LEN);
+    assert!(size_of::<Candidate>() == 8);
+    assert!(size_of::<PrefixRules>() == 4 + 8 * MAX_CANDIDATES);
+    assert!(size_of::<Bucket>() == 8);
+    assert!(size_of::<SourceKey>() == 24);
+    assert!(size_of::<RuleCounters>() == 48);
+    assert!(size_of::<GlobalCounters>() == 40);
+    // LPM values sit right after a 4-byte IPv4 key: they must not need more alignment.
+    assert!(core::mem::align_of::<PrefixRules>() <= 4);
+};

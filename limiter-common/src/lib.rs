@@ -1,0 +1,9 @@
+//! The one definition of everything that crosses the kernel/user boundary.
+//!
+//! `abi` holds the `#[repr(C)]` map keys and values (no padding: flags are `u32`, every
+//! struct is laid out by hand to a multiple of its alignment). `gcra` holds the rate
+//! arithmetic; the XDP program and the host tests call the same functions.
+#![cfg_attr(not(test), no_std)]
+
+pub mod abi;
+pub mod gcra;

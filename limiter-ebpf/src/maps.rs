@@ -1,0 +1,48 @@
+//! The program's maps. BTF-defined so `bpftool map dump` shows field names; the daemon
+//! pins them under pin_dir by these names (limiter_common::abi::map_name).
+
+use aya_ebpf::{
+    btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use limiter_common::abi::{
+    Bucket, Control, DEFAULT_MAX_SOURCES, GENERATIONS, GlobalCounters, MAX_PREFIXES, MAX_RULES,
+    PrefixRules, RuleConfig, RuleCounters, SourceKey,
+};
+
+const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
+const SLOTS: usize = MAX_RULES as usize;
+const PREFIXES: usize = MAX_PREFIXES as usize;
+/// Overridden at load time with the config's `max_sources`.
+const SOURCES: usize = DEFAULT_MAX_SOURCES as usize;
+/// LPM tries must not preallocate.
+const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
+
+#[btf_map]
+pub static CONTROL: Array<Control, 1> = Array::new();
+
+#[btf_map]
+pub static RULES: Array<RuleConfig, RULE_ENTRIES> = Array::new();
+
+#[btf_map]
+pub static PREFIXES_V4_0: LpmTrie<[u8; 4], PrefixRules, PREFIXES, NO_PREALLOC> = LpmTrie::new();
+#[btf_map]
+pub static PREFIXES_V4_1: LpmTrie<[u8; 4], PrefixRules, PREFIXES, NO_PREALLOC> = LpmTrie::new();
+#[btf_map]
+pub static PREFIXES_V6_0: LpmTrie<[u8; 16], PrefixRules, PREFIXES, NO_PREALLOC> = LpmTrie::new();
+#[btf_map]
+pub static PREFIXES_V6_1: LpmTrie<[u8; 16], PrefixRules, PREFIXES, NO_PREALLOC> = LpmTrie::new();
+
+/// Aggregate buckets by rule slot: never evicted.
+#[btf_map]
+pub static AGG_BUCKETS: Array<Bucket, SLOTS> = Array::new();
+
+/// Per-source buckets: spoofed sources can only evict each other.
+#[btf_map]
+pub static SRC_BUCKETS: LruHashMap<SourceKey, Bucket, SOURCES> = LruHashMap::new();
+
+#[btf_map]
+pub static RULE_COUNTERS: PerCpuArray<RuleCounters, SLOTS> = PerCpuArray::new();
+
+#[btf_map]
+pub static GLOBAL_COUNTERS: PerCpuArray<GlobalCounters, 1> = PerCpuArray::new();

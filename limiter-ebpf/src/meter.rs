@@ -1,0 +1,201 @@
+//! Metering and the verdict: a frame must conform to the rule's per-source limit and to
+//! its aggregate limit. Buckets are single u64s updated by compare-and-swap with the
+//! GCRA step from limiter-common, so concurrent CPUs never over-admit.
+
+use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd};
+
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns};
+use limiter_common::{
+    abi::{
+        Bucket, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE,
+        RULE_SHADOW, RuleCounters, SourceKey, UNIT_BYTES, UNIT_SYN, rule_index,
+    },
+    gcra::{self, Limit},
+};
+
+use crate::{count_global, maps, parse::Packet};
+
+/// CAS attempts before a frame is passed unmetered (and counted as `contended`). Each
+/// failed attempt means another CPU just updated the bucket; running out takes sustained
+/// contention far beyond what the rates we meter produce.
+const CAS_ATTEMPTS: usize = 8;
+
+const BPF_NOEXIST: u64 = 1;
+const EEXIST: i32 = 17;
+
+enum Outcome {
+    Admit,
+    Reject,
+    /// The bucket could not be updated; the frame is not metered by it.
+    Unmetered,
+}
+
+#[inline(always)]
+pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result<u32, ()> {
+    let rule = maps::RULES.get(rule_index(generation, slot)).ok_or(())?;
+    let counters = maps::RULE_COUNTERS.get_ptr_mut(slot).ok_or(())?;
+    // SAFETY: per-CPU value, touched only by this CPU's program run.
+    let counters = unsafe { &mut *counters };
+    let flags = rule.flags;
+    if flags & RULE_IN_USE == 0 {
+        return Ok(pass(counters, frame_len));
+    }
+    let units = match rule.unit {
+        UNIT_SYN if !pkt.syn => return Ok(pass(counters, frame_len)),
+        UNIT_BYTES => frame_len,
+        _ => 1,
+    };
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    // FAIL_OPEN is applied here, on the kernel's clock, so it happens on time even when
+    // the daemon is dead.
+    let fail_open_at = rule.fail_open_at_ns;
+    if fail_open_at != 0 && flags & RULE_FAIL_STATIC == 0 && (now_ns.wrapping_sub(fail_open_at) as i64) >= 0
+    {
+        return Ok(pass(counters, frame_len));
+    }
+    let now = gcra::ticks_from_ns(now_ns);
+
+    let mut source_charge: Option<(*mut u64, u64)> = None;
+    let mut conforms = true;
+    if flags & RULE_HAS_PER_SOURCE != 0 {
+        let limit = &rule.per_source;
+        let cost = limit.cost(units);
+        let key = source_key(slot, pkt, rule.source_prefix_v4, rule.source_prefix_v6);
+        match meter_source(&key, now, cost, limit) {
+            (Outcome::Admit, tat) => source_charge = tat.map(|p| (p, cost)),
+            (Outcome::Reject, _) => conforms = false,
+            (Outcome::Unmetered, _) => {}
+        }
+    }
+    if conforms && flags & RULE_HAS_AGGREGATE != 0 {
+        let limit = &rule.aggregate;
+        let bucket = maps::AGG_BUCKETS.get_ptr_mut(slot).ok_or(())?;
+        // SAFETY: array values live as long as the map; `tat` is only touched atomically
+        // or by aligned 8-byte loads.
+        let tat = unsafe { &raw mut (*bucket).tat };
+        if let Outcome::Reject = step(tat, now, limit.cost(units), limit.tolerance) {
+            conforms = false;
+            // The source's bucket paid for a frame the aggregate refused: give it back,
+            // so a source is not starved by congestion that others caused.
+            if let Some((source_tat, cost)) = source_charge {
+                unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(source_tat, cost.wrapping_neg()) };
+            }
+        }
+    }
+
+    if conforms {
+        return Ok(pass(counters, frame_len));
+    }
+    if flags & RULE_SHADOW != 0 {
+        counters.would_drop_packets = counters.would_drop_packets.wrapping_add(1);
+        counters.would_drop_bytes = counters.would_drop_bytes.wrapping_add(frame_len);
+        return Ok(pass(counters, frame_len));
+    }
+    counters.dropped_packets = counters.dropped_packets.wrapping_add(1);
+    counters.dropped_bytes = counters.dropped_bytes.wrapping_add(frame_len);
+    Ok(xdp_action::XDP_DROP)
+}
+
+#[inline(always)]
+fn pass(counters: &mut RuleCounters, frame_len: u64) -> u32 {
+    counters.passed_packets = counters.passed_packets.wrapping_add(1);
+    counters.passed_bytes = counters.passed_bytes.wrapping_add(frame_len);
+    xdp_action::XDP_PASS
+}
+
+/// One GCRA step applied to a bucket with compare-and-swap.
+#[inline(always)]
+fn step(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Outcome {
+    for _ in 0..CAS_ATTEMPTS {
+        // SAFETY: `tat` points into a map value; aligned 8-byte loads are atomic.
+        let old = unsafe { core::ptr::read_volatile(tat) };
+        let next = gcra::conform(old, now, cost, tolerance);
+        if next.tat == old {
+            return if next.admit {
+                Outcome::Admit
+            } else {
+                Outcome::Reject
+            };
+        }
+        // SeqCst: the result is read, so it must be the fetching BPF_CMPXCHG.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                tat, old, next.tat,
+            )
+        };
+        if swapped {
+            return if next.admit {
+                Outcome::Admit
+            } else {
+                Outcome::Reject
+            };
+        }
+    }
+    count_global(|g| &mut g.contended);
+    Outcome::Unmetered
+}
+
+/// Meters one source; also returns its TAT pointer when it admitted (for a refund).
+#[inline(always)]
+fn meter_source(key: &SourceKey, now: u64, cost: u64, limit: &Limit) -> (Outcome, Option<*mut u64>) {
+    for _ in 0..2 {
+        if let Some(bucket) = maps::SRC_BUCKETS.get_ptr_mut(key) {
+            let tat = unsafe { &raw mut (*bucket).tat };
+            let outcome = step(tat, now, cost, limit.tolerance);
+            return (outcome, Some(tat));
+        }
+        // A new source starts with a full bucket: this frame is its first.
+        let first = gcra::conform(0, now, cost, limit.tolerance);
+        match maps::SRC_BUCKETS.insert(key, Bucket { tat: first.tat }, BPF_NOEXIST) {
+            Ok(()) => {
+                let outcome = if first.admit {
+                    Outcome::Admit
+                } else {
+                    Outcome::Reject
+                };
+                return (outcome, None);
+            }
+            // Another CPU created it first: meter against theirs.
+            Err(e) if e == -EEXIST => continue,
+            Err(_) => break,
+        }
+    }
+    count_global(|g| &mut g.insert_failures);
+    (Outcome::Unmetered, None)
+}
+
+/// The per-source key: rule slot plus the source masked to the rule's prefix length.
+#[inline(always)]
+fn source_key(slot: u32, pkt: &Packet, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
+    let mut key = SourceKey {
+        slot,
+        family: pkt.family,
+        addr: [0; 16],
+    };
+    let (prefix, words) = if pkt.family == 4 {
+        (prefix_v4, 1)
+    } else {
+        (prefix_v6, 4)
+    };
+    for w in 0..4 {
+        if w >= words {
+            break;
+        }
+        let bits_before = (w * 32) as u32;
+        let mask: u32 = if prefix >= bits_before + 32 {
+            u32::MAX
+        } else if prefix <= bits_before {
+            0
+        } else {
+            u32::MAX << (32 - (prefix - bits_before))
+        };
+        let i = w * 4;
+        let word = u32::from_be_bytes([pkt.src[i], pkt.src[i + 1], pkt.src[i + 2], pkt.src[i + 3]]);
+        let masked = (word & mask).to_be_bytes();
+        key.addr[i] = masked[0];
+        key.addr[i + 1] = masked[1];
+        key.addr[i + 2] = masked[2];
+        key.addr[i + 3] = masked[3];
+    }
+    key
+}

@@ -1,0 +1,53 @@
+//! The library's typed error: every variant says what was being done.
+
+use std::path::PathBuf;
+
+use crate::{config::ConfigError, ruleset::RulesetError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Ruleset(#[from] RulesetError),
+    #[error("this build has no XDP program (built with LIMITER_EBPF_SKIP=1); rebuild without it")]
+    NoObject,
+    #[error("the object has no XDP program named `limiter`")]
+    NoProgram,
+    #[error("loading the eBPF object: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("{what}: {source}")]
+    Program {
+        what: String,
+        #[source]
+        source: Box<aya::programs::ProgramError>,
+    },
+    #[error("{what}: {source}")]
+    Map {
+        what: String,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("map {0} is missing from the object or pin directory")]
+    MissingMap(&'static str),
+    #[error(
+        "pinned map {path} does not match this build (key/value/entries: expected {expected:?}, \
+         found {found:?}); it was made by another version or another max_sources. \
+         Run `limiter detach` to remove the old pins, then start again"
+    )]
+    PinnedLayout {
+        path: PathBuf,
+        expected: (u32, u32, u32),
+        found: (u32, u32, u32),
+    },
+    #[error("{0} is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)")]
+    NotBpffs(PathBuf),
+    #[error("no pinned limiter maps under {0}: is the daemon running with this pin_dir?")]
+    NotPinned(PathBuf),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

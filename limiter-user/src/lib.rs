@@ -1,0 +1,12 @@
+//! The limiter daemon: configuration, rule compilation, loading the XDP program, and
+//! reading its counters. The binary `limiter` is a thin CLI over this library.
+
+pub mod config;
+pub mod daemon;
+pub mod error;
+pub mod maps;
+pub mod program;
+pub mod ruleset;
+pub mod stats;
+
+pub use error::Error;

@@ -1,0 +1,233 @@
+//! Typed access to the program's maps, from a loaded object or from pins. Installing a
+//! rule table writes the idle generation, then flips `CONTROL.generation`.
+
+use std::{collections::BTreeMap, path::Path};
+
+use aya::{
+    Ebpf,
+    maps::{
+        Array, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+        lpm_trie::Key,
+    },
+    util::nr_cpus,
+};
+use limiter_common::abi::{
+    Bucket, Control, GlobalCounters, MAX_RULES, PrefixRules, RULE_IN_USE, RuleConfig,
+    RuleCounters, map_name, rule_index,
+};
+
+use crate::{
+    error::Error,
+    ruleset::{PrefixEntry, RuleTable},
+};
+
+type Trie<const N: usize> = LpmTrie<MapData, [u8; N], PrefixRules>;
+
+/// The maps the daemon reads and writes.
+pub struct Maps {
+    control: Array<MapData, Control>,
+    rules: Array<MapData, RuleConfig>,
+    v4: [Trie<4>; 2],
+    v6: [Trie<16>; 2],
+    agg_buckets: Array<MapData, Bucket>,
+    rule_counters: PerCpuArray<MapData, RuleCounters>,
+    global_counters: PerCpuArray<MapData, GlobalCounters>,
+}
+
+fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> Error {
+    let what = what.into();
+    move |source| Error::Map { what, source }
+}
+
+fn typed<T>(map: Map, name: &'static str) -> Result<T, Error>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    T::try_from(map).map_err(map_err(format!("opening map {name}")))
+}
+
+impl Maps {
+    /// Takes the maps out of a loaded object.
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Maps, Error> {
+        Self::build(|name| ebpf.take_map(name).ok_or(Error::MissingMap(name)))
+    }
+
+    /// Opens the maps pinned under `pin_dir` by a running (or previous) daemon.
+    pub fn from_pins(pin_dir: &Path) -> Result<Maps, Error> {
+        if !pin_dir.join(map_name::CONTROL).exists() {
+            return Err(Error::NotPinned(pin_dir.to_path_buf()));
+        }
+        Self::build(|name| {
+            let path = pin_dir.join(name);
+            let data = MapData::from_pin(&path)
+                .map_err(map_err(format!("opening pinned map {}", path.display())))?;
+            Map::from_map_data(data).map_err(map_err(format!("opening {}", path.display())))
+        })
+    }
+
+    fn build(mut take: impl FnMut(&'static str) -> Result<Map, Error>) -> Result<Maps, Error> {
+        Ok(Maps {
+            control: typed(take(map_name::CONTROL)?, map_name::CONTROL)?,
+            rules: typed(take(map_name::RULES)?, map_name::RULES)?,
+            v4: [
+                typed(take(map_name::PREFIXES_V4_0)?, map_name::PREFIXES_V4_0)?,
+                typed(take(map_name::PREFIXES_V4_1)?, map_name::PREFIXES_V4_1)?,
+            ],
+            v6: [
+                typed(take(map_name::PREFIXES_V6_0)?, map_name::PREFIXES_V6_0)?,
+                typed(take(map_name::PREFIXES_V6_1)?, map_name::PREFIXES_V6_1)?,
+            ],
+            agg_buckets: typed(take(map_name::AGG_BUCKETS)?, map_name::AGG_BUCKETS)?,
+            rule_counters: typed(take(map_name::RULE_COUNTERS)?, map_name::RULE_COUNTERS)?,
+            global_counters: typed(take(map_name::GLOBAL_COUNTERS)?, map_name::GLOBAL_COUNTERS)?,
+        })
+    }
+
+    pub fn control(&self) -> Result<Control, Error> {
+        self.control
+            .get(&0, 0)
+            .map_err(map_err("reading CONTROL"))
+    }
+
+    pub fn set_control(&mut self, control: Control) -> Result<(), Error> {
+        self.control
+            .set(0, control, 0)
+            .map_err(map_err("writing CONTROL"))
+    }
+
+    /// The rules of the live generation, by slot.
+    pub fn live_rules(&self) -> Result<BTreeMap<u32, RuleConfig>, Error> {
+        let generation = self.control()?.generation;
+        let mut out = BTreeMap::new();
+        for slot in 0..MAX_RULES {
+            let rule = self
+                .rules
+                .get(&rule_index(generation, slot), 0)
+                .map_err(map_err(format!("reading RULES slot {slot}")))?;
+            if rule.flags & RULE_IN_USE != 0 {
+                out.insert(slot, rule);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Name -> slot of the live rules (for keeping slots stable across restarts).
+    pub fn live_slots(&self) -> Result<BTreeMap<String, u32>, Error> {
+        Ok(self
+            .live_rules()?
+            .into_iter()
+            .map(|(slot, rule)| (String::from_utf8_lossy(rule.name_bytes()).into_owned(), slot))
+            .collect())
+    }
+
+    /// Installs `table` atomically: fills the idle generation, then flips to it. Slots
+    /// that change hands (a rule new to the slot) start with a full bucket and zeroed
+    /// counters; every other rule keeps its bucket and counters.
+    ///
+    /// The previous generation stays readable until the next install; packets that read
+    /// the generation word just before the flip finish on it (an XDP run takes
+    /// microseconds; installs are operator- or allocator-paced).
+    pub fn install(&mut self, table: &RuleTable) -> Result<(), Error> {
+        let control = self.control()?;
+        let live = self.live_rules()?;
+        let next = (control.generation ^ 1) & 1;
+
+        for (slot, rule) in &table.rules {
+            let same_owner = live
+                .get(slot)
+                .is_some_and(|old| old.name_bytes() == rule.name_bytes());
+            if !same_owner {
+                self.reset_slot(*slot)?;
+            }
+        }
+
+        replace_trie(&mut self.v4[next as usize], &table.v4, "IPv4")?;
+        replace_trie(&mut self.v6[next as usize], &table.v6, "IPv6")?;
+        let wanted: BTreeMap<u32, &RuleConfig> =
+            table.rules.iter().map(|(slot, rule)| (*slot, rule)).collect();
+        for slot in 0..MAX_RULES {
+            let rule = wanted.get(&slot).copied().copied().unwrap_or(RuleConfig::EMPTY);
+            self.rules
+                .set(rule_index(next, slot), rule, 0)
+                .map_err(map_err(format!("writing RULES slot {slot}")))?;
+        }
+        self.set_control(Control {
+            generation: next,
+            ..control
+        })
+    }
+
+    fn reset_slot(&mut self, slot: u32) -> Result<(), Error> {
+        self.agg_buckets
+            .set(slot, Bucket::default(), 0)
+            .map_err(map_err(format!("resetting AGG_BUCKETS slot {slot}")))?;
+        let cpus = nr_cpus().map_err(|(_, e)| Error::Io {
+            what: "counting possible CPUs".into(),
+            source: e,
+        })?;
+        let zeros = PerCpuValues::try_from(vec![RuleCounters::default(); cpus])
+            .map_err(|e| Error::Io {
+                what: "building per-CPU zeros".into(),
+                source: e,
+            })?;
+        self.rule_counters
+            .set(slot, zeros, 0)
+            .map_err(map_err(format!("resetting RULE_COUNTERS slot {slot}")))
+    }
+
+    /// A rule's counters summed over CPUs.
+    pub fn rule_counters(&self, slot: u32) -> Result<RuleCounters, Error> {
+        let per_cpu = self
+            .rule_counters
+            .get(&slot, 0)
+            .map_err(map_err(format!("reading RULE_COUNTERS slot {slot}")))?;
+        let mut total = RuleCounters::default();
+        for c in per_cpu.iter() {
+            total.accumulate(c);
+        }
+        Ok(total)
+    }
+
+    /// Program-wide counters summed over CPUs.
+    pub fn global_counters(&self) -> Result<GlobalCounters, Error> {
+        let per_cpu = self
+            .global_counters
+            .get(&0, 0)
+            .map_err(map_err("reading GLOBAL_COUNTERS"))?;
+        let mut total = GlobalCounters::default();
+        for c in per_cpu.iter() {
+            total.accumulate(c);
+        }
+        Ok(total)
+    }
+
+    /// A rule's aggregate bucket (its TAT).
+    pub fn aggregate_bucket(&self, slot: u32) -> Result<Bucket, Error> {
+        self.agg_buckets
+            .get(&slot, 0)
+            .map_err(map_err(format!("reading AGG_BUCKETS slot {slot}")))
+    }
+}
+
+fn replace_trie<const N: usize>(
+    trie: &mut Trie<N>,
+    entries: &[PrefixEntry<N>],
+    family: &str,
+) -> Result<(), Error> {
+    let stale: Vec<Key<[u8; N]>> = trie
+        .keys()
+        .collect::<Result<_, _>>()
+        .map_err(map_err(format!("listing the idle {family} prefix table")))?;
+    for key in stale {
+        trie.remove(&key)
+            .map_err(map_err(format!("clearing the idle {family} prefix table")))?;
+    }
+    for entry in entries {
+        let key = Key::new(entry.prefix_len, entry.addr);
+        trie.insert(&key, entry.rules, 0).map_err(map_err(format!(
+            "writing {family} prefix {:?}/{}",
+            entry.addr, entry.prefix_len
+        )))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,265 @@
+//! Loading the XDP program with its maps (pinned or private) and attaching it.
+
+use std::{
+    ffi::CString,
+    fs,
+    os::unix::fs::{DirBuilderExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader, include_bytes_aligned,
+    maps::MapInfo,
+    programs::{Xdp, XdpMode, xdp::XdpLinkId},
+};
+use limiter_common::abi::{
+    Bucket, Control, GENERATIONS, GlobalCounters, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
+    PrefixRules, RuleConfig, RuleCounters, SourceKey, map_name,
+};
+
+use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
+
+/// The XDP object, built by build.rs.
+pub static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
+/// Reference programs `baseline_pass` and `baseline_drop` (benchmarks compare against
+/// them).
+pub static BASELINE_OBJECT: &[u8] =
+    include_bytes_aligned!(concat!(env!("OUT_DIR"), "/baseline.bpf.o"));
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// How to load the program.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Pin (or adopt) every map under this directory; `None` keeps them private to this
+    /// process (tests, benchmarks).
+    pub pin_dir: Option<PathBuf>,
+    /// Capacity of the per-source bucket map.
+    pub max_sources: u32,
+}
+
+/// The loaded program and its maps.
+pub struct Program {
+    ebpf: Ebpf,
+}
+
+/// The mode an interface was attached in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachedMode {
+    Native,
+    Generic,
+}
+
+impl AttachedMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachedMode::Native => "native",
+            AttachedMode::Generic => "generic",
+        }
+    }
+}
+
+/// An attachment; detaches when dropped (with the program).
+pub struct Attachment {
+    pub iface: String,
+    pub mode: AttachedMode,
+    pub link: XdpLinkId,
+}
+
+/// One map as the program expects it: (name, type, key size, value size, max entries).
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 10] {
+    use std::mem::size_of;
+    let sz = |n: usize| n as u32;
+    [
+        (map_name::CONTROL, 4, sz(size_of::<Control>()), 1),
+        (
+            map_name::RULES,
+            4,
+            sz(size_of::<RuleConfig>()),
+            GENERATIONS * MAX_RULES,
+        ),
+        (map_name::PREFIXES_V4_0, 8, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
+        (map_name::PREFIXES_V4_1, 8, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
+        (map_name::PREFIXES_V6_0, 20, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
+        (map_name::PREFIXES_V6_1, 20, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
+        (map_name::AGG_BUCKETS, 4, sz(size_of::<Bucket>()), MAX_RULES),
+        (
+            map_name::SRC_BUCKETS,
+            sz(size_of::<SourceKey>()),
+            sz(size_of::<Bucket>()),
+            max_sources,
+        ),
+        (map_name::RULE_COUNTERS, 4, sz(size_of::<RuleCounters>()), MAX_RULES),
+        (map_name::GLOBAL_COUNTERS, 4, sz(size_of::<GlobalCounters>()), 1),
+    ]
+}
+
+/// Refuses pinned maps whose layout differs from this build's: reusing them blindly
+/// would let the program read one struct as another.
+pub fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), Error> {
+    for (name, key_size, value_size, max_entries) in expected_layout(max_sources) {
+        let path = pin_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info = MapInfo::from_pin(&path).map_err(|e| Error::Map {
+            what: format!("reading pinned map {}", path.display()),
+            source: e,
+        })?;
+        let found = (info.key_size(), info.value_size(), info.max_entries());
+        if found != (key_size, value_size, max_entries) {
+            return Err(Error::PinnedLayout {
+                path,
+                expected: (key_size, value_size, max_entries),
+                found,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Makes sure `pin_dir` exists (mode 0700) on a bpf filesystem, mounting bpffs at
+/// /sys/fs/bpf when it is missing and the directory lives there.
+pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), Error> {
+    let bpffs_root = Path::new("/sys/fs/bpf");
+    if pin_dir.starts_with(bpffs_root) && !is_bpffs(bpffs_root) {
+        mount_bpffs(bpffs_root)?;
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(pin_dir)
+        .map_err(|e| Error::Io {
+            what: format!("creating pin directory {}", pin_dir.display()),
+            source: e,
+        })?;
+    fs::set_permissions(pin_dir, fs::Permissions::from_mode(0o700)).map_err(|e| Error::Io {
+        what: format!("setting mode 0700 on {}", pin_dir.display()),
+        source: e,
+    })?;
+    if !is_bpffs(pin_dir) {
+        return Err(Error::NotBpffs(pin_dir.to_path_buf()));
+    }
+    Ok(())
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and a zeroed out-struct of the right type.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    rc == 0 && st.f_type as i64 == BPF_FS_MAGIC
+}
+
+fn mount_bpffs(at: &Path) -> Result<(), Error> {
+    let target = CString::new(at.as_os_str().as_encoded_bytes()).map_err(|_| {
+        Error::NotBpffs(at.to_path_buf())
+    })?;
+    let fstype = c"bpf";
+    // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(Error::Io {
+            what: format!("mounting bpffs at {}", at.display()),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    tracing::info!(path = %at.display(), "mounted bpffs");
+    Ok(())
+}
+
+impl Program {
+    /// Loads the program into the kernel (verifier included) and creates or adopts its
+    /// maps. Nothing is attached yet.
+    pub fn load(opts: &LoadOptions) -> Result<Program, Error> {
+        if OBJECT.is_empty() {
+            return Err(Error::NoObject);
+        }
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(map_name::SRC_BUCKETS, opts.max_sources);
+        if let Some(dir) = &opts.pin_dir {
+            prepare_pin_dir(dir)?;
+            check_pinned_layout(dir, opts.max_sources)?;
+            for name in map_name::ALL {
+                loader.map_pin_path(name, dir.join(name));
+            }
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(|e| Error::Load(Box::new(e)))?;
+        let prog = xdp_mut(&mut ebpf)?;
+        prog.load().map_err(|e| Error::Program {
+            what: "loading (verifying) the XDP program".into(),
+            source: Box::new(e),
+        })?;
+        Ok(Program { ebpf })
+    }
+
+    /// The program, e.g. for BPF_PROG_TEST_RUN.
+    pub fn xdp(&self) -> Result<&Xdp, Error> {
+        self.ebpf
+            .program(PROGRAM_NAME)
+            .and_then(|p| <&Xdp>::try_from(p).ok())
+            .ok_or(Error::NoProgram)
+    }
+
+    /// Instructions the verifier processed for this program, if the kernel reports it.
+    pub fn verified_instructions(&self) -> Option<u32> {
+        self.xdp().ok()?.info().ok()?.verified_instruction_count()
+    }
+
+    /// Takes the maps out of the object for reading and writing.
+    pub fn maps(&mut self) -> Result<Maps, Error> {
+        Maps::from_ebpf(&mut self.ebpf)
+    }
+
+    /// Attaches to `iface`. `Auto` tries native (driver) mode and falls back to generic.
+    pub fn attach(&mut self, iface: &str, mode: ConfigXdpMode) -> Result<Attachment, Error> {
+        let prog = xdp_mut(&mut self.ebpf)?;
+        let attempt = |prog: &mut Xdp, m: XdpMode| {
+            prog.attach(iface, m).map_err(|e| Error::Program {
+                what: format!("attaching to {iface} in {m:?} mode"),
+                source: Box::new(e),
+            })
+        };
+        let (link, mode) = match mode {
+            ConfigXdpMode::Native => (attempt(prog, XdpMode::Driver)?, AttachedMode::Native),
+            ConfigXdpMode::Generic => (attempt(prog, XdpMode::Skb)?, AttachedMode::Generic),
+            ConfigXdpMode::Auto => match attempt(prog, XdpMode::Driver) {
+                Ok(link) => (link, AttachedMode::Native),
+                Err(native) => {
+                    tracing::warn!(%iface, error = %native, "native XDP failed; using generic");
+                    (attempt(prog, XdpMode::Skb)?, AttachedMode::Generic)
+                }
+            },
+        };
+        Ok(Attachment {
+            iface: iface.to_string(),
+            mode,
+            link,
+        })
+    }
+
+    /// Detaches one attachment.
+    pub fn detach(&mut self, attachment: Attachment) -> Result<(), Error> {
+        let prog = xdp_mut(&mut self.ebpf)?;
+        prog.detach(attachment.link).map_err(|e| Error::Program {
+            what: format!("detaching from {}", attachment.iface),
+            source: Box::new(e),
+        })
+    }
+}
+
+fn xdp_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, Error> {
+    ebpf.program_mut(PROGRAM_NAME)
+        .and_then(|p| <&mut Xdp>::try_from(p).ok())
+        .ok_or(Error::NoProgram)
+}

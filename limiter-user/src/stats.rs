@@ -1,0 +1,123 @@
+//! Counters and rule state as operators read them (`limiter stats`).
+
+use limiter_common::abi::{
+    RULE_HAS_AGGREGATE, RULE_SHADOW, RuleConfig, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED,
+    SHARE_STICKY,
+};
+use serde::Serialize;
+
+use crate::{error::Error, maps::Maps};
+
+/// `limiter stats --json`: the shape is part of the user contract (DESIGN.md).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct StatsReport {
+    pub rules: Vec<RuleStats>,
+    pub global: GlobalStats,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct RuleStats {
+    pub name: String,
+    /// enforce | shadow
+    pub mode: &'static str,
+    /// standalone | bootstrap | leased | sticky | fail_open
+    pub state: &'static str,
+    /// Aggregate rate and burst in the rule's unit; null without an aggregate limit.
+    pub rate: Option<u64>,
+    pub burst: Option<u64>,
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+    pub would_drop_packets: u64,
+    pub would_drop_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct GlobalStats {
+    pub malformed: u64,
+    pub non_ip: u64,
+    pub unmatched: u64,
+    pub insert_failures: u64,
+    pub contended: u64,
+}
+
+/// Name of a `SHARE_*` state.
+pub fn share_state_name(state: u32) -> &'static str {
+    match state {
+        SHARE_BOOTSTRAP => "bootstrap",
+        SHARE_LEASED => "leased",
+        SHARE_STICKY => "sticky",
+        SHARE_FAIL_OPEN => "fail_open",
+        _ => "standalone",
+    }
+}
+
+fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Error> {
+    let c = maps.rule_counters(slot)?;
+    let has_aggregate = rule.flags & RULE_HAS_AGGREGATE != 0;
+    Ok(RuleStats {
+        name: String::from_utf8_lossy(rule.name_bytes()).into_owned(),
+        mode: if rule.flags & RULE_SHADOW != 0 {
+            "shadow"
+        } else {
+            "enforce"
+        },
+        state: share_state_name(rule.share_state),
+        rate: has_aggregate.then_some(rule.rate),
+        burst: has_aggregate.then_some(rule.burst),
+        passed_packets: c.passed_packets,
+        passed_bytes: c.passed_bytes,
+        dropped_packets: c.dropped_packets,
+        dropped_bytes: c.dropped_bytes,
+        would_drop_packets: c.would_drop_packets,
+        would_drop_bytes: c.would_drop_bytes,
+    })
+}
+
+/// Reads every live rule's counters and the global counters.
+pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
+    let rules = maps
+        .live_rules()?
+        .iter()
+        .map(|(slot, rule)| rule_stats(rule, maps, *slot))
+        .collect::<Result<Vec<_>, _>>()?;
+    let g = maps.global_counters()?;
+    Ok(StatsReport {
+        rules,
+        global: GlobalStats {
+            malformed: g.malformed,
+            non_ip: g.non_ip,
+            unmatched: g.unmatched,
+            insert_failures: g.insert_failures,
+            contended: g.contended,
+        },
+    })
+}
+
+/// A fixed-width table for terminals.
+pub fn render_table(report: &StatsReport) -> String {
+    let mut out = format!(
+        "{:<24} {:<8} {:<10} {:>12} {:>14} {:>14} {:>14}\n",
+        "RULE", "MODE", "STATE", "RATE", "PASSED", "DROPPED", "WOULD_DROP"
+    );
+    for r in &report.rules {
+        let rate = r.rate.map_or_else(|| "-".to_string(), |v| v.to_string());
+        out.push_str(&format!(
+            "{:<24} {:<8} {:<10} {:>12} {:>14} {:>14} {:>14}\n",
+            r.name,
+            r.mode,
+            r.state,
+            rate,
+            r.passed_packets,
+            r.dropped_packets,
+            r.would_drop_packets
+        ));
+    }
+    let g = &report.global;
+    out.push_str(&format!(
+        "global: malformed {} non_ip {} unmatched {} insert_failures {} contended {}\n",
+        g.malformed, g.non_ip, g.unmatched, g.insert_failures, g.contended
+    ));
+    out
+}

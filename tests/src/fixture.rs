@@ -1,0 +1,111 @@
+//! The real program loaded into the kernel with a rule set from a config text, and
+//! counter snapshots to compare before and after.
+
+use std::{collections::BTreeMap, path::Path};
+
+use anyhow::{Context as _, Result};
+use aya::programs::{TestRun, TestRunOptions};
+use limiter_common::abi::{GlobalCounters, RuleCounters};
+use limiter_user::{
+    config::Config,
+    daemon::apply_rules,
+    maps::Maps,
+    program::{LoadOptions, Program},
+    ruleset::RuleTable,
+};
+
+use crate::netns::require_root;
+
+/// The program with private (unpinned) maps and the rules of one config.
+pub struct Loaded {
+    pub program: Program,
+    pub maps: Maps,
+    pub table: RuleTable,
+    pub config: Config,
+}
+
+/// The config text with `pin_dir` etc. defaulted; only `[[rules]]` matter here.
+pub fn load(config_text: &str) -> Result<Loaded> {
+    require_root()?;
+    let config = Config::parse(config_text, Path::new("<test config>"))?;
+    let mut program = Program::load(&LoadOptions {
+        pin_dir: None,
+        max_sources: config.max_sources,
+    })?;
+    let mut maps = program.maps()?;
+    let table = apply_rules(&mut maps, &config)?;
+    Ok(Loaded {
+        program,
+        maps,
+        table,
+        config,
+    })
+}
+
+/// Counters of every rule (by name) and the global ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub rules: BTreeMap<String, RuleCounters>,
+    pub global: GlobalCounters,
+}
+
+impl Loaded {
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let mut rules = BTreeMap::new();
+        for (name, slot) in &self.table.slots {
+            rules.insert(name.clone(), self.maps.rule_counters(*slot)?);
+        }
+        Ok(Snapshot {
+            rules,
+            global: self.maps.global_counters()?,
+        })
+    }
+
+    /// Runs the program once on `frame` through BPF_PROG_TEST_RUN; returns the verdict.
+    pub fn run(&self, frame: &[u8]) -> Result<u32> {
+        self.run_repeat(frame, 1).map(|(verdict, _)| verdict)
+    }
+
+    /// Runs `repeat` times; returns the last verdict and the mean ns per run.
+    pub fn run_repeat(&self, frame: &[u8], repeat: u32) -> Result<(u32, u64)> {
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.repeat = repeat;
+        let result = self
+            .program
+            .xdp()?
+            .test_run(opts)
+            .with_context(|| format!("BPF_PROG_TEST_RUN on a {}-byte frame", frame.len()))?;
+        Ok((result.return_value, result.duration.as_nanos() as u64))
+    }
+}
+
+/// Counter changes between two snapshots.
+pub fn delta(before: &Snapshot, after: &Snapshot) -> Snapshot {
+    let sub = |a: &RuleCounters, b: &RuleCounters| RuleCounters {
+        passed_packets: b.passed_packets - a.passed_packets,
+        passed_bytes: b.passed_bytes - a.passed_bytes,
+        dropped_packets: b.dropped_packets - a.dropped_packets,
+        dropped_bytes: b.dropped_bytes - a.dropped_bytes,
+        would_drop_packets: b.would_drop_packets - a.would_drop_packets,
+        would_drop_bytes: b.would_drop_bytes - a.would_drop_bytes,
+    };
+    let g = |a: &GlobalCounters, b: &GlobalCounters| GlobalCounters {
+        malformed: b.malformed - a.malformed,
+        non_ip: b.non_ip - a.non_ip,
+        unmatched: b.unmatched - a.unmatched,
+        insert_failures: b.insert_failures - a.insert_failures,
+        contended: b.contended - a.contended,
+    };
+    Snapshot {
+        rules: after
+            .rules
+            .iter()
+            .map(|(name, b)| {
+                let a = before.rules.get(name).copied().unwrap_or_default();
+                (name.clone(), sub(&a, b))
+            })
+            .collect(),
+        global: g(&before.global, &after.global),
+    }
+}

@@ -1,0 +1,6 @@
+//! Kernel test harness for limiter, shared by the test suites and the benchmark.
+
+pub mod fixture;
+pub mod frame;
+pub mod netns;
+pub mod traffic;

@@ -1,0 +1,304 @@
+//! Real frames over a veth: an AF_PACKET sender (sendmmsg batches, optional pacing and
+//! CPU pinning, bounded in count and time) and a receiver that counts what arrives.
+
+use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+
+const ETH_P_ALL: u16 = 0x0003;
+/// Frames handed to the kernel per sendmmsg call.
+pub const BATCH: usize = 64;
+
+/// An AF_PACKET socket bound to one interface of the calling thread's namespace.
+pub struct PacketSocket {
+    fd: OwnedFd,
+}
+
+fn last_err(what: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {}", std::io::Error::last_os_error())
+}
+
+impl PacketSocket {
+    /// `receive`: also take in every frame the interface receives (ETH_P_ALL); a send-only
+    /// socket uses protocol 0 and receives nothing.
+    pub fn bind(ifindex: u32, receive: bool) -> Result<PacketSocket> {
+        let proto = if receive { ETH_P_ALL.to_be() } else { 0 };
+        // SAFETY: plain socket(2).
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+        if raw < 0 {
+            return Err(last_err("socket(AF_PACKET)"));
+        }
+        // SAFETY: `raw` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = ifindex as i32;
+        // SAFETY: addr is a valid sockaddr_ll of the given size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        if rc != 0 {
+            return Err(last_err("bind(AF_PACKET)"));
+        }
+        Ok(PacketSocket { fd })
+    }
+
+    fn setsockopt<T>(&self, level: i32, name: i32, value: &T) -> Result<()> {
+        // SAFETY: value points to a T of the size passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                level,
+                name,
+                (value as *const T).cast(),
+                std::mem::size_of::<T>() as u32,
+            )
+        };
+        if rc != 0 {
+            return Err(last_err("setsockopt"));
+        }
+        Ok(())
+    }
+
+    /// Sends `frames` with one sendmmsg; returns how many the kernel took.
+    pub fn send_batch(&self, frames: &[&[u8]]) -> Result<usize> {
+        let mut iovs: Vec<libc::iovec> = frames
+            .iter()
+            .map(|f| libc::iovec {
+                iov_base: f.as_ptr() as *mut _,
+                iov_len: f.len(),
+            })
+            .collect();
+        let mut msgs: Vec<libc::mmsghdr> = iovs
+            .iter_mut()
+            .map(|iov| {
+                // SAFETY: an all-zero mmsghdr is valid; we fill the iovec fields.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_iov = iov;
+                m.msg_hdr.msg_iovlen = 1;
+                m
+            })
+            .collect();
+        // SAFETY: msgs/iovs outlive the call and describe valid buffers.
+        let n = unsafe {
+            libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0)
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOBUFS) || err.kind() == std::io::ErrorKind::WouldBlock {
+                return Ok(0);
+            }
+            bail!("sendmmsg: {err}");
+        }
+        Ok(n as usize)
+    }
+}
+
+/// What to send.
+#[derive(Clone, Debug)]
+pub struct SendPlan {
+    /// Frames sent in turn (a single template, or one per source, tag, case…).
+    pub frames: Vec<Vec<u8>>,
+    /// Frames per second; `None` sends as fast as the socket takes them.
+    pub rate: Option<u64>,
+    /// Stop after this many frames…
+    pub count: u64,
+    /// …or after this long, whichever comes first.
+    pub duration: Duration,
+    /// Pin the sending thread to this CPU.
+    pub cpu: Option<usize>,
+}
+
+/// What was sent, and over which span of time.
+#[derive(Clone, Copy, Debug)]
+pub struct SendReport {
+    pub sent: u64,
+    /// From the first frame handed to the kernel to the last.
+    pub span: Duration,
+}
+
+impl SendReport {
+    pub fn frames_per_second(&self) -> f64 {
+        self.sent as f64 / self.span.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(last_err("sched_setaffinity"));
+    }
+    Ok(())
+}
+
+/// Sends `plan` through `socket` on the calling thread.
+pub fn send(socket: &PacketSocket, plan: &SendPlan) -> Result<SendReport> {
+    if plan.frames.is_empty() {
+        bail!("nothing to send: the plan has no frames");
+    }
+    if let Some(cpu) = plan.cpu {
+        pin_to_cpu(cpu)?;
+    }
+    let start = Instant::now();
+    let mut first: Option<Instant> = None;
+    let mut last = start;
+    let mut sent = 0u64;
+    let mut next = 0usize;
+    let mut batch: Vec<&[u8]> = Vec::with_capacity(BATCH);
+    while sent < plan.count && start.elapsed() < plan.duration {
+        let want = (plan.count - sent).min(BATCH as u64) as usize;
+        batch.clear();
+        for i in 0..want {
+            batch.push(&plan.frames[(next + i) % plan.frames.len()]);
+        }
+        if let Some(rate) = plan.rate {
+            // Pace: the (sent+1)-th frame is due at sent/rate after the start.
+            let due = start + Duration::from_secs_f64(sent as f64 / rate as f64);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
+        let n = socket.send_batch(&batch)?;
+        if n > 0 {
+            let now = Instant::now();
+            first.get_or_insert(now);
+            last = now;
+        }
+        sent += n as u64;
+        next = (next + n) % plan.frames.len();
+    }
+    Ok(SendReport {
+        sent,
+        span: last.duration_since(first.unwrap_or(start)),
+    })
+}
+
+/// Counts frames arriving at an interface (after XDP has passed them).
+pub struct Receiver {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Result<ReceiveReport>>>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReceiveReport {
+    /// Frames that matched the filter.
+    pub matched: u64,
+    /// Frames the socket dropped for lack of buffer (the count is then a lower bound).
+    pub socket_drops: u64,
+}
+
+impl Receiver {
+    /// Starts counting on `ifindex` (calling thread's namespace) the incoming frames for
+    /// which `filter` returns true.
+    pub fn start(ifindex: u32, filter: impl Fn(&[u8]) -> bool + Send + 'static) -> Result<Receiver> {
+        let socket = PacketSocket::bind(ifindex, true)?;
+        let timeout = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 20_000,
+        };
+        socket.setsockopt(libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)?;
+        let buf: i32 = 64 << 20;
+        socket.setsockopt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &buf)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = Arc::clone(&stop);
+        let handle = std::thread::spawn(move || receive_loop(&socket, &stop_flag, &filter));
+        Ok(Receiver {
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    /// Waits `settle` for frames in flight, stops, and reports.
+    pub fn finish(mut self, settle: Duration) -> Result<ReceiveReport> {
+        std::thread::sleep(settle);
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| anyhow::anyhow!("receiver thread panicked"))?,
+            None => bail!("receiver already finished"),
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn receive_loop(
+    socket: &PacketSocket,
+    stop: &AtomicBool,
+    filter: &dyn Fn(&[u8]) -> bool,
+) -> Result<ReceiveReport> {
+    let mut report = ReceiveReport::default();
+    let mut buf = vec![0u8; 65536];
+    while !stop.load(Ordering::Relaxed) {
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut addr_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        // SAFETY: buf and addr are valid for the sizes passed.
+        let n = unsafe {
+            libc::recvfrom(
+                socket.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&raw mut addr).cast(),
+                &mut addr_len,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            match err.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
+                _ => bail!("recvfrom: {err}"),
+            }
+        }
+        if addr.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+            continue;
+        }
+        if filter(&buf[..n as usize]) {
+            report.matched += 1;
+        }
+    }
+    let mut stats = libc::tpacket_stats {
+        tp_packets: 0,
+        tp_drops: 0,
+    };
+    let mut len = std::mem::size_of::<libc::tpacket_stats>() as u32;
+    // SAFETY: stats is a tpacket_stats of the size passed.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&raw mut stats).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        report.socket_drops = u64::from(stats.tp_drops);
+    }
+    Ok(report)
+}

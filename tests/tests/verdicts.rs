@@ -1,0 +1,570 @@
+//! Packet-verdict tables through BPF_PROG_TEST_RUN: the real program in the real kernel,
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+//! one crafted frame per row, the expected verdict and the expected counter changes.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use limiter_common::abi::{GlobalCounters, RuleCounters};
+use limiter_tests::{
+    fixture::{self, Loaded, delta},
+    frame::{
+        self, ETH_P_8021AD, ETH_P_8021Q, ETH_P_LLDP, FrameBuilder, Ipv6Ext, TCP_ACK, TCP_SYN,
+    },
+};
+
+const XDP_ABORTED: u32 = 0;
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+/// The rule set every table row runs against. Rules that must never drop have a burst
+/// no row can exhaust.
+const RULES: &str = r#"
+[[rules]]
+name = "web-tcp443"
+dst = "198.18.1.10/32"
+dst_port = 443
+proto = "tcp"
+rate = 1000
+burst = 100000
+
+[[rules]]
+name = "host-any"
+dst = "198.18.1.10/32"
+rate = 1000
+burst = 100000
+
+[[rules]]
+name = "host-udp"
+dst = "198.18.1.10/32"
+proto = "udp"
+rate = 1000
+burst = 100000
+
+[[rules]]
+name = "host-8080"
+dst = "198.18.1.10/32"
+dst_port = 8080
+rate = 1000
+burst = 100000
+
+[[rules]]
+name = "subnet-udp"
+dst = "198.18.1.0/24"
+proto = "udp"
+rate = 1000
+burst = 100000
+
+[[rules]]
+name = "fleet-any"
+dst = "198.18.0.0/15"
+rate = 1000
+burst = 100000
+
+[[rules]]
+name = "syn-guard"
+dst = "198.18.2.20/32"
+proto = "tcp"
+unit = "syn"
+rate = 1
+burst = 1
+
+[[rules]]
+name = "tiny"
+dst = "198.18.3.30/32"
+rate = 1
+burst = 1
+
+[[rules]]
+name = "tiny-shadow"
+dst = "198.18.4.40/32"
+rate = 1
+burst = 1
+mode = "shadow"
+
+[[rules]]
+name = "per-source"
+dst = "198.18.5.50/32"
+[rules.per_source]
+rate = 1
+burst = 1
+
+[[rules]]
+name = "bytes"
+dst = "198.18.6.60/32"
+unit = "bytes"
+rate = 1518
+burst = 3000
+
+[[rules]]
+name = "v6-host"
+dst = "2001:db8::10/128"
+rate = 1000
+burst = 100000
+
+[[rules]]
+name = "v6-icmp"
+dst = "2001:db8::/32"
+proto = "icmp"
+rate = 1000
+burst = 100000
+"#;
+
+/// Which counter a row expects to move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expect {
+    /// Rule `name`: packets passed, dropped, would-drop over all runs of the row.
+    Rule(&'static str, u64, u64, u64),
+    Malformed,
+    NonIp,
+    Unmatched,
+}
+
+struct Row {
+    what: String,
+    frame: Vec<u8>,
+    runs: u32,
+    verdict: u32,
+    expect: Expect,
+}
+
+fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) -> Row {
+    Row {
+        what: what.into(),
+        frame,
+        runs: 1,
+        verdict,
+        expect,
+    }
+}
+
+fn repeated(what: &str, frame: Vec<u8>, runs: u32, verdict: u32, expect: Expect) -> Row {
+    Row {
+        runs,
+        ..row(what, frame, verdict, expect)
+    }
+}
+
+fn v4(dst: [u8; 4]) -> FrameBuilder {
+    FrameBuilder::ipv4(Ipv4Addr::new(198, 19, 200, 1), Ipv4Addr::from(dst))
+}
+
+fn v6(dst: &str) -> FrameBuilder {
+    let dst: Ipv6Addr = dst.parse().unwrap_or(Ipv6Addr::UNSPECIFIED);
+    FrameBuilder::ipv6("2001:db8:ffff::1".parse().unwrap_or(Ipv6Addr::UNSPECIFIED), dst)
+}
+
+const WEB: [u8; 4] = [198, 18, 1, 10];
+const PASS_WEB: Expect = Expect::Rule("web-tcp443", 1, 0, 0);
+const PASS_HOST: Expect = Expect::Rule("host-any", 1, 0, 0);
+const PASS_V6: Expect = Expect::Rule("v6-host", 1, 0, 0);
+
+fn parser_rows() -> Vec<Row> {
+    let mut rows = Vec::new();
+    for words in 0..=10 {
+        rows.push(row(
+            format!("IPv4 IHL {}", 5 + words),
+            v4(WEB).ipv4_options(words).tcp(40000, 443, TCP_ACK).build(),
+            XDP_PASS,
+            PASS_WEB,
+        ));
+    }
+    for ihl in [0u8, 4] {
+        let mut f = v4(WEB).tcp(40000, 443, TCP_ACK).build();
+        frame::set_ipv4_ihl(&mut f, ihl).unwrap();
+        rows.push(row(format!("IPv4 IHL {ihl}"), f, XDP_PASS, Expect::Malformed));
+    }
+    let mut f = v4(WEB).ipv4_options(2).tcp(40000, 443, TCP_ACK).build();
+    frame::set_ipv4_total_len(&mut f, 24).unwrap();
+    rows.push(row("IPv4 total length 24 < IHL 7 header", f, XDP_PASS, Expect::Malformed));
+    let mut f = v4(WEB).tcp(40000, 443, TCP_ACK).build();
+    let l3 = frame::l3_offset(&f).unwrap();
+    f[l3] = 0x65;
+    rows.push(row("IPv4 ethertype, version 6 header", f, XDP_PASS, Expect::Malformed));
+    rows.push(row(
+        "IPv4 first fragment carries ports",
+        v4(WEB).ipv4_fragment(0, true).tcp(40000, 443, TCP_ACK).payload_len(64).build(),
+        XDP_PASS,
+        PASS_WEB,
+    ));
+    rows.push(row(
+        "IPv4 non-first fragment matches only port-wildcard rules",
+        v4(WEB).ipv4_fragment(100, false).tcp(40000, 443, TCP_ACK).payload_len(64).build(),
+        XDP_PASS,
+        PASS_HOST,
+    ));
+    rows.push(row(
+        "IPv4 TCP header cut short",
+        {
+            let mut f = v4(WEB).tcp(40000, 443, TCP_ACK).build();
+            let l4 = frame::l3_offset(&f).unwrap() + 20;
+            f.truncate(l4 + 10);
+            f
+        },
+        XDP_PASS,
+        Expect::Malformed,
+    ));
+    let exts = [
+        ("hop-by-hop", Ipv6Ext::HopByHop),
+        ("routing", Ipv6Ext::Routing),
+        ("fragment (first)", Ipv6Ext::Fragment { offset: 0, more: true }),
+        ("destination options", Ipv6Ext::DestOpts),
+        ("AH", Ipv6Ext::Ah),
+        ("long hop-by-hop", Ipv6Ext::HopByHopLen(20)),
+    ];
+    for (name, ext) in exts {
+        rows.push(row(
+            format!("IPv6 {name} then UDP"),
+            v6("2001:db8::10").ipv6_ext(ext).udp(5353, 53).build(),
+            XDP_PASS,
+            PASS_V6,
+        ));
+    }
+    rows.push(row(
+        "IPv6 non-first fragment matches only port-wildcard rules",
+        v6("2001:db8::10")
+            .ipv6_ext(Ipv6Ext::Fragment { offset: 10, more: false })
+            .udp(5353, 53)
+            .payload_len(32)
+            .build(),
+        XDP_PASS,
+        PASS_V6,
+    ));
+    let mut six = v6("2001:db8::10");
+    for _ in 0..6 {
+        six = six.ipv6_ext(Ipv6Ext::DestOpts);
+    }
+    rows.push(row(
+        "IPv6 six extension headers (the walk bound)",
+        six.clone().udp(5353, 53).build(),
+        XDP_PASS,
+        PASS_V6,
+    ));
+    rows.push(row(
+        "IPv6 seven extension headers (beyond the walk bound)",
+        six.ipv6_ext(Ipv6Ext::DestOpts).udp(5353, 53).build(),
+        XDP_PASS,
+        Expect::Malformed,
+    ));
+    rows.push(row(
+        "802.1Q",
+        v4(WEB).vlan(ETH_P_8021Q, 10).tcp(40000, 443, TCP_ACK).build(),
+        XDP_PASS,
+        PASS_WEB,
+    ));
+    rows.push(row(
+        "QinQ",
+        v4(WEB).vlan(ETH_P_8021AD, 100).vlan(ETH_P_8021Q, 10).tcp(40000, 443, TCP_ACK).build(),
+        XDP_PASS,
+        PASS_WEB,
+    ));
+    rows.push(row(
+        "three VLAN tags",
+        v4(WEB)
+            .vlan(ETH_P_8021AD, 100)
+            .vlan(ETH_P_8021Q, 10)
+            .vlan(ETH_P_8021Q, 11)
+            .tcp(40000, 443, TCP_ACK)
+            .build(),
+        XDP_PASS,
+        Expect::Malformed,
+    ));
+    rows.push(row("ARP", FrameBuilder::arp().build(), XDP_PASS, Expect::NonIp));
+    rows.push(row(
+        "LLDP",
+        FrameBuilder::ethertype(ETH_P_LLDP, &[0x02, 0x07, 0x04]).build(),
+        XDP_PASS,
+        Expect::NonIp,
+    ));
+    rows.push(row(
+        "IPv6 in 802.1Q",
+        v6("2001:db8::10").vlan(ETH_P_8021Q, 7).udp(1, 2).build(),
+        XDP_PASS,
+        PASS_V6,
+    ));
+    rows.push(row(
+        "9000-byte frame",
+        v4(WEB).tcp(40000, 80, TCP_ACK).frame_len(9000).build(),
+        XDP_PASS,
+        PASS_HOST,
+    ));
+    rows
+}
+
+fn classification_rows() -> Vec<Row> {
+    let udp_net = [198, 18, 1, 77];
+    vec![
+        row("exact port and proto", v4(WEB).tcp(1, 443, TCP_ACK).build(), XDP_PASS, PASS_WEB),
+        row(
+            "other port falls back to the prefix's any-port rule",
+            v4(WEB).tcp(1, 80, TCP_ACK).build(),
+            XDP_PASS,
+            PASS_HOST,
+        ),
+        row(
+            "exact proto beats any proto",
+            v4(WEB).udp(1, 443).build(),
+            XDP_PASS,
+            Expect::Rule("host-udp", 1, 0, 0),
+        ),
+        row(
+            "exact port beats exact proto (UDP)",
+            v4(WEB).udp(1, 8080).build(),
+            XDP_PASS,
+            Expect::Rule("host-8080", 1, 0, 0),
+        ),
+        row(
+            "exact port, any proto (TCP)",
+            v4(WEB).tcp(1, 8080, TCP_ACK).build(),
+            XDP_PASS,
+            Expect::Rule("host-8080", 1, 0, 0),
+        ),
+        row(
+            "ICMP has no port: the host's any-proto rule",
+            v4(WEB).icmp_echo().build(),
+            XDP_PASS,
+            PASS_HOST,
+        ),
+        row(
+            "longer prefix wins (/24 UDP over /15)",
+            v4(udp_net).udp(1, 53).build(),
+            XDP_PASS,
+            Expect::Rule("subnet-udp", 1, 0, 0),
+        ),
+        row(
+            "covering prefix when the longer one's rules don't fit (TCP in the UDP /24)",
+            v4(udp_net).tcp(1, 53, TCP_ACK).build(),
+            XDP_PASS,
+            Expect::Rule("fleet-any", 1, 0, 0),
+        ),
+        row(
+            "the /15's upper half",
+            v4([198, 19, 7, 7]).udp(1, 53).build(),
+            XDP_PASS,
+            Expect::Rule("fleet-any", 1, 0, 0),
+        ),
+        row(
+            "outside every rule",
+            v4([198, 20, 0, 1]).udp(1, 53).build(),
+            XDP_PASS,
+            Expect::Unmatched,
+        ),
+        row(
+            "ICMPv6 under an icmp rule",
+            v6("2001:db8::99").icmp_echo().build(),
+            XDP_PASS,
+            Expect::Rule("v6-icmp", 1, 0, 0),
+        ),
+        row(
+            "UDP to the same v6 /32 is not icmp",
+            v6("2001:db8::99").udp(1, 53).build(),
+            XDP_PASS,
+            Expect::Unmatched,
+        ),
+        row(
+            "v6 host rule",
+            v6("2001:db8::10").tcp(1, 22, TCP_SYN).build(),
+            XDP_PASS,
+            PASS_V6,
+        ),
+    ]
+}
+
+/// Rows that depend on bucket state; they run in order, after the stateless ones.
+fn metering_rows() -> Vec<Row> {
+    let syn_host = [198, 18, 2, 20];
+    let per_source = |src: [u8; 4]| {
+        FrameBuilder::ipv4(Ipv4Addr::from(src), Ipv4Addr::new(198, 18, 5, 50))
+            .udp(1, 53)
+            .build()
+    };
+    vec![
+        row(
+            "first SYN under a syn rule (burst 1)",
+            v4(syn_host).tcp(1, 443, TCP_SYN).build(),
+            XDP_PASS,
+            Expect::Rule("syn-guard", 1, 0, 0),
+        ),
+        row(
+            "second SYN is over the limit",
+            v4(syn_host).tcp(2, 443, TCP_SYN).build(),
+            XDP_DROP,
+            Expect::Rule("syn-guard", 0, 1, 0),
+        ),
+        repeated(
+            "SYN-ACK is not metered",
+            v4(syn_host).tcp(1, 443, TCP_SYN | TCP_ACK).build(),
+            10,
+            XDP_PASS,
+            Expect::Rule("syn-guard", 10, 0, 0),
+        ),
+        repeated(
+            "ACK is not metered",
+            v4(syn_host).tcp(1, 443, TCP_ACK).build(),
+            10,
+            XDP_PASS,
+            Expect::Rule("syn-guard", 10, 0, 0),
+        ),
+        repeated(
+            "enforce: burst 1, then drops",
+            v4([198, 18, 3, 30]).udp(1, 53).build(),
+            5,
+            XDP_DROP,
+            Expect::Rule("tiny", 1, 4, 0),
+        ),
+        repeated(
+            "shadow: passes all, counts would-drop",
+            v4([198, 18, 4, 40]).udp(1, 53).build(),
+            5,
+            XDP_PASS,
+            Expect::Rule("tiny-shadow", 5, 0, 4),
+        ),
+        repeated(
+            "per-source: source A over its limit",
+            per_source([198, 19, 0, 1]),
+            3,
+            XDP_DROP,
+            Expect::Rule("per-source", 1, 2, 0),
+        ),
+        row(
+            "per-source: source B has its own bucket",
+            per_source([198, 19, 0, 2]),
+            XDP_PASS,
+            Expect::Rule("per-source", 1, 0, 0),
+        ),
+        repeated(
+            "bytes: 1000-byte frames against a 3000-byte burst",
+            v4([198, 18, 6, 60]).udp(1, 53).frame_len(1000).build(),
+            4,
+            XDP_DROP,
+            Expect::Rule("bytes", 3, 1, 0),
+        ),
+    ]
+}
+
+fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
+    let before = loaded.snapshot().map_err(|e| e.to_string())?;
+    let (verdict, _) = loaded
+        .run_repeat(&row.frame, row.runs)
+        .map_err(|e| format!("{e:#}"))?;
+    let after = loaded.snapshot().map_err(|e| e.to_string())?;
+    let d = delta(&before, &after);
+    let len = row.frame.len() as u64;
+    let mut want_global = GlobalCounters::default();
+    let mut want_rule: Option<(&str, RuleCounters)> = None;
+    let runs = u64::from(row.runs);
+    match row.expect {
+        Expect::Rule(name, passed, dropped, would_drop) => {
+            want_rule = Some((
+                name,
+                RuleCounters {
+                    passed_packets: passed,
+                    passed_bytes: passed * len,
+                    dropped_packets: dropped,
+                    dropped_bytes: dropped * len,
+                    would_drop_packets: would_drop,
+                    would_drop_bytes: would_drop * len,
+                },
+            ))
+        }
+        Expect::Malformed => want_global.malformed = runs,
+        Expect::NonIp => want_global.non_ip = runs,
+        Expect::Unmatched => want_global.unmatched = runs,
+    }
+    let mut problems = Vec::new();
+    if verdict != row.verdict {
+        problems.push(format!("verdict {verdict}, expected {}", row.verdict));
+    }
+    if d.global != want_global {
+        problems.push(format!("global {:?}, expected {want_global:?}", d.global));
+    }
+    for (name, counters) in &d.rules {
+        let want = match want_rule {
+            Some((n, c)) if n == name => c,
+            _ => RuleCounters::default(),
+        };
+        if *counters != want {
+            problems.push(format!("rule {name}: {counters:?}, expected {want:?}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{}: {}", row.what, problems.join("; ")))
+    }
+}
+
+fn run_table(rows: &[Row]) {
+    let loaded = fixture::load(RULES).expect("loading the program with the test rules");
+    let failures: Vec<String> = rows.iter().filter_map(|r| check(&loaded, r).err()).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} rows failed:\n{}",
+        failures.len(),
+        rows.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn parser_table() {
+    run_table(&parser_rows());
+}
+
+#[test]
+fn classification_table() {
+    run_table(&classification_rows());
+}
+
+#[test]
+fn metering_table() {
+    run_table(&metering_rows());
+}
+
+/// Every prefix of every frame in the tables: the program never aborts and never
+/// fails; frames too short for the kernel to run (below an Ethernet header) are refused
+/// by BPF_PROG_TEST_RUN itself.
+#[test]
+fn truncation_sweep_never_aborts() {
+    let loaded = fixture::load(RULES).expect("loading the program with the test rules");
+    let mut frames: Vec<Vec<u8>> = parser_rows().into_iter().map(|r| r.frame).collect();
+    frames.extend(classification_rows().into_iter().map(|r| r.frame));
+    frames.extend(metering_rows().into_iter().map(|r| r.frame));
+    let mut ran = 0u64;
+    let mut aborted = Vec::new();
+    for f in &frames {
+        // The 9000-byte frame: every 7th prefix keeps the sweep quick and still crosses
+        // each header boundary of the first few hundred bytes.
+        let step = if f.len() > 2000 { 7 } else { 1 };
+        for len in (0..=f.len()).step_by(step) {
+            match loaded.run(&f[..len]) {
+                Ok(XDP_ABORTED) => aborted.push(len),
+                Ok(v) => {
+                    assert!(v == XDP_PASS || v == XDP_DROP, "verdict {v} at length {len}");
+                    ran += 1;
+                }
+                Err(e) => assert!(len < 14, "test run refused a {len}-byte frame: {e:#}"),
+            }
+        }
+    }
+    assert!(aborted.is_empty(), "XDP_ABORTED at lengths {aborted:?}");
+    assert!(ran > 1000, "only {ran} prefixes ran");
+}
+
+/// With a rate too low to refill during the run, exactly `burst` frames pass out of
+/// burst + 1000.
+#[test]
+fn exactly_burst_frames_pass() {
+    for (unit, burst, frame_len) in [("packets", 500u64, 64usize), ("bytes", 64 * 500, 64)] {
+        let config = format!(
+            "[[rules]]\nname = \"exact\"\ndst = \"198.18.9.9/32\"\nunit = \"{unit}\"\nrate = 1\nburst = {burst}\n"
+        );
+        let loaded = fixture::load(&config).expect("loading the program");
+        let f = v4([198, 18, 9, 9]).udp(1, 53).frame_len(frame_len).build();
+        let frames = if unit == "bytes" { burst / frame_len as u64 } else { burst };
+        let (verdict, _) = loaded.run_repeat(&f, (frames + 1000) as u32).expect("test run");
+        let c = loaded.snapshot().expect("counters").rules["exact"];
+        assert_eq!(verdict, XDP_DROP, "{unit}");
+        assert_eq!(c.passed_packets, frames, "{unit}: passed");
+        assert_eq!(c.dropped_packets, 1000, "{unit}: dropped");
+    }
+}

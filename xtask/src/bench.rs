@@ -1,0 +1,16 @@
+//! `cargo xtask bench`: runs the benchmark binary of the tests crate (release).
+
+use anyhow::Result;
+
+use crate::{cargo, run_cmd};
+
+pub fn run() -> Result<()> {
+    run_cmd(cargo().args([
+        "run",
+        "--release",
+        "--package",
+        "limiter-tests",
+        "--bin",
+        "limiter-bench",
+    ]))
+}

@@ -3,4 +3,5 @@
 pub mod fixture;
 pub mod frame;
 pub mod netns;
+pub mod scenario;
 pub mod traffic;

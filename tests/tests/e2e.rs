@@ -1,0 +1,122 @@
+//! End to end: the program attached to a veth end, real frames sent from the peer's
+//! namespace, the admitted count checked against rate × time + burst, and the counters
+//! checked against what the receiver saw.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+use std::{path::Path, time::Duration};
+
+use limiter_tests::{
+    netns::VethPair,
+    scenario::{PinDir, flood, udp_to_host},
+    traffic::SendPlan,
+};
+use limiter_user::{
+    config::{Config, XdpMode},
+    daemon::apply_rules,
+    program::{AttachedMode, LoadOptions, Program},
+};
+
+const RATE: u64 = 20_000;
+const BURST: u64 = 500;
+
+fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode) {
+    let pair = VethPair::new(1).expect("creating the veth pair");
+    let pins = PinDir::new();
+    let config = Config::parse(
+        &format!(
+            "[[rules]]\nname = \"e2e\"\ndst = \"198.18.0.2/32\"\nproto = \"udp\"\n\
+             rate = {RATE}\nburst = {BURST}\n"
+        ),
+        Path::new("<e2e>"),
+    )
+    .unwrap();
+    let mut program = Program::load(&LoadOptions {
+        pin_dir: Some(pins.path.clone()),
+        max_sources: 1024,
+    })
+    .expect("loading the program");
+    let mut maps = program.maps().unwrap();
+    let table = apply_rules(&mut maps, &config).unwrap();
+    let slot = table.slots["e2e"];
+    let attachment = program.attach(&pair.host, mode).expect("attaching");
+    assert_eq!(attachment.mode, expected_mode);
+
+    let plan = SendPlan {
+        frames: vec![udp_to_host(&pair, 9, 64)],
+        rate: None,
+        count: 2_000_000,
+        duration: Duration::from_secs(3),
+        cpu: None,
+    };
+    let (sent, received) = flood(&pair, plan).expect("sending");
+    let c = maps.rule_counters(slot).unwrap();
+
+    let span = sent.span.as_secs_f64();
+    let expected = RATE as f64 * span + BURST as f64;
+    let offered = (c.passed_packets + c.dropped_packets) as f64 / span;
+    eprintln!(
+        "{mode:?}: sent {} in {span:.3}s ({:.0}/s), XDP saw {:.0}/s, passed {} \
+         (expected {expected:.0}), dropped {}, receiver {} (socket drops {})",
+        sent.sent,
+        sent.frames_per_second(),
+        offered,
+        c.passed_packets,
+        c.dropped_packets,
+        received.matched,
+        received.socket_drops
+    );
+    assert!(
+        offered > 2.0 * RATE as f64,
+        "the offer ({offered:.0}/s) must be well above the rate for this test to mean anything"
+    );
+    let error = (c.passed_packets as f64 - expected).abs() / expected;
+    assert!(
+        error < 0.01,
+        "passed {} vs rate × time + burst = {expected:.0}: off by {:.2} %",
+        c.passed_packets,
+        error * 100.0
+    );
+    assert!(c.passed_packets + c.dropped_packets <= sent.sent);
+    assert_eq!(received.socket_drops, 0, "the receiver lost frames: count is unreliable");
+    assert_eq!(
+        received.matched, c.passed_packets,
+        "frames received vs the passed counter"
+    );
+    assert_eq!(c.passed_bytes, c.passed_packets * 64);
+    program.detach(attachment).unwrap();
+}
+
+#[test]
+fn native_mode_enforces_the_rate() {
+    rate_is_enforced(XdpMode::Native, AttachedMode::Native);
+}
+
+#[test]
+fn generic_mode_enforces_the_rate() {
+    rate_is_enforced(XdpMode::Generic, AttachedMode::Generic);
+}
+
+/// Maps are pinned under pin_dir and named so `bpftool map dump pinned` shows fields.
+#[test]
+fn maps_are_pinned_with_btf() {
+    let pins = PinDir::new();
+    let _program = Program::load(&LoadOptions {
+        pin_dir: Some(pins.path.clone()),
+        max_sources: 1024,
+    })
+    .expect("loading the program");
+    for name in limiter_common::abi::map_name::ALL {
+        assert!(pins.path.join(name).exists(), "{name} is not pinned");
+    }
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "dump", "pinned"])
+        .arg(pins.path.join("CONTROL"))
+        .output()
+        .expect("running bpftool (cargo xtask setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bpftool failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("\"generation\"") && text.contains("\"flags\""),
+        "bpftool shows no field names: {text}"
+    );
+}

@@ -45,7 +45,11 @@ fn run() -> Result<(), String> {
     for dir in ["limiter-ebpf/src", "limiter-common/src"] {
         println!("cargo::rerun-if-changed={}", workspace.join(dir).display());
     }
-    for file in ["limiter-ebpf/Cargo.toml", "limiter-common/Cargo.toml", "Cargo.lock"] {
+    for file in [
+        "limiter-ebpf/Cargo.toml",
+        "limiter-common/Cargo.toml",
+        "Cargo.lock",
+    ] {
         println!("cargo::rerun-if-changed={}", workspace.join(file).display());
     }
 
@@ -58,7 +62,14 @@ fn run() -> Result<(), String> {
     let rustflags = ["-Cdebuginfo=2", "-Clink-arg=--btf", "-Ctarget-cpu=v3"].join("\x1f");
     let mut cmd = Command::new("rustup");
     cmd.current_dir(workspace)
-        .args(["run", "nightly", "cargo", "build", "--package", "limiter-ebpf"])
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--package",
+            "limiter-ebpf",
+        ])
         .args(["--bins", "--release", "--target", "bpfel-unknown-none"])
         .args(["-Z", "build-std=core", "--target-dir"])
         .arg(&target_dir)

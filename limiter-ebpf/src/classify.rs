@@ -3,7 +3,7 @@
 //! daemon) whose port and protocol fit.
 
 use aya_ebpf::maps::lpm_trie::Key;
-use limiter_common::abi::{MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES, PrefixRules};
+use limiter_common::abi::{PrefixRules, MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES};
 
 use crate::{maps, parse::Packet};
 

@@ -17,7 +17,7 @@ use aya_ebpf::{
     bindings::xdp_action, helpers::generated::bpf_xdp_get_buff_len, macros::xdp,
     programs::XdpContext,
 };
-use limiter_common::abi::{CONTROL_BYPASS, GlobalCounters};
+use limiter_common::abi::{GlobalCounters, CONTROL_BYPASS};
 
 use crate::parse::ParseError;
 

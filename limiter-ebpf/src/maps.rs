@@ -6,8 +6,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::abi::{
-    Bucket, Control, DEFAULT_MAX_SOURCES, GENERATIONS, GlobalCounters, MAX_PREFIXES, MAX_RULES,
-    PrefixRules, RuleConfig, RuleCounters, SourceKey,
+    Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters, SourceKey,
+    DEFAULT_MAX_SOURCES, GENERATIONS, MAX_PREFIXES, MAX_RULES,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;

@@ -2,13 +2,13 @@
 //! its aggregate limit. Buckets are single u64s updated by compare-and-swap with the
 //! GCRA step from limiter-common, so concurrent CPUs never over-admit.
 
-use core::intrinsics::{AtomicOrdering, atomic_cxchg, atomic_xadd};
+use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns};
 use limiter_common::{
     abi::{
-        Bucket, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE,
-        RULE_SHADOW, RuleCounters, SourceKey, UNIT_BYTES, UNIT_SYN, rule_index,
+        rule_index, Bucket, RuleCounters, SourceKey, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE,
+        RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
     },
     gcra::{self, Limit},
 };
@@ -49,7 +49,9 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     // FAIL_OPEN is applied here, on the kernel's clock, so it happens on time even when
     // the daemon is dead.
     let fail_open_at = rule.fail_open_at_ns;
-    if fail_open_at != 0 && flags & RULE_FAIL_STATIC == 0 && (now_ns.wrapping_sub(fail_open_at) as i64) >= 0
+    if fail_open_at != 0
+        && flags & RULE_FAIL_STATIC == 0
+        && (now_ns.wrapping_sub(fail_open_at) as i64) >= 0
     {
         return Ok(pass(counters, frame_len));
     }
@@ -78,7 +80,12 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
             // The source's bucket paid for a frame the aggregate refused: give it back,
             // so a source is not starved by congestion that others caused.
             if let Some((source_tat, cost)) = source_charge {
-                unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(source_tat, cost.wrapping_neg()) };
+                unsafe {
+                    atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(
+                        source_tat,
+                        cost.wrapping_neg(),
+                    )
+                };
             }
         }
     }
@@ -137,7 +144,12 @@ fn step(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Outcome {
 
 /// Meters one source; also returns its TAT pointer when it admitted (for a refund).
 #[inline(always)]
-fn meter_source(key: &SourceKey, now: u64, cost: u64, limit: &Limit) -> (Outcome, Option<*mut u64>) {
+fn meter_source(
+    key: &SourceKey,
+    now: u64,
+    cost: u64,
+    limit: &Limit,
+) -> (Outcome, Option<*mut u64>) {
     for _ in 0..2 {
         if let Some(bucket) = maps::SRC_BUCKETS.get_ptr_mut(key) {
             let tat = unsafe { &raw mut (*bucket).tat };

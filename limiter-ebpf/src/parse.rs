@@ -256,7 +256,8 @@ fn parse_ipv6(cur: &mut Cursor) -> Result<Packet, ParseError> {
             }
             IPPROTO_FRAGMENT => {
                 let frag = cur.take::<FragHdr>()?;
-                let (nh, offset) = unsafe { ((*frag).next_header, be16((*frag).offset_flags) >> 3) };
+                let (nh, offset) =
+                    unsafe { ((*frag).next_header, be16((*frag).offset_flags) >> 3) };
                 next = nh;
                 if offset != 0 {
                     non_first_fragment = true;

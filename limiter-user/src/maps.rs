@@ -4,16 +4,13 @@
 use std::{collections::BTreeMap, path::Path};
 
 use aya::{
-    Ebpf,
-    maps::{
-        Array, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues,
-        lpm_trie::Key,
-    },
+    maps::{lpm_trie::Key, Array, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues},
     util::nr_cpus,
+    Ebpf,
 };
 use limiter_common::abi::{
-    Bucket, Control, GlobalCounters, MAX_RULES, PrefixRules, RULE_IN_USE, RuleConfig,
-    RuleCounters, map_name, rule_index,
+    map_name, rule_index, Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters,
+    MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
@@ -84,9 +81,7 @@ impl Maps {
     }
 
     pub fn control(&self) -> Result<Control, Error> {
-        self.control
-            .get(&0, 0)
-            .map_err(map_err("reading CONTROL"))
+        self.control.get(&0, 0).map_err(map_err("reading CONTROL"))
     }
 
     pub fn set_control(&mut self, control: Control) -> Result<(), Error> {
@@ -116,7 +111,12 @@ impl Maps {
         Ok(self
             .live_rules()?
             .into_iter()
-            .map(|(slot, rule)| (String::from_utf8_lossy(rule.name_bytes()).into_owned(), slot))
+            .map(|(slot, rule)| {
+                (
+                    String::from_utf8_lossy(rule.name_bytes()).into_owned(),
+                    slot,
+                )
+            })
             .collect())
     }
 
@@ -143,10 +143,17 @@ impl Maps {
 
         replace_trie(&mut self.v4[next as usize], &table.v4, "IPv4")?;
         replace_trie(&mut self.v6[next as usize], &table.v6, "IPv6")?;
-        let wanted: BTreeMap<u32, &RuleConfig> =
-            table.rules.iter().map(|(slot, rule)| (*slot, rule)).collect();
+        let wanted: BTreeMap<u32, &RuleConfig> = table
+            .rules
+            .iter()
+            .map(|(slot, rule)| (*slot, rule))
+            .collect();
         for slot in 0..MAX_RULES {
-            let rule = wanted.get(&slot).copied().copied().unwrap_or(RuleConfig::EMPTY);
+            let rule = wanted
+                .get(&slot)
+                .copied()
+                .copied()
+                .unwrap_or(RuleConfig::EMPTY);
             self.rules
                 .set(rule_index(next, slot), rule, 0)
                 .map_err(map_err(format!("writing RULES slot {slot}")))?;
@@ -165,8 +172,8 @@ impl Maps {
             what: "counting possible CPUs".into(),
             source: e,
         })?;
-        let zeros = PerCpuValues::try_from(vec![RuleCounters::default(); cpus])
-            .map_err(|e| Error::Io {
+        let zeros =
+            PerCpuValues::try_from(vec![RuleCounters::default(); cpus]).map_err(|e| Error::Io {
                 what: "building per-CPU zeros".into(),
                 source: e,
             })?;

@@ -8,13 +8,14 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfLoader, include_bytes_aligned,
+    include_bytes_aligned,
     maps::MapInfo,
-    programs::{Xdp, XdpMode, xdp::XdpLinkId},
+    programs::{xdp::XdpLinkId, Xdp, XdpMode},
+    Ebpf, EbpfLoader,
 };
 use limiter_common::abi::{
-    Bucket, Control, GENERATIONS, GlobalCounters, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
-    PrefixRules, RuleConfig, RuleCounters, SourceKey, map_name,
+    map_name, Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters, SourceKey,
+    GENERATIONS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -78,10 +79,30 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 10] {
             sz(size_of::<RuleConfig>()),
             GENERATIONS * MAX_RULES,
         ),
-        (map_name::PREFIXES_V4_0, 8, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
-        (map_name::PREFIXES_V4_1, 8, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
-        (map_name::PREFIXES_V6_0, 20, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
-        (map_name::PREFIXES_V6_1, 20, sz(size_of::<PrefixRules>()), MAX_PREFIXES),
+        (
+            map_name::PREFIXES_V4_0,
+            8,
+            sz(size_of::<PrefixRules>()),
+            MAX_PREFIXES,
+        ),
+        (
+            map_name::PREFIXES_V4_1,
+            8,
+            sz(size_of::<PrefixRules>()),
+            MAX_PREFIXES,
+        ),
+        (
+            map_name::PREFIXES_V6_0,
+            20,
+            sz(size_of::<PrefixRules>()),
+            MAX_PREFIXES,
+        ),
+        (
+            map_name::PREFIXES_V6_1,
+            20,
+            sz(size_of::<PrefixRules>()),
+            MAX_PREFIXES,
+        ),
         (map_name::AGG_BUCKETS, 4, sz(size_of::<Bucket>()), MAX_RULES),
         (
             map_name::SRC_BUCKETS,
@@ -89,8 +110,18 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 10] {
             sz(size_of::<Bucket>()),
             max_sources,
         ),
-        (map_name::RULE_COUNTERS, 4, sz(size_of::<RuleCounters>()), MAX_RULES),
-        (map_name::GLOBAL_COUNTERS, 4, sz(size_of::<GlobalCounters>()), 1),
+        (
+            map_name::RULE_COUNTERS,
+            4,
+            sz(size_of::<RuleCounters>()),
+            MAX_RULES,
+        ),
+        (
+            map_name::GLOBAL_COUNTERS,
+            4,
+            sz(size_of::<GlobalCounters>()),
+            1,
+        ),
     ]
 }
 
@@ -154,9 +185,8 @@ fn is_bpffs(path: &Path) -> bool {
 }
 
 fn mount_bpffs(at: &Path) -> Result<(), Error> {
-    let target = CString::new(at.as_os_str().as_encoded_bytes()).map_err(|_| {
-        Error::NotBpffs(at.to_path_buf())
-    })?;
+    let target = CString::new(at.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::NotBpffs(at.to_path_buf()))?;
     let fstype = c"bpf";
     // SAFETY: all pointers are valid NUL-terminated strings; no data argument.
     let rc = unsafe {

@@ -1,7 +1,7 @@
 //! Counters and rule state as operators read them (`limiter stats`).
 
 use limiter_common::abi::{
-    RULE_HAS_AGGREGATE, RULE_SHADOW, RuleConfig, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED,
+    RuleConfig, RULE_HAS_AGGREGATE, RULE_SHADOW, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED,
     SHARE_STICKY,
 };
 use serde::Serialize;

@@ -10,7 +10,7 @@ use std::{
 
 use limiter_tests::{
     netns::VethPair,
-    scenario::{PinDir, flood, udp_to_host, write_config},
+    scenario::{flood, udp_to_host, write_config, PinDir},
     traffic::SendPlan,
 };
 use serde_json::Value;
@@ -54,12 +54,19 @@ impl Drop for Daemon {
 }
 
 fn limiter(args: &[&str]) -> Output {
-    Command::new(LIMITER).args(args).output().expect("running limiter")
+    Command::new(LIMITER)
+        .args(args)
+        .output()
+        .expect("running limiter")
 }
 
 fn stats(pins: &Path) -> Value {
     let out = limiter(&["stats", "--json", "--pin-dir", pins.to_str().unwrap()]);
-    assert!(out.status.success(), "stats failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stats failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("stats --json prints JSON")
 }
 
@@ -81,7 +88,10 @@ fn wait_ready(pins: &Path, iface: &str) {
 }
 
 fn xdp_attached(iface: &str) -> bool {
-    let out = Command::new("ip").args(["-d", "link", "show", "dev", iface]).output().unwrap();
+    let out = Command::new("ip")
+        .args(["-d", "link", "show", "dev", iface])
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
 }
 
@@ -116,13 +126,27 @@ fn run_stats_stop_restart() {
     let rules = report["rules"].as_array().expect("rules array");
     assert_eq!(rules.len(), 1);
     let rule = &rules[0];
-    let mut keys: Vec<&str> = rule.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut keys: Vec<&str> = rule
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     keys.sort_unstable();
     assert_eq!(
         keys,
         [
-            "burst", "dropped_bytes", "dropped_packets", "mode", "name", "passed_bytes",
-            "passed_packets", "rate", "state", "would_drop_bytes", "would_drop_packets"
+            "burst",
+            "dropped_bytes",
+            "dropped_packets",
+            "mode",
+            "name",
+            "passed_bytes",
+            "passed_packets",
+            "rate",
+            "state",
+            "would_drop_bytes",
+            "would_drop_packets"
         ]
     );
     assert_eq!(rule["name"], "cli-rule");
@@ -132,7 +156,10 @@ fn run_stats_stop_restart() {
     assert_eq!(rule["burst"], 100);
     let passed = rule["passed_packets"].as_u64().unwrap();
     let dropped = rule["dropped_packets"].as_u64().unwrap();
-    assert_eq!(passed, received.matched, "passed counter vs frames received");
+    assert_eq!(
+        passed, received.matched,
+        "passed counter vs frames received"
+    );
     assert!(dropped > 0 && passed + dropped <= sent.sent);
     assert_eq!(rule["passed_bytes"].as_u64().unwrap(), passed * 100);
     for key in ["malformed", "non_ip", "unmatched", "insert_failures"] {
@@ -146,8 +173,14 @@ fn run_stats_stop_restart() {
     let daemon = Daemon::start(&config);
     wait_ready(&pins.path, &pair.host);
     let again = stats(&pins.path);
-    assert_eq!(again["rules"][0]["passed_packets"].as_u64().unwrap(), passed);
-    assert_eq!(again["rules"][0]["dropped_packets"].as_u64().unwrap(), dropped);
+    assert_eq!(
+        again["rules"][0]["passed_packets"].as_u64().unwrap(),
+        passed
+    );
+    assert_eq!(
+        again["rules"][0]["dropped_packets"].as_u64().unwrap(),
+        dropped
+    );
     daemon.stop();
 }
 
@@ -170,7 +203,12 @@ fn bad_config_is_refused_with_file_line_and_field() {
 
 #[test]
 fn stats_without_a_daemon_says_so() {
-    let out = limiter(&["stats", "--json", "--pin-dir", "/sys/fs/bpf/limiter-does-not-exist"]);
+    let out = limiter(&[
+        "stats",
+        "--json",
+        "--pin-dir",
+        "/sys/fs/bpf/limiter-does-not-exist",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no pinned limiter maps"), "{err}");

@@ -12,7 +12,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{bail, Context as _, Result};
 
 static NEXT_ID: AtomicU32 = AtomicU32::new(0);
 
@@ -70,9 +70,28 @@ impl VethPair {
         ip(&["netns", "add", &pair.ns])?;
         let q = queues.to_string();
         ip(&[
-            "link", "add", &pair.host, "numtxqueues", &q, "numrxqueues", &q, "address",
-            &mac_str(pair.host_mac), "type", "veth", "peer", "name", &pair.peer, "numtxqueues",
-            &q, "numrxqueues", &q, "address", &mac_str(pair.peer_mac), "netns", &pair.ns,
+            "link",
+            "add",
+            &pair.host,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "address",
+            &mac_str(pair.host_mac),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &pair.peer,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "address",
+            &mac_str(pair.peer_mac),
+            "netns",
+            &pair.ns,
         ])?;
         for (ns, dev) in [(None, &pair.host), (Some(&pair.ns), &pair.peer)] {
             let mut args = Vec::new();
@@ -82,7 +101,9 @@ impl VethPair {
             // No IPv6 autoconfiguration chatter: every frame on the link is the test's.
             let sysctl = format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6");
             match ns {
-                None => std::fs::write(&sysctl, "1").with_context(|| format!("writing {sysctl}"))?,
+                None => {
+                    std::fs::write(&sysctl, "1").with_context(|| format!("writing {sysctl}"))?
+                }
                 Some(ns) => in_netns(ns, move || {
                     std::fs::write(&sysctl, "1").with_context(|| format!("writing {sysctl}"))
                 })??,
@@ -104,7 +125,9 @@ impl Drop for VethPair {
     fn drop(&mut self) {
         // Deleting the host end deletes the pair; deleting the namespace deletes anything
         // left inside. Errors are ignored: each may already be gone.
-        let _ = Command::new("ip").args(["link", "del", &self.host]).output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host])
+            .output();
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
     }
 }

@@ -12,8 +12,8 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     frame::FrameBuilder,
-    netns::{VethPair, ifindex, spawn_in_netns},
-    traffic::{PacketSocket, ReceiveReport, Receiver, SendPlan, SendReport, send},
+    netns::{ifindex, spawn_in_netns, VethPair},
+    traffic::{send, PacketSocket, ReceiveReport, Receiver, SendPlan, SendReport},
 };
 
 /// Address of the sending (peer) end.

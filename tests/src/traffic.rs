@@ -4,14 +4,14 @@
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::{
-        Arc,
         atomic::{AtomicBool, Ordering},
+        Arc,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, bail};
+use anyhow::{bail, Result};
 
 const ETH_P_ALL: u16 = 0x0003;
 /// Frames handed to the kernel per sendmmsg call.
@@ -93,12 +93,13 @@ impl PacketSocket {
             })
             .collect();
         // SAFETY: msgs/iovs outlive the call and describe valid buffers.
-        let n = unsafe {
-            libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0)
-        };
+        let n =
+            unsafe { libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0) };
         if n < 0 {
             let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ENOBUFS) || err.kind() == std::io::ErrorKind::WouldBlock {
+            if err.raw_os_error() == Some(libc::ENOBUFS)
+                || err.kind() == std::io::ErrorKind::WouldBlock
+            {
                 return Ok(0);
             }
             bail!("sendmmsg: {err}");
@@ -210,7 +211,10 @@ pub struct ReceiveReport {
 impl Receiver {
     /// Starts counting on `ifindex` (calling thread's namespace) the incoming frames for
     /// which `filter` returns true.
-    pub fn start(ifindex: u32, filter: impl Fn(&[u8]) -> bool + Send + 'static) -> Result<Receiver> {
+    pub fn start(
+        ifindex: u32,
+        filter: impl Fn(&[u8]) -> bool + Send + 'static,
+    ) -> Result<Receiver> {
         let socket = PacketSocket::bind(ifindex, true)?;
         let timeout = libc::timeval {
             tv_sec: 0,
@@ -275,7 +279,7 @@ fn receive_loop(
                 _ => bail!("recvfrom: {err}"),
             }
         }
-        if addr.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+        if addr.sll_pkttype == libc::PACKET_OUTGOING {
             continue;
         }
         if filter(&buf[..n as usize]) {

@@ -7,7 +7,7 @@ use std::{path::Path, time::Duration};
 
 use limiter_tests::{
     netns::VethPair,
-    scenario::{PinDir, flood, udp_to_host},
+    scenario::{flood, udp_to_host, PinDir},
     traffic::SendPlan,
 };
 use limiter_user::{
@@ -77,7 +77,10 @@ fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode) {
         error * 100.0
     );
     assert!(c.passed_packets + c.dropped_packets <= sent.sent);
-    assert_eq!(received.socket_drops, 0, "the receiver lost frames: count is unreliable");
+    assert_eq!(
+        received.socket_drops, 0,
+        "the receiver lost frames: count is unreliable"
+    );
     assert_eq!(
         received.matched, c.passed_packets,
         "frames received vs the passed counter"
@@ -114,7 +117,11 @@ fn maps_are_pinned_with_btf() {
         .output()
         .expect("running bpftool (cargo xtask setup installs it)");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "bpftool failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "bpftool failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         text.contains("\"generation\"") && text.contains("\"flags\""),
         "bpftool shows no field names: {text}"

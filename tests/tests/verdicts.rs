@@ -6,10 +6,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use limiter_common::abi::{GlobalCounters, RuleCounters};
 use limiter_tests::{
-    fixture::{self, Loaded, delta},
-    frame::{
-        self, ETH_P_8021AD, ETH_P_8021Q, ETH_P_LLDP, FrameBuilder, Ipv6Ext, TCP_ACK, TCP_SYN,
-    },
+    fixture::{self, delta, Loaded},
+    frame::{self, FrameBuilder, Ipv6Ext, ETH_P_8021AD, ETH_P_8021Q, ETH_P_LLDP, TCP_ACK, TCP_SYN},
 };
 
 const XDP_ABORTED: u32 = 0;
@@ -150,7 +148,10 @@ fn v4(dst: [u8; 4]) -> FrameBuilder {
 
 fn v6(dst: &str) -> FrameBuilder {
     let dst: Ipv6Addr = dst.parse().unwrap_or(Ipv6Addr::UNSPECIFIED);
-    FrameBuilder::ipv6("2001:db8:ffff::1".parse().unwrap_or(Ipv6Addr::UNSPECIFIED), dst)
+    FrameBuilder::ipv6(
+        "2001:db8:ffff::1".parse().unwrap_or(Ipv6Addr::UNSPECIFIED),
+        dst,
+    )
 }
 
 const WEB: [u8; 4] = [198, 18, 1, 10];
@@ -171,24 +172,47 @@ fn parser_rows() -> Vec<Row> {
     for ihl in [0u8, 4] {
         let mut f = v4(WEB).tcp(40000, 443, TCP_ACK).build();
         frame::set_ipv4_ihl(&mut f, ihl).unwrap();
-        rows.push(row(format!("IPv4 IHL {ihl}"), f, XDP_PASS, Expect::Malformed));
+        rows.push(row(
+            format!("IPv4 IHL {ihl}"),
+            f,
+            XDP_PASS,
+            Expect::Malformed,
+        ));
     }
     let mut f = v4(WEB).ipv4_options(2).tcp(40000, 443, TCP_ACK).build();
     frame::set_ipv4_total_len(&mut f, 24).unwrap();
-    rows.push(row("IPv4 total length 24 < IHL 7 header", f, XDP_PASS, Expect::Malformed));
+    rows.push(row(
+        "IPv4 total length 24 < IHL 7 header",
+        f,
+        XDP_PASS,
+        Expect::Malformed,
+    ));
     let mut f = v4(WEB).tcp(40000, 443, TCP_ACK).build();
     let l3 = frame::l3_offset(&f).unwrap();
     f[l3] = 0x65;
-    rows.push(row("IPv4 ethertype, version 6 header", f, XDP_PASS, Expect::Malformed));
+    rows.push(row(
+        "IPv4 ethertype, version 6 header",
+        f,
+        XDP_PASS,
+        Expect::Malformed,
+    ));
     rows.push(row(
         "IPv4 first fragment carries ports",
-        v4(WEB).ipv4_fragment(0, true).tcp(40000, 443, TCP_ACK).payload_len(64).build(),
+        v4(WEB)
+            .ipv4_fragment(0, true)
+            .tcp(40000, 443, TCP_ACK)
+            .payload_len(64)
+            .build(),
         XDP_PASS,
         PASS_WEB,
     ));
     rows.push(row(
         "IPv4 non-first fragment matches only port-wildcard rules",
-        v4(WEB).ipv4_fragment(100, false).tcp(40000, 443, TCP_ACK).payload_len(64).build(),
+        v4(WEB)
+            .ipv4_fragment(100, false)
+            .tcp(40000, 443, TCP_ACK)
+            .payload_len(64)
+            .build(),
         XDP_PASS,
         PASS_HOST,
     ));
@@ -206,7 +230,13 @@ fn parser_rows() -> Vec<Row> {
     let exts = [
         ("hop-by-hop", Ipv6Ext::HopByHop),
         ("routing", Ipv6Ext::Routing),
-        ("fragment (first)", Ipv6Ext::Fragment { offset: 0, more: true }),
+        (
+            "fragment (first)",
+            Ipv6Ext::Fragment {
+                offset: 0,
+                more: true,
+            },
+        ),
         ("destination options", Ipv6Ext::DestOpts),
         ("AH", Ipv6Ext::Ah),
         ("long hop-by-hop", Ipv6Ext::HopByHopLen(20)),
@@ -222,7 +252,10 @@ fn parser_rows() -> Vec<Row> {
     rows.push(row(
         "IPv6 non-first fragment matches only port-wildcard rules",
         v6("2001:db8::10")
-            .ipv6_ext(Ipv6Ext::Fragment { offset: 10, more: false })
+            .ipv6_ext(Ipv6Ext::Fragment {
+                offset: 10,
+                more: false,
+            })
             .udp(5353, 53)
             .payload_len(32)
             .build(),
@@ -247,13 +280,20 @@ fn parser_rows() -> Vec<Row> {
     ));
     rows.push(row(
         "802.1Q",
-        v4(WEB).vlan(ETH_P_8021Q, 10).tcp(40000, 443, TCP_ACK).build(),
+        v4(WEB)
+            .vlan(ETH_P_8021Q, 10)
+            .tcp(40000, 443, TCP_ACK)
+            .build(),
         XDP_PASS,
         PASS_WEB,
     ));
     rows.push(row(
         "QinQ",
-        v4(WEB).vlan(ETH_P_8021AD, 100).vlan(ETH_P_8021Q, 10).tcp(40000, 443, TCP_ACK).build(),
+        v4(WEB)
+            .vlan(ETH_P_8021AD, 100)
+            .vlan(ETH_P_8021Q, 10)
+            .tcp(40000, 443, TCP_ACK)
+            .build(),
         XDP_PASS,
         PASS_WEB,
     ));
@@ -268,7 +308,12 @@ fn parser_rows() -> Vec<Row> {
         XDP_PASS,
         Expect::Malformed,
     ));
-    rows.push(row("ARP", FrameBuilder::arp().build(), XDP_PASS, Expect::NonIp));
+    rows.push(row(
+        "ARP",
+        FrameBuilder::arp().build(),
+        XDP_PASS,
+        Expect::NonIp,
+    ));
     rows.push(row(
         "LLDP",
         FrameBuilder::ethertype(ETH_P_LLDP, &[0x02, 0x07, 0x04]).build(),
@@ -293,7 +338,12 @@ fn parser_rows() -> Vec<Row> {
 fn classification_rows() -> Vec<Row> {
     let udp_net = [198, 18, 1, 77];
     vec![
-        row("exact port and proto", v4(WEB).tcp(1, 443, TCP_ACK).build(), XDP_PASS, PASS_WEB),
+        row(
+            "exact port and proto",
+            v4(WEB).tcp(1, 443, TCP_ACK).build(),
+            XDP_PASS,
+            PASS_WEB,
+        ),
         row(
             "other port falls back to the prefix's any-port rule",
             v4(WEB).tcp(1, 80, TCP_ACK).build(),
@@ -495,7 +545,10 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
 
 fn run_table(rows: &[Row]) {
     let loaded = fixture::load(RULES).expect("loading the program with the test rules");
-    let failures: Vec<String> = rows.iter().filter_map(|r| check(&loaded, r).err()).collect();
+    let failures: Vec<String> = rows
+        .iter()
+        .filter_map(|r| check(&loaded, r).err())
+        .collect();
     assert!(
         failures.is_empty(),
         "{} of {} rows failed:\n{}",
@@ -539,7 +592,10 @@ fn truncation_sweep_never_aborts() {
             match loaded.run(&f[..len]) {
                 Ok(XDP_ABORTED) => aborted.push(len),
                 Ok(v) => {
-                    assert!(v == XDP_PASS || v == XDP_DROP, "verdict {v} at length {len}");
+                    assert!(
+                        v == XDP_PASS || v == XDP_DROP,
+                        "verdict {v} at length {len}"
+                    );
                     ran += 1;
                 }
                 Err(e) => assert!(len < 14, "test run refused a {len}-byte frame: {e:#}"),
@@ -560,8 +616,14 @@ fn exactly_burst_frames_pass() {
         );
         let loaded = fixture::load(&config).expect("loading the program");
         let f = v4([198, 18, 9, 9]).udp(1, 53).frame_len(frame_len).build();
-        let frames = if unit == "bytes" { burst / frame_len as u64 } else { burst };
-        let (verdict, _) = loaded.run_repeat(&f, (frames + 1000) as u32).expect("test run");
+        let frames = if unit == "bytes" {
+            burst / frame_len as u64
+        } else {
+            burst
+        };
+        let (verdict, _) = loaded
+            .run_repeat(&f, (frames + 1000) as u32)
+            .expect("test run");
         let c = loaded.snapshot().expect("counters").rules["exact"];
         assert_eq!(verdict, XDP_DROP, "{unit}");
         assert_eq!(c.passed_packets, frames, "{unit}: passed");

@@ -9,7 +9,7 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]

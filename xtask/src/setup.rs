@@ -3,7 +3,7 @@
 
 use std::{path::Path, process::Command};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{bail, Context as _, Result};
 
 use crate::run_cmd;
 
@@ -33,13 +33,9 @@ fn output_ok(cmd: &mut Command) -> Option<String> {
 }
 
 fn nightly_rust_src() -> Result<()> {
-    let Some(sysroot) = output_ok(Command::new("rustup").args([
-        "run",
-        "nightly",
-        "rustc",
-        "--print",
-        "sysroot",
-    ])) else {
+    let Some(sysroot) =
+        output_ok(Command::new("rustup").args(["run", "nightly", "rustc", "--print", "sysroot"]))
+    else {
         eprintln!("setup: installing the nightly toolchain");
         run_cmd(Command::new("rustup").args([
             "toolchain",
@@ -56,7 +52,13 @@ fn nightly_rust_src() -> Result<()> {
     let core_src = Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core");
     if !core_src.exists() {
         eprintln!("setup: adding rust-src to nightly");
-        run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run_cmd(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     Ok(())
 }

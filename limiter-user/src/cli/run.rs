@@ -1,8 +1,12 @@
 use std::path::PathBuf;
 
-use anyhow::{Context as _, bail};
+use anyhow::{bail, Context as _};
 use limiter_user::{config::Config, daemon::Daemon};
-use tokio::{signal::unix::{SignalKind, signal}, sync::broadcast, task::JoinSet};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::broadcast,
+    task::JoinSet,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {

@@ -21,7 +21,10 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
     let maps = Maps::from_pins(&args.pin_dir.pin_dir)?;
     if args.json {
         let report = stats::collect(&maps)?;
-        println!("{}", serde_json::to_string(&report).context("encoding JSON")?);
+        println!(
+            "{}",
+            serde_json::to_string(&report).context("encoding JSON")?
+        );
         return Ok(());
     }
     loop {

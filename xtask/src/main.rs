@@ -47,6 +47,12 @@ fn main() -> Result<()> {
             build()
         }
         Task::Run { args } => {
+            if args.is_empty() {
+                bail!(
+                    "usage: cargo xtask run -- --config FILE [--iface IF]...\n\
+                     (limiter.example.toml in the repository is a starting point)"
+                );
+            }
             setup::run()?;
             build()?;
             let binary = workspace_root()?.join("target/release/limiter");

@@ -378,119 +378,95 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
     Ok(())
 }
 
-/// Runs `frames` calls of one run each, every frame from the next source; returns the
-/// mean kernel-measured ns per call.
-fn per_frame_mean(
-    scenario: &str,
-    prog: &Xdp,
-    template: &[u8],
-    sources: &mut Sources,
-    frames: usize,
-    want: u32,
-) -> Result<f64> {
-    let mut frame = template.to_vec();
-    let mut total = 0_u64;
-    for _ in 0..frames {
-        with_ipv4_src(&mut frame, sources.next()).context("rewriting the source address")?;
-        let (verdict, ns) = test_run(prog, &frame, 1)?;
-        check_verdict(scenario, verdict, want)?;
-        total += ns;
+/// Frames to one program, each from the next source and each in a call of its own.
+struct Stream<'a> {
+    scenario: &'static str,
+    prog: &'a Xdp,
+    frame: Vec<u8>,
+    sources: Sources,
+}
+
+impl<'a> Stream<'a> {
+    fn new(scenario: &'static str, prog: &'a Xdp) -> Self {
+        Stream {
+            scenario,
+            prog,
+            frame: frame(Ipv4Addr::new(198, 18, 0, 1), DST_PER_SOURCE),
+            sources: Sources::new(),
+        }
     }
-    Ok(total as f64 / frames as f64)
+
+    /// One frame from `src` (repeat = 1): the verdict and the kernel-measured ns.
+    fn send(&mut self, src: Ipv4Addr) -> Result<(u32, u64)> {
+        with_ipv4_src(&mut self.frame, src).context("rewriting the source address")?;
+        test_run(self.prog, &self.frame, 1)
+    }
+
+    /// `frames` frames from new sources, each expected to pass; the mean ns per call.
+    fn run(&mut self, frames: usize) -> Result<f64> {
+        let mut total = 0_u64;
+        for _ in 0..frames {
+            let src = self.sources.next();
+            let (verdict, ns) = self.send(src)?;
+            check_verdict(self.scenario, verdict, XDP_PASS)?;
+            total += ns;
+        }
+        Ok(total as f64 / frames as f64)
+    }
 }
 
 /// Scenarios 5 and 6, each frame from a new source, and `baseline_pass` the same way.
 fn per_frame_scenarios(baselines: &Ebpf, large: &Loaded, small: &Loaded) -> Result<Vec<Row>> {
-    let baseline = xdp(baselines, "baseline_pass")?;
-    let template = frame(Ipv4Addr::new(198, 18, 0, 1), DST_PER_SOURCE);
-    let new_source = "new source every frame (max_sources 1048576)";
-    let churn = "new source every frame, LRU full (max_sources 4096)";
-    let (mut base_src, mut new_src, mut churn_src) =
-        (Sources::new(), Sources::new(), Sources::new());
-
-    // Warm up; fill the small map twice over so it is full and evicting.
-    per_frame_mean(
-        "baseline_pass",
-        baseline,
-        &template,
-        &mut base_src,
-        FRAMES_PER_ROUND,
-        XDP_PASS,
-    )?;
-    per_frame_mean(
-        new_source,
-        large.program.xdp()?,
-        &template,
-        &mut new_src,
-        FRAMES_PER_ROUND,
-        XDP_PASS,
-    )?;
-    let fill = 2 * SMALL_SOURCES as usize;
-    per_frame_mean(
-        churn,
-        small.program.xdp()?,
-        &template,
-        &mut churn_src,
-        fill,
-        XDP_PASS,
-    )?;
+    let mut streams = [
+        Stream::new("baseline_pass", xdp(baselines, "baseline_pass")?),
+        Stream::new(
+            "new source every frame (max_sources 1048576)",
+            large.program.xdp()?,
+        ),
+        Stream::new(
+            "new source every frame, LRU full (max_sources 4096)",
+            small.program.xdp()?,
+        ),
+    ];
+    // Warm up, filling the small map twice over so that it is full and evicting.
+    streams[0].run(FRAMES_PER_ROUND)?;
+    streams[1].run(FRAMES_PER_ROUND)?;
+    streams[2].run(2 * SMALL_SOURCES as usize)?;
 
     let before = (large.snapshot()?, small.snapshot()?);
     let mut samples = [const { Vec::new() }; 3];
     for _ in 0..FRAME_ROUNDS {
-        let n = FRAMES_PER_ROUND;
-        samples[0].push(per_frame_mean(
-            "baseline_pass",
-            baseline,
-            &template,
-            &mut base_src,
-            n,
-            XDP_PASS,
-        )?);
-        samples[1].push(per_frame_mean(
-            new_source,
-            large.program.xdp()?,
-            &template,
-            &mut new_src,
-            n,
-            XDP_PASS,
-        )?);
-        samples[2].push(per_frame_mean(
-            churn,
-            small.program.xdp()?,
-            &template,
-            &mut churn_src,
-            n,
-            XDP_PASS,
-        )?);
+        for (stream, samples) in streams.iter_mut().zip(&mut samples) {
+            samples.push(stream.run(FRAMES_PER_ROUND)?);
+        }
     }
     let frames = (FRAMES_PER_ROUND * FRAME_ROUNDS) as u64;
+    let [_, new, churn] = &mut streams;
     check_source_counters(
-        new_source,
+        new.scenario,
         &fixture::delta(&before.0, &large.snapshot()?),
         frames,
     )?;
     check_source_counters(
-        churn,
+        churn.scenario,
         &fixture::delta(&before.1, &small.snapshot()?),
         frames,
     )?;
-    check_eviction(small, &template, &mut churn_src)?;
+    check_eviction(churn)?;
 
-    let [base, new, churned] = samples.map(|mut s| median(&mut s));
-    let row = |scenario: &str, ns| Row {
-        scenario: scenario.to_string(),
-        method: Method::PerFrame,
-        ns,
-        baseline_ns: base,
-        verdict: XDP_PASS,
-        hot_path: false,
-    };
-    Ok(vec![
-        row("baseline_pass", base),
-        row(new_source, new),
-        row(churn, churned),
-    ])
+    let medians = samples.map(|mut s| median(&mut s));
+    Ok(streams
+        .iter()
+        .zip(medians)
+        .map(|(stream, ns)| Row {
+            scenario: stream.scenario.to_string(),
+            method: Method::PerFrame,
+            ns,
+            baseline_ns: medians[0],
+            verdict: XDP_PASS,
+            hot_path: false,
+        })
+        .collect())
 }
 
 /// Every frame created a bucket: none failed to insert (an insert failure passes the
@@ -516,40 +492,17 @@ fn check_source_counters(scenario: &str, delta: &Snapshot, frames: u64) -> Resul
 /// Proves the small LRU is full and evicting: a marker source followed by twice the
 /// capacity of newer sources is gone (its next frame passes as a new source), while the
 /// newest source is still there (its second frame within a second drops).
-fn check_eviction(small: &Loaded, template: &[u8], sources: &mut Sources) -> Result<()> {
-    let prog = small.program.xdp()?;
+fn check_eviction(churn: &mut Stream<'_>) -> Result<()> {
     let started = Instant::now();
-    let marker = sources.next();
-    let run_from = |src: Ipv4Addr| -> Result<u32> {
-        let mut frame = template.to_vec();
-        with_ipv4_src(&mut frame, src).context("rewriting the source address")?;
-        Ok(test_run(prog, &frame, 1)?.0)
-    };
-    check_verdict(
-        "LRU probe: marker source, first frame",
-        run_from(marker)?,
-        XDP_PASS,
-    )?;
-    let newer = 2 * SMALL_SOURCES as usize;
-    per_frame_mean(
-        "LRU probe: newer sources",
-        prog,
-        template,
-        sources,
-        newer,
-        XDP_PASS,
-    )?;
-    let newest = sources.back(1);
-    check_verdict(
-        "LRU probe: newest source again (still cached)",
-        run_from(newest)?,
-        XDP_DROP,
-    )?;
-    check_verdict(
-        "LRU probe: marker source again (evicted)",
-        run_from(marker)?,
-        XDP_PASS,
-    )?;
+    let marker = churn.sources.next();
+    let (first, _) = churn.send(marker)?;
+    check_verdict("LRU probe: marker source, first frame", first, XDP_PASS)?;
+    churn.run(2 * SMALL_SOURCES as usize)?;
+    let newest = churn.sources.back(1);
+    let (again, _) = churn.send(newest)?;
+    check_verdict("LRU probe: newest source again (cached)", again, XDP_DROP)?;
+    let (again, _) = churn.send(marker)?;
+    check_verdict("LRU probe: marker source again (evicted)", again, XDP_PASS)?;
     // A 1/s bucket refills after a second: only a faster probe tells eviction apart.
     ensure!(
         started.elapsed() < Duration::from_millis(500),

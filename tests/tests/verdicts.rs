@@ -630,3 +630,48 @@ fn exactly_burst_frames_pass() {
         assert_eq!(c.dropped_packets, 1000, "{unit}: dropped");
     }
 }
+
+/// Installing rule tables while frames are being classified: every frame meets a whole
+/// table (old or new), never an empty or half-written one.
+#[test]
+fn rule_table_swaps_are_atomic() {
+    let table_a = "[[rules]]\nname = \"a\"\ndst = \"198.18.7.0/24\"\nrate = 1000\nburst = 1000000\n";
+    let table_b = "[[rules]]\nname = \"b\"\ndst = \"198.18.7.7/32\"\nproto = \"udp\"\nrate = 1000\nburst = 1000000\n\
+                   [[rules]]\nname = \"c\"\ndst = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000000\n";
+    let mut loaded = fixture::load(table_a).expect("loading the program");
+    let configs: Vec<_> = [table_a, table_b]
+        .iter()
+        .map(|t| limiter_user::config::Config::parse(t, std::path::Path::new("<swap>")).unwrap())
+        .collect();
+    let f = v4([198, 18, 7, 7]).udp(1, 53).build();
+    let before = loaded.maps.global_counters().unwrap();
+    let runs_per_call = 20_000u32;
+    let calls = 50u64;
+    let swaps = std::thread::scope(|s| {
+        let program = &loaded.program;
+        let frame = &f;
+        let runner = s.spawn(move || {
+            for _ in 0..calls {
+                let mut opts = aya::programs::TestRunOptions::new();
+                opts.data_in = Some(frame);
+                opts.repeat = runs_per_call;
+                aya::programs::TestRun::test_run(program.xdp().unwrap(), opts).unwrap();
+            }
+        });
+        let mut swaps = 0u64;
+        while !runner.is_finished() {
+            let config = &configs[(swaps % 2) as usize];
+            limiter_user::daemon::apply_rules(&mut loaded.maps, config).unwrap();
+            swaps += 1;
+        }
+        runner.join().unwrap();
+        swaps
+    });
+    let after = loaded.maps.global_counters().unwrap();
+    assert!(swaps >= 10, "only {swaps} swaps happened during the runs");
+    assert_eq!(
+        after.unmatched - before.unmatched,
+        0,
+        "frames saw an incomplete rule table during {swaps} swaps"
+    );
+}

@@ -106,6 +106,7 @@ burst = 1
 }
 
 fn main() -> Result<()> {
+    limiter_tests::netns::require_root()?;
     let cpu = pin_to_current_cpu()?;
     let header = Header::read(cpu)?;
     let verifier = verifier_count()?;
@@ -113,8 +114,8 @@ fn main() -> Result<()> {
     let mut baselines = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
     load_xdp(&mut baselines, "baseline_pass")?;
     load_xdp(&mut baselines, "baseline_drop")?;
-    let large = fixture::load(&config(LARGE_SOURCES)).context("loading limiter")?;
-    let small = fixture::load(&config(SMALL_SOURCES)).context("loading limiter")?;
+    let large = load_limiter(LARGE_SOURCES)?;
+    let small = load_limiter(SMALL_SOURCES)?;
 
     let mut rows = repeat_scenarios(&baselines, &large)?;
     rows.extend(per_frame_scenarios(&baselines, &large, &small)?);
@@ -128,6 +129,12 @@ fn main() -> Result<()> {
 
 // ---------------------------------------------------------------------------------------
 // Running programs
+
+/// The limiter with the bench rules and a per-source map of `max_sources`.
+fn load_limiter(max_sources: u32) -> Result<Loaded> {
+    fixture::load(&config(max_sources))
+        .with_context(|| format!("loading limiter with max_sources {max_sources}"))
+}
 
 /// Loads (verifies) one program of `ebpf`.
 fn load_xdp(ebpf: &mut Ebpf, name: &str) -> Result<()> {
@@ -275,36 +282,16 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
         want,
         hot_path,
     };
+    let (pass, drop) = (
+        xdp(baselines, "baseline_pass")?,
+        xdp(baselines, "baseline_drop")?,
+    );
     let cases = [
-        case(
-            "baseline_pass",
-            xdp(baselines, "baseline_pass")?,
-            DST_HOT_PASS,
-            XDP_PASS,
-            false,
-        ),
-        case(
-            "baseline_drop",
-            xdp(baselines, "baseline_drop")?,
-            DST_HOT_PASS,
-            XDP_DROP,
-            false,
-        ),
+        case("baseline_pass", pass, DST_HOT_PASS, XDP_PASS, false),
+        case("baseline_drop", drop, DST_HOT_PASS, XDP_DROP, false),
         case("no rule matched", prog, DST_UNMATCHED, XDP_PASS, false),
-        case(
-            "hot path passing (rate 1e9/s)",
-            prog,
-            DST_HOT_PASS,
-            XDP_PASS,
-            true,
-        ),
-        case(
-            "hot path dropping (rate 1/s, exhausted)",
-            prog,
-            DST_HOT_DROP,
-            XDP_DROP,
-            true,
-        ),
+        case("hot path passing", prog, DST_HOT_PASS, XDP_PASS, true),
+        case("hot path dropping", prog, DST_HOT_DROP, XDP_DROP, true),
     ];
     // Exhaust the 1/s bucket, and warm everything up (JIT image, caches, map entries).
     for case in &cases {
@@ -653,6 +640,10 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
             header.kernel, header.cpu_model, header.cpu
         ),
         format!("{FRAME_LEN}-byte IPv4 TCP frames, addresses in 198.18.0.0/15"),
+        "rules (unit packets, enforce): hot path passing = rate 1e9/s burst 1e9; \
+         hot path dropping = rate 1/s burst 1, exhausted; new source = per_source rate 1/s \
+         burst 1 per /32, no aggregate"
+            .to_string(),
         format!(
             "repeat: {REPEAT} runs per call, median of {REPEAT_ROUNDS} interleaved rounds \
              (the kernel reports whole ns per run)"

@@ -11,7 +11,7 @@
 //! `AF_PACKET` socket hands to the XDP program, so `frame_len(64)` is 64 bytes from the
 //! destination MAC to the last payload byte.
 //!
-//! ```ignore
+//! ```
 //! use std::net::Ipv4Addr;
 //! use limiter_tests::frame::{FrameBuilder, TCP_SYN};
 //!

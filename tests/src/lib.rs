@@ -2,6 +2,8 @@
 
 pub mod fixture;
 pub mod frame;
+pub mod live;
 pub mod netns;
+pub mod rx;
 pub mod scenario;
 pub mod traffic;

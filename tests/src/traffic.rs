@@ -53,7 +53,13 @@ impl PacketSocket {
         if rc != 0 {
             return Err(last_err("bind(AF_PACKET)"));
         }
-        Ok(PacketSocket { fd })
+        let socket = PacketSocket { fd };
+        if !receive {
+            // Straight to the driver: no qdisc between the generator and the veth.
+            let one: i32 = 1;
+            socket.setsockopt(libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one)?;
+        }
+        Ok(socket)
     }
 
     fn setsockopt<T>(&self, level: i32, name: i32, value: &T) -> Result<()> {

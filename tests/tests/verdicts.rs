@@ -635,7 +635,8 @@ fn exactly_burst_frames_pass() {
 /// table (old or new), never an empty or half-written one.
 #[test]
 fn rule_table_swaps_are_atomic() {
-    let table_a = "[[rules]]\nname = \"a\"\ndst = \"198.18.7.0/24\"\nrate = 1000\nburst = 1000000\n";
+    let table_a =
+        "[[rules]]\nname = \"a\"\ndst = \"198.18.7.0/24\"\nrate = 1000\nburst = 1000000\n";
     let table_b = "[[rules]]\nname = \"b\"\ndst = \"198.18.7.7/32\"\nproto = \"udp\"\nrate = 1000\nburst = 1000000\n\
                    [[rules]]\nname = \"c\"\ndst = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000000\n";
     let mut loaded = fixture::load(table_a).expect("loading the program");

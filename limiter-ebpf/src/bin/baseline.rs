@@ -1,9 +1,19 @@
-//! Reference programs for benchmarks: the cheapest possible XDP_PASS and XDP_DROP, so
-//! every cost is reported as a ratio to something measured in the same run.
+//! Programs for tests and benchmarks, never for production:
+//! - `baseline_pass` / `baseline_drop`: the cheapest possible XDP_PASS and XDP_DROP, so
+//!   every cost is reported as a ratio to something measured in the same run;
+//! - `traffic_tx`: a traffic generator. Run with BPF_PROG_TEST_RUN in live-frames mode on
+//!   a veth end, it transmits every injected frame out of that end (XDP_TX);
+//! - `rx_count`: a TC ingress counter for the receiving end. TC runs after XDP, so it
+//!   counts exactly what XDP passed, per CPU and per IPv4 source, at any packet rate.
 #![no_std]
 #![no_main]
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{xdp_action, TC_ACT_SHOT},
+    btf_maps::{PerCpuArray, PerCpuHashMap},
+    macros::{btf_map, classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 
 #[xdp(frags)]
 pub fn baseline_pass(_ctx: XdpContext) -> u32 {
@@ -13,6 +23,60 @@ pub fn baseline_pass(_ctx: XdpContext) -> u32 {
 #[xdp(frags)]
 pub fn baseline_drop(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_DROP
+}
+
+#[xdp(frags)]
+pub fn traffic_tx(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_TX
+}
+
+/// Frames and bytes received, per CPU.
+#[repr(C)]
+pub struct RxTotals {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[btf_map]
+static RX_TOTALS: PerCpuArray<RxTotals, 1> = PerCpuArray::new();
+
+/// Frames received per IPv4 source address (network byte order), per CPU.
+#[btf_map]
+static RX_SOURCES: PerCpuHashMap<u32, u64, 131072> = PerCpuHashMap::new();
+
+const ETH_HLEN: usize = 14;
+const IPV4_SRC_OFFSET: usize = ETH_HLEN + 12;
+
+#[classifier]
+pub fn rx_count(ctx: TcContext) -> i32 {
+    if let Some(t) = RX_TOTALS.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, only this CPU's run touches it.
+        unsafe {
+            (*t).packets += 1;
+            (*t).bytes += u64::from(ctx.len());
+        }
+    }
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + IPV4_SRC_OFFSET + 4 <= end {
+        // SAFETY: bounds checked just above.
+        let (ethertype, src) = unsafe {
+            (
+                *((data + 12) as *const [u8; 2]),
+                *((data + IPV4_SRC_OFFSET) as *const u32),
+            )
+        };
+        if ethertype == [0x08, 0x00] {
+            match RX_SOURCES.get_ptr_mut(&src) {
+                // SAFETY: per-CPU value.
+                Some(n) => unsafe { *n += 1 },
+                None => {
+                    let _ = RX_SOURCES.insert(&src, &1, 0);
+                }
+            }
+        }
+    }
+    // Counted; the stack has nothing to do with test traffic.
+    TC_ACT_SHOT as i32
 }
 
 #[cfg(not(test))]

@@ -225,6 +225,52 @@ pub struct SourceKey {
     pub addr: [u8; 16],
 }
 
+impl SourceKey {
+    /// The bucket key of a source: the rule slot plus the source address (network order,
+    /// IPv4 in the first 4 bytes) masked to the rule's prefix length for its family.
+    /// The XDP program and `limiter explain` both build keys with this.
+    #[inline(always)]
+    pub fn masked(
+        slot: u32,
+        family: u32,
+        src: &[u8; 16],
+        prefix_v4: u32,
+        prefix_v6: u32,
+    ) -> SourceKey {
+        let mut key = SourceKey {
+            slot,
+            family,
+            addr: [0; 16],
+        };
+        let (prefix, words) = if family == 4 {
+            (prefix_v4, 1)
+        } else {
+            (prefix_v6, 4)
+        };
+        for w in 0..4 {
+            if w >= words {
+                break;
+            }
+            let bits_before = (w * 32) as u32;
+            let mask: u32 = if prefix >= bits_before + 32 {
+                u32::MAX
+            } else if prefix <= bits_before {
+                0
+            } else {
+                u32::MAX << (32 - (prefix - bits_before))
+            };
+            let i = w * 4;
+            let word = u32::from_be_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
+            let masked = (word & mask).to_be_bytes();
+            key.addr[i] = masked[0];
+            key.addr[i + 1] = masked[1];
+            key.addr[i + 2] = masked[2];
+            key.addr[i + 3] = masked[3];
+        }
+        key
+    }
+}
+
 /// Per-rule counters, one copy per CPU (`RULE_COUNTERS`, per-CPU array by slot).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -274,6 +320,43 @@ impl GlobalCounters {
         self.unmatched = self.unmatched.wrapping_add(other.unmatched);
         self.insert_failures = self.insert_failures.wrapping_add(other.insert_failures);
         self.contended = self.contended.wrapping_add(other.contended);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_keys_mask_to_the_prefix() {
+        let mut v4 = [0u8; 16];
+        v4[..4].copy_from_slice(&[198, 18, 77, 200]);
+        assert_eq!(
+            SourceKey::masked(3, 4, &v4, 24, 128).addr[..4],
+            [198, 18, 77, 0]
+        );
+        assert_eq!(
+            SourceKey::masked(3, 4, &v4, 32, 128).addr[..4],
+            [198, 18, 77, 200]
+        );
+        assert_eq!(SourceKey::masked(3, 4, &v4, 0, 128).addr, [0; 16]);
+        assert_eq!(
+            SourceKey::masked(3, 4, &v4, 17, 128).addr[..4],
+            [198, 18, 0, 0]
+        );
+        let v6 = [
+            0x20, 0x01, 0x0d, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ];
+        let k = SourceKey::masked(1, 6, &v6, 32, 48);
+        assert_eq!(
+            k.addr,
+            [0x20, 0x01, 0x0d, 0xb8, 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert_eq!(SourceKey::masked(1, 6, &v6, 32, 128).addr, v6);
+        assert_eq!(
+            SourceKey::masked(1, 6, &v6, 32, 70).addr[8],
+            5 & 0b1111_1100
+        );
     }
 }
 

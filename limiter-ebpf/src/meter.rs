@@ -62,7 +62,13 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     if flags & RULE_HAS_PER_SOURCE != 0 {
         let limit = &rule.per_source;
         let cost = limit.cost(units);
-        let key = source_key(slot, pkt, rule.source_prefix_v4, rule.source_prefix_v6);
+        let key = SourceKey::masked(
+            slot,
+            pkt.family,
+            &pkt.src,
+            rule.source_prefix_v4,
+            rule.source_prefix_v6,
+        );
         match meter_source(&key, now, cost, limit) {
             (Outcome::Admit, tat) => source_charge = tat.map(|p| (p, cost)),
             (Outcome::Reject, _) => conforms = false,
@@ -174,40 +180,4 @@ fn meter_source(
     }
     count_global(|g| &mut g.insert_failures);
     (Outcome::Unmetered, None)
-}
-
-/// The per-source key: rule slot plus the source masked to the rule's prefix length.
-#[inline(always)]
-fn source_key(slot: u32, pkt: &Packet, prefix_v4: u32, prefix_v6: u32) -> SourceKey {
-    let mut key = SourceKey {
-        slot,
-        family: pkt.family,
-        addr: [0; 16],
-    };
-    let (prefix, words) = if pkt.family == 4 {
-        (prefix_v4, 1)
-    } else {
-        (prefix_v6, 4)
-    };
-    for w in 0..4 {
-        if w >= words {
-            break;
-        }
-        let bits_before = (w * 32) as u32;
-        let mask: u32 = if prefix >= bits_before + 32 {
-            u32::MAX
-        } else if prefix <= bits_before {
-            0
-        } else {
-            u32::MAX << (32 - (prefix - bits_before))
-        };
-        let i = w * 4;
-        let word = u32::from_be_bytes([pkt.src[i], pkt.src[i + 1], pkt.src[i + 2], pkt.src[i + 3]]);
-        let masked = (word & mask).to_be_bytes();
-        key.addr[i] = masked[0];
-        key.addr[i + 1] = masked[1];
-        key.addr[i + 2] = masked[2];
-        key.addr[i + 3] = masked[3];
-    }
-    key
 }

@@ -1847,3 +1847,17 @@ per_source = { rate = 0, burst = 1 }
         assert!(err.to_string().contains("missing.toml"), "{err}");
     }
 }
+
+// The control socket carries protocols as their config spelling.
+impl serde::Serialize for Proto {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Proto {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = <String as serde::Deserialize>::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}

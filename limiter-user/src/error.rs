@@ -28,6 +28,14 @@ pub enum Error {
         #[source]
         source: aya::maps::MapError,
     },
+    #[error("{what}: {reason}")]
+    Link { what: String, reason: String },
+    #[error("no rule named {0:?}")]
+    UnknownRule(String),
+    #[error("{0}")]
+    Quota(String),
+    #[error("another limiter daemon is running (it holds {0}); stop it first")]
+    AlreadyRunning(PathBuf),
     #[error("map {0} is missing from the object or pin directory")]
     MissingMap(&'static str),
     #[error(

@@ -2,9 +2,12 @@
 //! reading its counters. The binary `limiter` is a thin CLI over this library.
 
 pub mod config;
+pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod explain;
 pub mod maps;
+pub mod metrics;
 pub mod program;
 pub mod ruleset;
 pub mod stats;

@@ -1,16 +1,22 @@
 //! Typed access to the program's maps, from a loaded object or from pins. Installing a
 //! rule table writes the idle generation, then flips `CONTROL.generation`.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::Path,
+};
 
 use aya::{
-    maps::{lpm_trie::Key, Array, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{
+        lpm_trie::Key, Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+    },
     util::nr_cpus,
     Ebpf,
 };
 use limiter_common::abi::{
     map_name, rule_index, Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters,
-    MAX_RULES, RULE_IN_USE,
+    SourceKey, MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
@@ -27,6 +33,9 @@ pub struct Maps {
     v4: [Trie<4>; 2],
     v6: [Trie<16>; 2],
     agg_buckets: Array<MapData, Bucket>,
+    src_buckets: HashMap<MapData, SourceKey, Bucket>,
+    /// A second handle on SRC_BUCKETS for batch reads (aya's HashMap hides its fd).
+    src_buckets_raw: MapData,
     rule_counters: PerCpuArray<MapData, RuleCounters>,
     global_counters: PerCpuArray<MapData, GlobalCounters>,
 }
@@ -63,6 +72,18 @@ impl Maps {
     }
 
     fn build(mut take: impl FnMut(&'static str) -> Result<Map, Error>) -> Result<Maps, Error> {
+        let (src_buckets, src_buckets_raw) = {
+            let map = take(map_name::SRC_BUCKETS)?;
+            let Map::LruHashMap(data) = &map else {
+                return Err(Error::MissingMap(map_name::SRC_BUCKETS));
+            };
+            let id = data
+                .info()
+                .map_err(map_err("reading SRC_BUCKETS info"))?
+                .id();
+            let raw = MapData::from_id(id).map_err(map_err("reopening SRC_BUCKETS"))?;
+            (typed(map, map_name::SRC_BUCKETS)?, raw)
+        };
         Ok(Maps {
             control: typed(take(map_name::CONTROL)?, map_name::CONTROL)?,
             rules: typed(take(map_name::RULES)?, map_name::RULES)?,
@@ -75,6 +96,8 @@ impl Maps {
                 typed(take(map_name::PREFIXES_V6_1)?, map_name::PREFIXES_V6_1)?,
             ],
             agg_buckets: typed(take(map_name::AGG_BUCKETS)?, map_name::AGG_BUCKETS)?,
+            src_buckets,
+            src_buckets_raw,
             rule_counters: typed(take(map_name::RULE_COUNTERS)?, map_name::RULE_COUNTERS)?,
             global_counters: typed(take(map_name::GLOBAL_COUNTERS)?, map_name::GLOBAL_COUNTERS)?,
         })
@@ -195,6 +218,15 @@ impl Maps {
         Ok(total)
     }
 
+    /// A rule's counters, one entry per possible CPU (e.g. to see which CPUs ran it).
+    pub fn rule_counters_per_cpu(&self, slot: u32) -> Result<Vec<RuleCounters>, Error> {
+        let per_cpu = self
+            .rule_counters
+            .get(&slot, 0)
+            .map_err(map_err(format!("reading RULE_COUNTERS slot {slot}")))?;
+        Ok(per_cpu.iter().copied().collect())
+    }
+
     /// Program-wide counters summed over CPUs.
     pub fn global_counters(&self) -> Result<GlobalCounters, Error> {
         let per_cpu = self
@@ -206,6 +238,32 @@ impl Maps {
             total.accumulate(c);
         }
         Ok(total)
+    }
+
+    /// A per-source bucket, if the source has one (it may have been evicted).
+    pub fn source_bucket(&self, key: &SourceKey) -> Result<Option<Bucket>, Error> {
+        match self.src_buckets.get(key, 0) {
+            Ok(b) => Ok(Some(b)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::Map {
+                what: "reading SRC_BUCKETS".into(),
+                source: e,
+            }),
+        }
+    }
+
+    /// How many per-source buckets exist (BPF_MAP_LOOKUP_BATCH: a few syscalls per
+    /// hundred thousand entries, instead of one per entry).
+    pub fn source_bucket_count(&self) -> Result<u64, Error> {
+        batch_count(
+            self.src_buckets_raw.fd().as_fd().as_raw_fd(),
+            std::mem::size_of::<SourceKey>(),
+            std::mem::size_of::<Bucket>(),
+        )
+        .map_err(|e| Error::Io {
+            what: "counting SRC_BUCKETS entries".into(),
+            source: e,
+        })
     }
 
     /// A rule's aggregate bucket (its TAT).
@@ -237,4 +295,62 @@ fn replace_trie<const N: usize>(
         )))?;
     }
     Ok(())
+}
+
+/// `union bpf_attr` for BPF_MAP_LOOKUP_BATCH.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Counts a hash map's entries with batched lookups.
+fn batch_count(fd: i32, key_size: usize, value_size: usize) -> std::io::Result<u64> {
+    const CHUNK: usize = 4096;
+    let mut keys = vec![0u8; key_size * CHUNK];
+    // Per-CPU maps would need more; SRC_BUCKETS is a plain LRU hash.
+    let mut values = vec![0u8; value_size * CHUNK];
+    let mut cursor = [0u8; 8];
+    let mut next = [0u8; 8];
+    let mut total = 0u64;
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first { 0 } else { cursor.as_ptr() as u64 },
+            out_batch: next.as_mut_ptr() as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: attr points to valid buffers sized for CHUNK keys and values.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        total += u64::from(attr.count);
+        if rc < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOENT) {
+                return Ok(total);
+            }
+            return Err(err);
+        }
+        cursor = next;
+        first = false;
+    }
 }

@@ -10,7 +10,11 @@ use std::{
 use aya::{
     include_bytes_aligned,
     maps::MapInfo,
-    programs::{xdp::XdpLinkId, Xdp, XdpMode},
+    programs::{
+        links::{FdLink, PinnedLink},
+        xdp::{XdpLink, XdpLinkId},
+        Xdp, XdpMode,
+    },
     Ebpf, EbpfLoader,
 };
 use limiter_common::abi::{
@@ -60,12 +64,59 @@ impl AttachedMode {
     }
 }
 
-/// An attachment; detaches when dropped (with the program).
+/// How an interface came to run this program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkOrigin {
+    /// A new bpf_link, pinned.
+    Created,
+    /// A link pinned by an earlier daemon, switched to this program atomically.
+    Adopted,
+}
+
+/// One interface running the program through a pinned bpf_link. The link lives as long
+/// as its pin, not as long as this process: enforcement survives the daemon.
 pub struct Attachment {
     pub iface: String,
+    /// The mode requested for a new link (an adopted link keeps the mode it was made in).
     pub mode: AttachedMode,
-    pub link: XdpLinkId,
+    pub origin: LinkOrigin,
+    /// Where the link is pinned; `None` for a process-local attachment.
+    pub pin: Option<PathBuf>,
+    link: AttachedLink,
 }
+
+enum AttachedLink {
+    /// Pinned: this fd is just a handle, the pin keeps the link.
+    Pinned(FdLink),
+    /// Process-local: owned by the program, detached with it.
+    Local(XdpLinkId),
+}
+
+impl Attachment {
+    /// Id of the program a pinned link runs now.
+    pub fn program_id(&self) -> Result<u32, Error> {
+        let AttachedLink::Pinned(link) = &self.link else {
+            return Err(Error::Link {
+                what: format!("reading the link of {}", self.iface),
+                reason: "not a pinned link".into(),
+            });
+        };
+        link.info()
+            .map(|i| i.program_id())
+            .map_err(|e| Error::Link {
+                what: format!("reading the link of {}", self.iface),
+                reason: e.to_string(),
+            })
+    }
+}
+
+/// Where the link of `iface` is pinned.
+pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
+    pin_dir.join(format!("{LINK_PIN_PREFIX}{iface}"))
+}
+
+/// Pinned links are named `link_<interface>` under pin_dir.
+pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
 fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 10] {
@@ -251,41 +302,186 @@ impl Program {
         Maps::from_ebpf(&mut self.ebpf)
     }
 
-    /// Attaches to `iface`. `Auto` tries native (driver) mode and falls back to generic.
-    pub fn attach(&mut self, iface: &str, mode: ConfigXdpMode) -> Result<Attachment, Error> {
-        let prog = xdp_mut(&mut self.ebpf)?;
-        let attempt = |prog: &mut Xdp, m: XdpMode| {
-            prog.attach(iface, m).map_err(|e| Error::Program {
-                what: format!("attaching to {iface} in {m:?} mode"),
-                source: Box::new(e),
-            })
-        };
-        let (link, mode) = match mode {
-            ConfigXdpMode::Native => (attempt(prog, XdpMode::Driver)?, AttachedMode::Native),
-            ConfigXdpMode::Generic => (attempt(prog, XdpMode::Skb)?, AttachedMode::Generic),
-            ConfigXdpMode::Auto => match attempt(prog, XdpMode::Driver) {
-                Ok(link) => (link, AttachedMode::Native),
-                Err(native) => {
-                    tracing::warn!(%iface, error = %native, "native XDP failed; using generic");
-                    (attempt(prog, XdpMode::Skb)?, AttachedMode::Generic)
+    /// Runs the program on `iface` through a bpf_link pinned under `pin_dir`.
+    ///
+    /// If an earlier daemon pinned a link for `iface`, the link is switched to this
+    /// program with one atomic bpf_link_update: no frame goes unmetered, none is lost,
+    /// and no second program or link is left behind. Otherwise a new link is created
+    /// (`Auto`: native mode, else generic) and pinned.
+    pub fn attach_pinned(
+        &mut self,
+        iface: &str,
+        mode: ConfigXdpMode,
+        pin_dir: &Path,
+    ) -> Result<Attachment, Error> {
+        let pin = link_pin_path(pin_dir, iface);
+        if pin.exists() {
+            match self.adopt(iface, &pin, mode) {
+                Ok(attachment) => return Ok(attachment),
+                // A link whose interface went away: nothing runs through it any more.
+                Err(e) => {
+                    tracing::warn!(%iface, error = %e, "pinned link unusable; replacing it");
+                    let _ = fs::remove_file(&pin);
                 }
-            },
-        };
+            }
+        }
+        let (link, mode) = self.attach_new(iface, mode)?;
+        let link = FdLink::try_from(link).map_err(|e| Error::Link {
+            what: format!("taking the link of {iface}"),
+            reason: e.to_string(),
+        })?;
+        let pinned = link.pin(&pin).map_err(|e| Error::Link {
+            what: format!("pinning the link of {iface} at {}", pin.display()),
+            reason: e.to_string(),
+        })?;
         Ok(Attachment {
             iface: iface.to_string(),
             mode,
-            link,
+            origin: LinkOrigin::Created,
+            pin: Some(pin),
+            link: AttachedLink::Pinned(pinned.into()),
         })
     }
 
-    /// Detaches one attachment.
-    pub fn detach(&mut self, attachment: Attachment) -> Result<(), Error> {
+    fn adopt(&mut self, iface: &str, pin: &Path, mode: ConfigXdpMode) -> Result<Attachment, Error> {
+        let link_err = |what: &str, e: String| Error::Link {
+            what: format!("{what} {}", pin.display()),
+            reason: e,
+        };
+        let pinned = PinnedLink::from_pin(pin).map_err(|e| link_err("opening", e.to_string()))?;
+        let fd_link: FdLink = pinned.into();
+        let xdp_link =
+            XdpLink::try_from(fd_link).map_err(|e| link_err("reading", e.to_string()))?;
         let prog = xdp_mut(&mut self.ebpf)?;
-        prog.detach(attachment.link).map_err(|e| Error::Program {
-            what: format!("detaching from {}", attachment.iface),
-            source: Box::new(e),
+        let id = prog
+            .attach_to_link(xdp_link)
+            .map_err(|e| link_err("switching the program of", e.to_string()))?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| link_err("taking", e.to_string()))?;
+        let link = FdLink::try_from(link).map_err(|e| link_err("taking", e.to_string()))?;
+        Ok(Attachment {
+            iface: iface.to_string(),
+            mode: match mode {
+                ConfigXdpMode::Generic => AttachedMode::Generic,
+                _ => AttachedMode::Native,
+            },
+            origin: LinkOrigin::Adopted,
+            pin: Some(pin.to_path_buf()),
+            link: AttachedLink::Pinned(link),
         })
     }
+
+    fn attach_new(
+        &mut self,
+        iface: &str,
+        mode: ConfigXdpMode,
+    ) -> Result<(XdpLink, AttachedMode), Error> {
+        let prog = xdp_mut(&mut self.ebpf)?;
+        let mut attempt = |m: XdpMode| -> Result<XdpLink, Error> {
+            let id = prog.attach(iface, m).map_err(|e| Error::Program {
+                what: format!("attaching to {iface} in {m:?} mode"),
+                source: Box::new(e),
+            })?;
+            prog.take_link(id).map_err(|e| Error::Program {
+                what: format!("taking the link of {iface}"),
+                source: Box::new(e),
+            })
+        };
+        Ok(match mode {
+            ConfigXdpMode::Native => (attempt(XdpMode::Driver)?, AttachedMode::Native),
+            ConfigXdpMode::Generic => (attempt(XdpMode::Skb)?, AttachedMode::Generic),
+            ConfigXdpMode::Auto => match attempt(XdpMode::Driver) {
+                Ok(link) => (link, AttachedMode::Native),
+                Err(native) => {
+                    tracing::warn!(%iface, error = %native, "native XDP failed; using generic");
+                    (attempt(XdpMode::Skb)?, AttachedMode::Generic)
+                }
+            },
+        })
+    }
+
+    /// Attaches to `iface` for the life of this program object only (tests,
+    /// benchmarks): the link is not pinned.
+    pub fn attach(&mut self, iface: &str, mode: ConfigXdpMode) -> Result<Attachment, Error> {
+        let (link, mode) = self.attach_new(iface, mode)?;
+        let prog = xdp_mut(&mut self.ebpf)?;
+        // Hand the link back to the program, which detaches it when dropped.
+        let id = prog.attach_to_link(link).map_err(|e| Error::Program {
+            what: format!("keeping the link of {iface}"),
+            source: Box::new(e),
+        })?;
+        Ok(Attachment {
+            iface: iface.to_string(),
+            mode,
+            origin: LinkOrigin::Created,
+            pin: None,
+            link: AttachedLink::Local(id),
+        })
+    }
+
+    /// Detaches an attachment made by [`Program::attach`] (pinned ones: [`unpin_link`]).
+    pub fn detach(&mut self, attachment: Attachment) -> Result<(), Error> {
+        match attachment.link {
+            AttachedLink::Local(id) => {
+                xdp_mut(&mut self.ebpf)?
+                    .detach(id)
+                    .map_err(|e| Error::Program {
+                        what: format!("detaching from {}", attachment.iface),
+                        source: Box::new(e),
+                    })
+            }
+            AttachedLink::Pinned(_) => unpin_link(attachment),
+        }
+    }
+}
+
+/// Stops enforcement on the interface behind `attachment` by removing its pin; the link
+/// goes away with its last file descriptor.
+pub fn unpin_link(attachment: Attachment) -> Result<(), Error> {
+    let Some(pin) = &attachment.pin else {
+        return Ok(());
+    };
+    fs::remove_file(pin).map_err(|e| Error::Io {
+        what: format!("removing {}", pin.display()),
+        source: e,
+    })
+}
+
+/// Removes everything limiter pinned under `pin_dir`: links first (enforcement stops on
+/// every interface), then maps, then the directory. Returns what was removed.
+pub fn remove_pins(pin_dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let mut removed = Vec::new();
+    let entries = match fs::read_dir(pin_dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => {
+            return Err(Error::Io {
+                what: format!("listing {}", pin_dir.display()),
+                source: e,
+            });
+        }
+    };
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    // Links before maps: a link removed last would keep the program running on maps
+    // that no longer have a name.
+    paths.sort_by_key(|p| {
+        !p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(LINK_PIN_PREFIX))
+    });
+    for path in paths {
+        fs::remove_file(&path).map_err(|e| Error::Io {
+            what: format!("removing {}", path.display()),
+            source: e,
+        })?;
+        removed.push(path);
+    }
+    fs::remove_dir(pin_dir).map_err(|e| Error::Io {
+        what: format!("removing {}", pin_dir.display()),
+        source: e,
+    })?;
+    Ok(removed)
 }
 
 fn xdp_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, Error> {

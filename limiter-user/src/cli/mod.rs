@@ -1,11 +1,19 @@
-//! Command-line interface: one module per subcommand.
+//! Command-line interface: one module per subcommand. `run` is the daemon; the others
+//! ask it over the control socket, except `stats`, which reads the pinned maps directly
+//! (it works even when the daemon is down).
 
+mod detach;
+mod explain;
+mod quota;
+mod reload;
 mod run;
 mod stats;
+mod status;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use limiter_user::config::{DEFAULT_CONTROL_SOCKET, DEFAULT_PIN_DIR};
 
 /// limiter: a kernel-path packet rate limiter for load-balancer fleets.
 #[derive(Debug, Parser)]
@@ -17,16 +25,34 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Load the XDP program, apply the config's rules, attach, and run until SIGINT/SIGTERM.
+    /// Load the XDP program, apply the config's rules, attach, and serve until
+    /// SIGINT/SIGTERM (SIGHUP reloads the config).
     Run(run::RunArgs),
+    /// Show the daemon's interfaces, links, rule generation and uptime.
+    Status(status::StatusArgs),
     /// Print per-rule and global counters read from the pinned maps.
     Stats(stats::StatsArgs),
+    /// List or change rule quotas at runtime.
+    #[command(subcommand)]
+    Quota(quota::QuotaCommand),
+    /// Re-read the config file; an invalid file changes nothing.
+    Reload(reload::ReloadArgs),
+    /// Why was I throttled? The rule a frame meets, its buckets, recent drops, and
+    /// whether a frame sent now would pass.
+    Explain(explain::ExplainArgs),
+    /// Detach from every interface and remove every pin (maps and counters too).
+    Detach(detach::DetachArgs),
 }
 
-/// Where to find the pinned maps when no config is given.
-pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
+/// `--socket`, shared by the commands that talk to the daemon.
+#[derive(Debug, clap::Args)]
+pub struct SocketArg {
+    /// The daemon's control socket (the config's `control_socket`).
+    #[arg(long, default_value = DEFAULT_CONTROL_SOCKET)]
+    pub socket: PathBuf,
+}
 
-/// `--pin-dir`, shared by the read commands.
+/// `--pin-dir`, for the commands that read pins directly.
 #[derive(Debug, clap::Args)]
 pub struct PinDirArg {
     /// Directory of the pinned maps (the config's `pin_dir`).
@@ -37,6 +63,17 @@ pub struct PinDirArg {
 pub fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run::execute(args),
+        Command::Status(args) => status::execute(args),
         Command::Stats(args) => stats::execute(args),
+        Command::Quota(cmd) => quota::execute(cmd),
+        Command::Reload(args) => reload::execute(args),
+        Command::Explain(args) => explain::execute(args),
+        Command::Detach(args) => detach::execute(args),
     }
+}
+
+/// Prints `value` as JSON on one line.
+pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string(value)?);
+    Ok(())
 }

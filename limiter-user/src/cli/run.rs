@@ -1,7 +1,16 @@
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::{bail, Context as _};
-use limiter_user::{config::Config, daemon::Daemon};
+use limiter_user::{
+    config::Config,
+    control::{self, Shutdown},
+    daemon::Daemon,
+    metrics,
+};
 use tokio::{
     signal::unix::{signal, SignalKind},
     sync::broadcast,
@@ -16,6 +25,10 @@ pub struct RunArgs {
     /// Interface to attach to (repeatable); overrides the config's `interfaces`.
     #[arg(long = "iface")]
     ifaces: Vec<String>,
+    /// Detach from the interfaces on exit. By default enforcement continues through
+    /// the pinned links after the daemon exits.
+    #[arg(long)]
+    detach_on_exit: bool,
 }
 
 pub fn execute(args: RunArgs) -> anyhow::Result<()> {
@@ -23,7 +36,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<()> {
     let ifaces = if args.ifaces.is_empty() {
         config.interfaces.clone()
     } else {
-        args.ifaces
+        args.ifaces.clone()
     };
     if ifaces.is_empty() {
         bail!(
@@ -35,25 +48,82 @@ pub fn execute(args: RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(config, ifaces))
+    runtime.block_on(serve(args, config, ifaces))
 }
 
-async fn serve(config: Config, ifaces: Vec<String>) -> anyhow::Result<()> {
-    let mut daemon = Daemon::start(&config, &ifaces)?;
-    let (shutdown_tx, _) = broadcast::channel::<()>(1);
-    let mut signals = JoinSet::new();
+async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Result<()> {
+    let socket_path = config.control_socket.clone();
+    let metrics_addr = config.metrics;
+    let daemon = Daemon::start(&args.config, config, &ifaces)?;
+    let daemon = Arc::new(Mutex::new(daemon));
+    let (shutdown, mut shutdown_rx) = broadcast::channel::<Shutdown>(4);
+    let mut tasks = JoinSet::new();
+
     for kind in [SignalKind::interrupt(), SignalKind::terminate()] {
-        let tx = shutdown_tx.clone();
+        let tx = shutdown.clone();
         let mut stream = signal(kind).context("installing a signal handler")?;
-        signals.spawn(async move {
+        tasks.spawn(async move {
             stream.recv().await;
             tracing::info!(signal = ?kind, "shutting down");
-            let _ = tx.send(());
+            let _ = tx.send(Shutdown::Exit);
         });
     }
-    let mut shutdown = shutdown_tx.subscribe();
-    let _ = shutdown.recv().await;
-    signals.abort_all();
-    daemon.stop()?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let d = Arc::clone(&daemon);
+    tasks.spawn(async move {
+        while hangup.recv().await.is_some() {
+            let result = d.lock().map(|mut d| d.reload());
+            match result {
+                Ok(Ok(r)) => tracing::info!(rules = r.rules, "SIGHUP: config reloaded"),
+                Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, rules unchanged: {e}"),
+                Err(_) => tracing::error!("SIGHUP: daemon state poisoned"),
+            }
+        }
+    });
+    let d = Arc::clone(&daemon);
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if let Ok(mut d) = d.lock() {
+                if let Err(e) = d.record_history() {
+                    tracing::warn!("sampling counters: {e}");
+                }
+            }
+        }
+    });
+    let listener = control::bind(&socket_path)?;
+    tracing::info!(socket = %socket_path.display(), "control socket listening");
+    tasks.spawn(control::serve(
+        listener,
+        Arc::clone(&daemon),
+        shutdown.clone(),
+    ));
+    if let Some(addr) = metrics_addr {
+        let (d, tx) = (Arc::clone(&daemon), shutdown.clone());
+        tasks.spawn(async move {
+            // A metrics failure must not stop enforcement: log it and carry on.
+            if let Err(e) = metrics::serve(addr, d, tx).await {
+                tracing::error!("metrics endpoint disabled: {e}");
+            }
+        });
+    }
+
+    let reason = shutdown_rx.recv().await.unwrap_or(Shutdown::Exit);
+    let _ = shutdown.send(reason);
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    let _ = std::fs::remove_file(&socket_path);
+    let daemon = Arc::try_unwrap(daemon)
+        .map_err(|_| anyhow::anyhow!("daemon state still shared at exit"))?
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?;
+    match reason {
+        Shutdown::Detach => {
+            let removed = daemon.detach_all()?;
+            tracing::info!(pins = removed.len(), "detached and removed every pin");
+        }
+        Shutdown::Exit => daemon.stop(args.detach_on_exit)?,
+    }
     Ok(())
 }

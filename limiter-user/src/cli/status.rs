@@ -1,0 +1,41 @@
+use limiter_user::control::{call, Request};
+
+use super::{print_json, SocketArg};
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    socket: SocketArg,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
+    let s = call(&args.socket.socket, &Request::Status)?;
+    if args.json {
+        return print_json(&s);
+    }
+    println!(
+        "limiter pid {} up {} s; config {}; pin_dir {}",
+        s["pid"],
+        s["uptime_seconds"],
+        s["config"].as_str().unwrap_or("?"),
+        s["pin_dir"].as_str().unwrap_or("?")
+    );
+    println!(
+        "rules: {} (generation {}, {} runtime quota overrides)",
+        s["rules"], s["generation"], s["overrides"]
+    );
+    for i in s["interfaces"].as_array().into_iter().flatten() {
+        println!(
+            "interface {}: {} XDP, link {} (pinned at {}), program id {}",
+            i["name"].as_str().unwrap_or("?"),
+            i["mode"].as_str().unwrap_or("?"),
+            i["link"].as_str().unwrap_or("?"),
+            i["pin"].as_str().unwrap_or("-"),
+            i["program_id"]
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,356 @@
+//! `limiter explain`: which rule a frame meets, which buckets it is metered by, their
+//! state right now, recent drops, and whether a frame sent now would pass. The bucket
+//! arithmetic is the kernel's own (limiter-common), evaluated without consuming anything.
+
+use std::net::IpAddr;
+
+use limiter_common::{
+    abi::{
+        RuleConfig, SourceKey, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE,
+        RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
+    },
+    gcra::{self, Limit},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::Proto,
+    error::Error,
+    maps::Maps,
+    ruleset::{self, RuleTable},
+    stats::share_state_name,
+};
+
+/// A frame to explain.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExplainQuery {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub dst_port: Option<u16>,
+    /// tcp | udp | icmp | any (`any`: a protocol no rule names, e.g. GRE).
+    pub proto: Proto,
+    /// Frame length for bytes rules.
+    pub frame_len: u32,
+    /// For TCP: a SYN without ACK (what `syn` rules meter).
+    pub syn: bool,
+}
+
+/// One bucket as of now.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BucketView {
+    /// "rule" for the aggregate; the masked source prefix for a per-source bucket.
+    pub key: String,
+    pub rate: u64,
+    pub burst: u64,
+    /// Units a frame could take right now (0 when the bucket is empty).
+    pub available: u64,
+    /// Milliseconds until the bucket is full again.
+    pub refill_ms: u64,
+    /// Would the frame conform to this bucket now?
+    pub conforms: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Explanation {
+    pub query: ExplainQuery,
+    /// The rule the frame meets (null: no rule, the frame passes unmetered).
+    pub rule: Option<String>,
+    pub slot: Option<u32>,
+    pub mode: Option<String>,
+    pub unit: Option<String>,
+    pub share_state: Option<String>,
+    pub aggregate: Option<BucketView>,
+    pub per_source: Option<BucketView>,
+    pub dropped_total: u64,
+    pub dropped_last_10s: u64,
+    pub dropped_last_60s: u64,
+    /// "pass" or "drop": what happens to such a frame sent now.
+    pub verdict: String,
+    pub reason: String,
+}
+
+fn proto_number(proto: Proto, v6: bool) -> u8 {
+    // `any` in a query means "some other protocol": 253 is reserved for experiments.
+    ruleset::ip_proto(proto, v6).unwrap_or(253)
+}
+
+fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out-pointer; CLOCK_MONOTONIC is bpf_ktime_get_ns's clock.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A bucket's state at `now` (ticks), pure.
+pub fn bucket_view(
+    key: String,
+    rate: u64,
+    burst: u64,
+    limit: &Limit,
+    tat: u64,
+    now: u64,
+    units: u64,
+) -> BucketView {
+    let ahead = tat.wrapping_sub(now);
+    let used = if tat == 0 || (ahead as i64) <= 0 {
+        0
+    } else {
+        ahead.min(limit.tolerance)
+    };
+    let unit_cost = limit.cost(1).max(1);
+    let available = (limit.tolerance - used) / unit_cost;
+    BucketView {
+        key,
+        rate,
+        burst,
+        available,
+        refill_ms: gcra::ns_from_ticks(used) / 1_000_000,
+        conforms: gcra::conform(tat, now, limit.cost(units), limit.tolerance).admit,
+    }
+}
+
+fn source_label(query: &ExplainQuery, rule: &RuleConfig) -> String {
+    match query.src {
+        IpAddr::V4(a) => format!(
+            "{}/{}",
+            mask_v4(a, rule.source_prefix_v4),
+            rule.source_prefix_v4
+        ),
+        IpAddr::V6(a) => {
+            let key = SourceKey::masked(0, 6, &a.octets(), 32, rule.source_prefix_v6);
+            format!(
+                "{}/{}",
+                std::net::Ipv6Addr::from(key.addr),
+                rule.source_prefix_v6
+            )
+        }
+    }
+}
+
+fn mask_v4(a: std::net::Ipv4Addr, prefix: u32) -> std::net::Ipv4Addr {
+    let mut src = [0u8; 16];
+    src[..4].copy_from_slice(&a.octets());
+    let key = SourceKey::masked(0, 4, &src, prefix, 128);
+    std::net::Ipv4Addr::new(key.addr[0], key.addr[1], key.addr[2], key.addr[3])
+}
+
+/// Explains `query` against the live `table` and the buckets in `maps`. `recent` gives
+/// (drops in the last 10 s, in the last 60 s) for a rule name and its drop total.
+pub fn explain(
+    table: &RuleTable,
+    maps: &Maps,
+    query: &ExplainQuery,
+    recent: impl Fn(&str, u64) -> (u64, u64),
+) -> Result<Explanation, Error> {
+    let v6 = query.dst.is_ipv6();
+    let proto = proto_number(query.proto, v6);
+    let port = matches!(query.proto, Proto::Tcp | Proto::Udp)
+        .then_some(query.dst_port)
+        .flatten();
+    let mut out = Explanation {
+        query: query.clone(),
+        rule: None,
+        slot: None,
+        mode: None,
+        unit: None,
+        share_state: None,
+        aggregate: None,
+        per_source: None,
+        dropped_total: 0,
+        dropped_last_10s: 0,
+        dropped_last_60s: 0,
+        verdict: "pass".into(),
+        reason: "no rule matches this destination: the frame passes unmetered".into(),
+    };
+    let Some(slot) = ruleset::classify(table, query.dst, port, proto) else {
+        return Ok(out);
+    };
+    let rule = table
+        .rule(slot)
+        .ok_or_else(|| Error::UnknownRule(format!("slot {slot}")))?;
+    let name = table.name_of(slot).unwrap_or("?").to_string();
+    let counters = maps.rule_counters(slot)?;
+    let (last10, last60) = recent(&name, counters.dropped_packets);
+    out.rule = Some(name);
+    out.slot = Some(slot);
+    out.mode = Some(
+        if rule.flags & RULE_SHADOW != 0 {
+            "shadow"
+        } else {
+            "enforce"
+        }
+        .into(),
+    );
+    out.unit = Some(
+        match rule.unit {
+            UNIT_BYTES => "bytes",
+            UNIT_SYN => "syn",
+            _ => "packets",
+        }
+        .into(),
+    );
+    out.share_state = Some(share_state_name(rule.share_state).into());
+    out.dropped_total = counters.dropped_packets;
+    out.dropped_last_10s = last10;
+    out.dropped_last_60s = last60;
+
+    if rule.unit == UNIT_SYN && !(query.proto == Proto::Tcp && query.syn) {
+        out.reason = "the rule meters only TCP SYNs (new connections); this frame is not one and passes unmetered".into();
+        return Ok(out);
+    }
+    let now_ns = monotonic_now_ns();
+    if rule.fail_open_at_ns != 0
+        && rule.flags & RULE_FAIL_STATIC == 0
+        && now_ns.wrapping_sub(rule.fail_open_at_ns) as i64 >= 0
+    {
+        out.reason = "the rule's share has expired (fail_mode open): everything passes".into();
+        return Ok(out);
+    }
+    let now = gcra::ticks_from_ns(now_ns);
+    let units = if rule.unit == UNIT_BYTES {
+        u64::from(query.frame_len)
+    } else {
+        1
+    };
+    if rule.flags & RULE_HAS_PER_SOURCE != 0 {
+        let src: [u8; 16] = match query.src {
+            IpAddr::V4(a) => {
+                let mut s = [0u8; 16];
+                s[..4].copy_from_slice(&a.octets());
+                s
+            }
+            IpAddr::V6(a) => a.octets(),
+        };
+        let family = if query.src.is_ipv6() { 6 } else { 4 };
+        let key = SourceKey::masked(
+            slot,
+            family,
+            &src,
+            rule.source_prefix_v4,
+            rule.source_prefix_v6,
+        );
+        let tat = maps.source_bucket(&key)?.map_or(0, |b| b.tat);
+        out.per_source = Some(bucket_view(
+            source_label(query, rule),
+            rule.source_rate,
+            rule.source_burst,
+            &rule.per_source,
+            tat,
+            now,
+            units,
+        ));
+    }
+    if rule.flags & RULE_HAS_AGGREGATE != 0 {
+        let tat = maps.aggregate_bucket(slot)?.tat;
+        out.aggregate = Some(bucket_view(
+            "rule".into(),
+            rule.rate,
+            rule.burst,
+            &rule.aggregate,
+            tat,
+            now,
+            units,
+        ));
+    }
+    let refused_by = [
+        ("per-source", &out.per_source),
+        ("aggregate", &out.aggregate),
+    ]
+    .iter()
+    .filter(|(_, b)| b.as_ref().is_some_and(|b| !b.conforms))
+    .map(|(what, _)| *what)
+    .collect::<Vec<_>>();
+    let shadow = rule.flags & RULE_SHADOW != 0;
+    let (verdict, reason) = match (refused_by.is_empty(), shadow) {
+        (true, _) => ("pass", "the frame conforms to every limit of the rule".to_string()),
+        (false, true) => (
+            "pass",
+            format!(
+                "over the {} limit, but the rule is in shadow mode: it passes and counts as would-drop",
+                refused_by.join(" and ")
+            ),
+        ),
+        (false, false) => ("drop", format!("over the {} limit", refused_by.join(" and "))),
+    };
+    out.verdict = verdict.into();
+    out.reason = reason;
+    Ok(out)
+}
+
+/// Human-readable form.
+pub fn render(e: &Explanation) -> String {
+    let q = &e.query;
+    let port = q.dst_port.map(|p| format!(":{p}")).unwrap_or_default();
+    let mut out = format!(
+        "frame: {} -> {}{port} ({})\n",
+        q.src,
+        q.dst,
+        q.proto.as_str()
+    );
+    let Some(rule) = &e.rule else {
+        return out + &format!("verdict: {} ({})\n", e.verdict, e.reason);
+    };
+    out += &format!(
+        "rule: {rule} (slot {}, {}, unit {}, share {})\n",
+        e.slot.unwrap_or(0),
+        e.mode.as_deref().unwrap_or("?"),
+        e.unit.as_deref().unwrap_or("?"),
+        e.share_state.as_deref().unwrap_or("?")
+    );
+    for (what, b) in [("per-source", &e.per_source), ("aggregate", &e.aggregate)] {
+        if let Some(b) = b {
+            out += &format!(
+                "{what} bucket {}: rate {}/s burst {}, {} available now, full again in {} ms, {}\n",
+                b.key,
+                b.rate,
+                b.burst,
+                b.available,
+                b.refill_ms,
+                if b.conforms { "conforms" } else { "EXCEEDED" }
+            );
+        }
+    }
+    out += &format!(
+        "drops: {} in the last 10 s, {} in the last 60 s, {} in total\n",
+        e.dropped_last_10s, e.dropped_last_60s, e.dropped_total
+    );
+    out + &format!("verdict now: {} ({})\n", e.verdict, e.reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use limiter_common::gcra::Granularity;
+
+    #[test]
+    fn bucket_view_reads_the_tat() {
+        let limit = Limit::new(Granularity::Event, 10, 5).unwrap();
+        let now = 1 << 50;
+        let full = bucket_view("rule".into(), 10, 5, &limit, 0, now, 1);
+        assert_eq!(
+            (full.available, full.refill_ms, full.conforms),
+            (5, 0, true)
+        );
+        let empty = bucket_view("rule".into(), 10, 5, &limit, now + limit.tolerance, now, 1);
+        assert_eq!(
+            (empty.available, empty.refill_ms, empty.conforms),
+            (0, 500, false)
+        );
+        let two_used = bucket_view(
+            "rule".into(),
+            10,
+            5,
+            &limit,
+            now + 2 * limit.cost(1),
+            now,
+            1,
+        );
+        assert_eq!(
+            (two_used.available, two_used.refill_ms, two_used.conforms),
+            (3, 200, true)
+        );
+    }
+}

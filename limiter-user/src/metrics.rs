@@ -1,0 +1,334 @@
+//! Prometheus text exposition: a pure renderer over a snapshot, and a tiny HTTP/1.1
+//! endpoint (`GET /metrics`) on the configured address.
+
+use std::{
+    fmt::Write as _,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpListener,
+    sync::broadcast,
+};
+
+use crate::{
+    control::Shutdown,
+    daemon::{Daemon, QuotaEntry},
+    stats::StatsReport,
+};
+
+/// Everything one scrape shows.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub stats: StatsReport,
+    pub quotas: Vec<QuotaEntry>,
+    pub source_buckets: u64,
+    pub source_capacity: u32,
+    /// (run time, run count) of the XDP program when kernel.bpf_stats_enabled = 1.
+    pub program_runs: Option<(Duration, u64)>,
+}
+
+/// Label values escape backslash, quote and newline.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+const SHARE_STATES: [&str; 5] = ["standalone", "bootstrap", "leased", "sticky", "fail_open"];
+
+/// Renders `s` in the Prometheus text format (version 0.0.4).
+pub fn render(s: &Snapshot) -> String {
+    let mut out = String::new();
+    type Field = fn(&crate::stats::RuleStats) -> u64;
+    let counters: [(&str, &str, Field); 6] = [
+        (
+            "limiter_rule_passed_packets_total",
+            "Frames the rule passed.",
+            |r| r.passed_packets,
+        ),
+        (
+            "limiter_rule_passed_bytes_total",
+            "Bytes of the frames the rule passed.",
+            |r| r.passed_bytes,
+        ),
+        (
+            "limiter_rule_dropped_packets_total",
+            "Frames the rule dropped (enforce mode).",
+            |r| r.dropped_packets,
+        ),
+        (
+            "limiter_rule_dropped_bytes_total",
+            "Bytes of the frames the rule dropped.",
+            |r| r.dropped_bytes,
+        ),
+        (
+            "limiter_rule_would_drop_packets_total",
+            "Frames a shadow-mode rule would have dropped.",
+            |r| r.would_drop_packets,
+        ),
+        (
+            "limiter_rule_would_drop_bytes_total",
+            "Bytes a shadow-mode rule would have dropped.",
+            |r| r.would_drop_bytes,
+        ),
+    ];
+    for (name, help, field) in counters {
+        family(&mut out, name, "counter", help);
+        for r in &s.stats.rules {
+            let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", label(&r.name), field(r));
+        }
+    }
+    family(
+        &mut out,
+        "limiter_rule_rate",
+        "gauge",
+        "Aggregate rate in force, in the rule's unit per second (after quota changes).",
+    );
+    for q in &s.quotas {
+        if let Some(rate) = q.rate {
+            let _ = writeln!(
+                out,
+                "limiter_rule_rate{{rule=\"{}\",unit=\"{}\"}} {rate}",
+                label(&q.rule),
+                q.unit
+            );
+        }
+    }
+    family(
+        &mut out,
+        "limiter_rule_burst",
+        "gauge",
+        "Aggregate burst in force, in the rule's unit.",
+    );
+    for q in &s.quotas {
+        if let Some(burst) = q.burst {
+            let _ = writeln!(
+                out,
+                "limiter_rule_burst{{rule=\"{}\",unit=\"{}\"}} {burst}",
+                label(&q.rule),
+                q.unit
+            );
+        }
+    }
+    family(
+        &mut out,
+        "limiter_rule_share_state",
+        "gauge",
+        "Fleet share state of the rule: 1 for the current state.",
+    );
+    for r in &s.stats.rules {
+        for state in SHARE_STATES {
+            let _ = writeln!(
+                out,
+                "limiter_rule_share_state{{rule=\"{}\",state=\"{state}\"}} {}",
+                label(&r.name),
+                u8::from(r.state == state)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "limiter_source_buckets",
+        "gauge",
+        "Per-source buckets in use.",
+    );
+    let _ = writeln!(out, "limiter_source_buckets {}", s.source_buckets);
+    family(
+        &mut out,
+        "limiter_source_buckets_capacity",
+        "gauge",
+        "Per-source bucket capacity (max_sources).",
+    );
+    let _ = writeln!(out, "limiter_source_buckets_capacity {}", s.source_capacity);
+    let g = &s.stats.global;
+    for (name, help, v) in [
+        (
+            "limiter_malformed_total",
+            "Frames the parser could not read (passed).",
+            g.malformed,
+        ),
+        ("limiter_non_ip_total", "Non-IP frames (passed).", g.non_ip),
+        (
+            "limiter_unmatched_total",
+            "IP frames no rule matched (passed).",
+            g.unmatched,
+        ),
+        (
+            "limiter_source_insert_failures_total",
+            "Per-source buckets that could not be created.",
+            g.insert_failures,
+        ),
+        (
+            "limiter_contended_total",
+            "Frames passed unmetered after losing the bucket update race.",
+            g.contended,
+        ),
+    ] {
+        family(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    if let Some((time, count)) = s.program_runs {
+        family(
+            &mut out,
+            "limiter_program_run_seconds_total",
+            "counter",
+            "Time spent in the XDP program (kernel.bpf_stats_enabled).",
+        );
+        let _ = writeln!(
+            out,
+            "limiter_program_run_seconds_total {}",
+            time.as_secs_f64()
+        );
+        family(
+            &mut out,
+            "limiter_program_runs_total",
+            "counter",
+            "Runs of the XDP program (kernel.bpf_stats_enabled).",
+        );
+        let _ = writeln!(out, "limiter_program_runs_total {count}");
+    }
+    out
+}
+
+/// Takes a snapshot of the daemon for one scrape.
+pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
+    let info = d.program().xdp()?.info().ok();
+    let program_runs = info.and_then(|i| {
+        let count = i.run_count();
+        (count > 0).then(|| (i.run_time(), count))
+    });
+    Ok(Snapshot {
+        stats: d.stats()?,
+        quotas: d.quotas(),
+        source_buckets: d.maps().source_bucket_count()?,
+        source_capacity: d.config().max_sources,
+        program_runs,
+    })
+}
+
+/// Serves `GET /metrics` on `addr` until shutdown.
+pub async fn serve(
+    addr: SocketAddr,
+    daemon: Arc<Mutex<Daemon>>,
+    shutdown: broadcast::Sender<Shutdown>,
+) -> Result<(), crate::Error> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::Error::Io {
+            what: format!("listening for metrics on {addr}"),
+            source: e,
+        })?;
+    tracing::info!(%addr, "metrics endpoint listening");
+    let mut stop = shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = stop.recv() => return Ok(()),
+            accepted = listener.accept() => {
+                let Ok((mut stream, _)) = accepted else { continue };
+                let mut head = vec![0u8; 2048];
+                let n = match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await {
+                    Ok(Ok(n)) => n,
+                    _ => continue,
+                };
+                let request = String::from_utf8_lossy(&head[..n]);
+                let response = if request.starts_with("GET /metrics ") || request.starts_with("GET / ") {
+                    let body = daemon
+                        .lock()
+                        .map_err(|_| "daemon state is poisoned".to_string())
+                        .and_then(|d| snapshot(&d).map_err(|e| e.to_string()));
+                    match body {
+                        Ok(s) => http(200, "text/plain; version=0.0.4", &render(&s)),
+                        Err(e) => http(500, "text/plain", &format!("{e}\n")),
+                    }
+                } else {
+                    http(404, "text/plain", "try GET /metrics\n")
+                };
+                let _ = stream.write_all(response.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            }
+        }
+    }
+}
+
+fn http(code: u16, content_type: &str, body: &str) -> String {
+    let reason = match code {
+        200 => "OK",
+        404 => "Not Found",
+        _ => "Internal Server Error",
+    };
+    format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{GlobalStats, RuleStats};
+
+    #[test]
+    fn renders_counters_gauges_and_states() {
+        let snapshot = Snapshot {
+            stats: StatsReport {
+                rules: vec![RuleStats {
+                    name: "we\"b".into(),
+                    mode: "enforce",
+                    state: "standalone",
+                    rate: Some(10),
+                    burst: Some(5),
+                    passed_packets: 7,
+                    passed_bytes: 700,
+                    dropped_packets: 3,
+                    dropped_bytes: 300,
+                    would_drop_packets: 0,
+                    would_drop_bytes: 0,
+                }],
+                global: GlobalStats {
+                    malformed: 1,
+                    non_ip: 2,
+                    unmatched: 3,
+                    insert_failures: 4,
+                    contended: 5,
+                },
+            },
+            quotas: vec![QuotaEntry {
+                rule: "we\"b".into(),
+                unit: "packets",
+                rate: Some(10),
+                burst: Some(5),
+                source: "config",
+            }],
+            source_buckets: 9,
+            source_capacity: 1024,
+            program_runs: None,
+        };
+        let text = render(&snapshot);
+        assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
+        assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
+        assert!(text.contains("limiter_rule_rate{rule=\"we\\\"b\",unit=\"packets\"} 10\n"));
+        assert!(
+            text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"standalone\"} 1\n")
+        );
+        assert!(text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"leased\"} 0\n"));
+        assert!(text.contains("limiter_source_buckets 9\n"));
+        assert!(text.contains("limiter_contended_total 5\n"));
+        assert!(!text.contains("limiter_program_runs_total"));
+        // Every sample line belongs to a family announced with HELP and TYPE.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or("");
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "no TYPE for {name}"
+            );
+        }
+    }
+}

@@ -70,14 +70,14 @@ fn stats(pins: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("stats --json prints JSON")
 }
 
-/// Waits until the daemon has installed its rules and attached.
-fn wait_ready(pins: &Path, iface: &str) {
+/// Waits until the daemon answers on its socket (pins and links may be an earlier
+/// daemon's: they outlive it).
+fn wait_ready(socket: &Path, iface: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let ready = pins.join("RULES").exists()
-            && limiter(&["stats", "--json", "--pin-dir", pins.to_str().unwrap()])
-                .status
-                .success()
+        let ready = limiter(&["status", "--socket", socket.to_str().unwrap()])
+            .status
+            .success()
             && xdp_attached(iface);
         if ready {
             return;
@@ -104,15 +104,17 @@ fn run_stats_stop_restart() {
         dir.path(),
         &format!(
             "interfaces = [\"{}\"]\nxdp_mode = \"native\"\npin_dir = \"{}\"\nmetrics = \"\"\n\
+             control_socket = \"{}\"\n\
              \n[[rules]]\nname = \"cli-rule\"\ndst = \"198.18.0.2/32\"\nrate = 1000\nburst = 100\n",
             pair.host,
-            pins.path.display()
+            pins.path.display(),
+            dir.path().join("limiter.sock").display()
         ),
     )
     .unwrap();
 
     let daemon = Daemon::start(&config);
-    wait_ready(&pins.path, &pair.host);
+    wait_ready(&dir.path().join("limiter.sock"), &pair.host);
     let plan = SendPlan {
         frames: vec![udp_to_host(&pair, 9, 100)],
         rate: Some(20_000),
@@ -167,11 +169,11 @@ fn run_stats_stop_restart() {
     }
 
     daemon.stop();
-    assert!(!xdp_attached(&pair.host), "still attached after SIGTERM");
+    assert!(xdp_attached(&pair.host), "enforcement must outlive the daemon");
 
     // A restart adopts the pinned maps: the totals continue.
     let daemon = Daemon::start(&config);
-    wait_ready(&pins.path, &pair.host);
+    wait_ready(&dir.path().join("limiter.sock"), &pair.host);
     let again = stats(&pins.path);
     assert_eq!(
         again["rules"][0]["passed_packets"].as_u64().unwrap(),

@@ -1,0 +1,219 @@
+//! Running the `limiter` binary as an operator would, against a veth pair the test owns.
+#![allow(dead_code, reason = "each test file uses a different part")]
+
+use std::{
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output},
+    time::{Duration, Instant},
+};
+
+use limiter_tests::{
+    netns::{VethPair, ifindex, spawn_in_netns},
+    scenario::PinDir,
+    traffic::{PacketSocket, SendPlan, SendReport, send},
+};
+use serde_json::Value;
+
+pub const LIMITER: &str = env!("CARGO_BIN_EXE_limiter");
+
+/// Everything one daemon instance needs, removed on drop.
+pub struct Lab {
+    pub pair: VethPair,
+    pub pins: PinDir,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub metrics_port: u16,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Lab {
+    /// A veth pair, a pin dir, and a config with `rules` (TOML `[[rules]]` text).
+    pub fn new(rules: &str) -> Lab {
+        let pair = VethPair::new(1).expect("creating the veth pair");
+        let pins = PinDir::new();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("run/limiter.sock");
+        let metrics_port = free_port();
+        let config = dir.path().join("limiter.toml");
+        let lab = Lab {
+            pair,
+            pins,
+            dir,
+            config,
+            socket,
+            metrics_port,
+        };
+        lab.write_config(rules);
+        lab
+    }
+
+    /// Rewrites the config with other rules (same interface, pins, socket, metrics).
+    pub fn write_config(&self, rules: &str) {
+        let text = format!(
+            "interfaces = [\"{}\"]\nxdp_mode = \"native\"\npin_dir = \"{}\"\n\
+             control_socket = \"{}\"\nmetrics = \"127.0.0.1:{}\"\n\n{rules}",
+            self.pair.host,
+            self.pins.path.display(),
+            self.socket.display(),
+            self.metrics_port
+        );
+        std::fs::write(&self.config, text).expect("writing the config");
+    }
+
+    pub fn start(&self) -> Daemon {
+        let child = Command::new(LIMITER)
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .spawn()
+            .expect("starting limiter run");
+        let daemon = Daemon(child);
+        self.wait_ready();
+        daemon
+    }
+
+    /// Waits until the daemon answers on its socket.
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.limiter(&["status", "--json"]).status.success() {
+            assert!(Instant::now() < deadline, "daemon not ready after 20 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs a client command against this lab's socket.
+    pub fn limiter(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(LIMITER);
+        cmd.args(args);
+        if matches!(args.first(), Some(&"stats")) {
+            cmd.arg("--pin-dir").arg(&self.pins.path);
+        } else {
+            cmd.arg("--socket").arg(&self.socket);
+        }
+        if matches!(args.first(), Some(&"detach")) {
+            cmd.arg("--pin-dir").arg(&self.pins.path);
+        }
+        cmd.output().expect("running limiter")
+    }
+
+    /// Runs a client command that must succeed; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.limiter(args);
+        assert!(
+            out.status.success(),
+            "limiter {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn json(&self, args: &[&str]) -> Value {
+        serde_json::from_str(&self.ok(args)).expect("JSON output")
+    }
+
+    /// The stats entry of rule `name`.
+    pub fn rule_stats(&self, name: &str) -> Value {
+        let stats = self.json(&["stats", "--json"]);
+        stats["rules"]
+            .as_array()
+            .and_then(|rules| rules.iter().find(|r| r["name"] == name).cloned())
+            .unwrap_or_else(|| panic!("no rule {name} in {stats}"))
+    }
+
+    pub fn attached_program(&self) -> Option<u32> {
+        let out = Command::new("ip")
+            .args(["-d", "link", "show", "dev", &self.pair.host])
+            .output()
+            .expect("ip");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let at = text.find("prog/xdp id ")?;
+        text[at + 12..].split_whitespace().next()?.parse().ok()
+    }
+
+    /// Sends `plan` from the peer on a thread of its own.
+    pub fn send_in_background(
+        &self,
+        plan: SendPlan,
+    ) -> std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>> {
+        let peer = self.pair.peer.clone();
+        spawn_in_netns(&self.pair.ns, move || {
+            let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+            send(&socket, &plan)
+        })
+        .expect("starting the sender")
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        // Whatever a test left attached or pinned goes (the veth goes with the pair).
+        let _ = Command::new(LIMITER)
+            .args(["detach", "--socket"])
+            .arg(&self.socket)
+            .arg("--pin-dir")
+            .arg(&self.pins.path)
+            .output();
+    }
+}
+
+pub fn join(
+    handle: std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>>,
+) -> SendReport {
+    handle
+        .join()
+        .expect("sender thread")
+        .expect("sender in netns")
+        .expect("sending")
+}
+
+/// A `limiter run` process; killed if a test fails before stopping it.
+pub struct Daemon(pub Child);
+
+impl Daemon {
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling the child this test started, by its id.
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
+    }
+
+    /// SIGTERM, then wait (bounded) for a clean exit.
+    pub fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.0.try_wait().expect("waiting") {
+                assert!(status.success(), "limiter exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "limiter did not exit on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL: no cleanup at all.
+    pub fn kill9(mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn pin_exists(pins: &Path, name: &str) -> bool {
+    pins.join(name).exists()
+}

@@ -26,7 +26,9 @@ enum Task {
     Setup,
     /// Build the XDP program and the `limiter` binary (release).
     Build,
-    /// Build, then run the daemon: `cargo xtask run -- --config F --iface IF`.
+    /// Build, then run the daemon: `cargo xtask run -- --config F --iface IF`. With no
+    /// arguments: a self-contained lab (namespace, veth pair, example config, traffic,
+    /// live table) until Ctrl-C.
     Run {
         /// Arguments for `limiter run`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -47,18 +49,13 @@ fn main() -> Result<()> {
             build()
         }
         Task::Run { args } => {
-            if args.is_empty() {
-                bail!(
-                    "usage: cargo xtask run -- --config FILE [--iface IF]...\n\
-                     (limiter.example.toml in the repository is a starting point)"
-                );
-            }
             setup::run()?;
             build()?;
-            let binary = workspace_root()?.join("target/release/limiter");
-            let mut cmd = Command::new(binary);
-            cmd.arg("run").args(&args);
-            run_cmd(&mut cmd)
+            let release = workspace_root()?.join("target/release");
+            if args.is_empty() {
+                return run_cmd(&mut Command::new(release.join("limiter-lab")));
+            }
+            run_cmd(Command::new(release.join("limiter")).arg("run").args(&args))
         }
         Task::Test => {
             setup::run()?;
@@ -98,7 +95,18 @@ pub fn run_cmd(cmd: &mut Command) -> Result<()> {
 }
 
 fn build() -> Result<()> {
-    run_cmd(cargo().args(["build", "--release", "--package", "limiter-user"]))
+    run_cmd(cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "limiter-user",
+        "--package",
+        "limiter-tests",
+        "--bin",
+        "limiter",
+        "--bin",
+        "limiter-lab",
+    ]))
 }
 
 fn test() -> Result<()> {
@@ -109,20 +117,17 @@ fn test() -> Result<()> {
              run `cargo xtask test` as root"
         );
     }
-    // Host tests of pure logic first: they fail fast and need nothing from the kernel.
-    run_cmd(cargo().args([
-        "test",
-        "--release",
-        "--workspace",
-        "--exclude",
-        "limiter-tests",
-    ]))?;
+    // The binaries the end-to-end tests run (`limiter`, `limiter-lab`).
+    build()?;
+    // Unit and property tests of pure logic first: they fail fast and run in parallel.
+    run_cmd(cargo().args(["test", "--release", "--lib", "--bins"]))?;
+    run_cmd(cargo().args(["test", "--release", "--doc"]))?;
     // Kernel tests one at a time: they time real traffic on a 2-CPU machine.
     run_cmd(cargo().args([
         "test",
         "--release",
-        "--package",
-        "limiter-tests",
+        "--test",
+        "*",
         "--",
         "--test-threads=1",
     ]))

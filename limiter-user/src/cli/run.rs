@@ -113,17 +113,17 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
     let _ = shutdown.send(reason);
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    let _ = std::fs::remove_file(&socket_path);
     let daemon = Arc::try_unwrap(daemon)
         .map_err(|_| anyhow::anyhow!("daemon state still shared at exit"))?
         .into_inner()
         .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?;
-    match reason {
-        Shutdown::Detach => {
-            let removed = daemon.detach_all()?;
+    let result = match reason {
+        Shutdown::Detach => daemon.detach_all().map(|removed| {
             tracing::info!(pins = removed.len(), "detached and removed every pin");
-        }
-        Shutdown::Exit => daemon.stop(args.detach_on_exit)?,
-    }
-    Ok(())
+        }),
+        Shutdown::Exit => daemon.stop(args.detach_on_exit),
+    };
+    // Last: `limiter detach` waits for the socket to go as the sign that all is done.
+    let _ = std::fs::remove_file(&socket_path);
+    Ok(result?)
 }

@@ -1,0 +1,205 @@
+//! `cargo xtask run` with no arguments: a self-contained lab on this machine. It creates
+//! a namespace and a veth pair, runs the real `limiter` daemon on the near end with the
+//! repository's example config, sends a mix of well-behaved and abusive traffic from the
+//! namespace, and shows a live table of what passes and drops per rule until Ctrl-C
+//! (or `--duration SECONDS`). Everything it creates is removed on the way out.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use limiter_tests::{
+    frame::{FrameBuilder, TCP_ACK, TCP_SYN, with_ipv4_src},
+    netns::{VethPair, ifindex, spawn_in_netns},
+    traffic::{PacketSocket, SendPlan, send},
+};
+use limiter_user::{maps::Maps, stats};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+const VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 10, 10);
+const PIN_DIR: &str = "/sys/fs/bpf/limiter-lab";
+const SOCKET: &str = "/run/limiter-lab/limiter.sock";
+
+/// One traffic source of the lab.
+struct Flow {
+    what: &'static str,
+    frames: Vec<Vec<u8>>,
+    rate: u64,
+}
+
+fn flows(pair: &VethPair) -> Vec<Flow> {
+    let base = |dst: Ipv4Addr| FrameBuilder::ipv4(Ipv4Addr::new(198, 19, 0, 1), dst).macs(pair.peer_mac, pair.host_mac);
+    let sources = |template: Vec<u8>, first: u8, n: u8| -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let mut f = template.clone();
+                let _ = with_ipv4_src(&mut f, Ipv4Addr::new(198, 19, 1, first + i));
+                f
+            })
+            .collect()
+    };
+    vec![
+        Flow {
+            what: "20 clients at 40/s each to :443 (under the per-source 100/s)",
+            frames: sources(base(VIP).tcp(40000, 443, TCP_ACK).frame_len(128).build(), 1, 20),
+            rate: 800,
+        },
+        Flow {
+            what: "one abusive client at 3000/s to :443 (cut to 100/s)",
+            frames: sources(base(VIP).tcp(40001, 443, TCP_ACK).frame_len(128).build(), 200, 1),
+            rate: 3000,
+        },
+        Flow {
+            what: "SYN flood to :80 at 5000/s (connection limit 2000/s)",
+            frames: sources(base(VIP).tcp(40002, 80, TCP_SYN).build(), 100, 50),
+            rate: 5000,
+        },
+        Flow {
+            what: "established traffic to :80 at 1000/s (not metered by the syn rule)",
+            frames: sources(base(VIP).tcp(40003, 80, TCP_ACK).frame_len(256).build(), 150, 10),
+            rate: 1000,
+        },
+        Flow {
+            what: "1200-byte frames to the /24 at 150,000 B/s (shadow rule at 125,000,000 B/s)",
+            frames: sources(base(Ipv4Addr::new(198, 18, 10, 77)).udp(5000, 53).frame_len(1200).build(), 50, 4),
+            rate: 125,
+        },
+    ]
+}
+
+fn lab_config(example: &Path, iface: &str, dir: &Path) -> Result<PathBuf> {
+    let text = std::fs::read_to_string(example)
+        .with_context(|| format!("reading {}", example.display()))?;
+    let text = text
+        .replace("interfaces = []", &format!("interfaces = [\"{iface}\"]"))
+        .replace("/sys/fs/bpf/limiter\"", &format!("{PIN_DIR}\""))
+        .replace("/run/limiter/limiter.sock", SOCKET);
+    let path = dir.join("limiter-lab.toml");
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The daemon binary next to this one (both live in target/<profile>/).
+fn limiter_binary() -> Result<PathBuf> {
+    let me = std::env::current_exe().context("locating limiter-lab")?;
+    let path = me.with_file_name("limiter");
+    if !path.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p limiter-user` (cargo xtask run does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+struct DaemonProcess {
+    child: Child,
+    binary: PathBuf,
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        // Detach and remove the lab's pins, then make sure the process is gone.
+        let _ = Command::new(&self.binary)
+            .args(["detach", "--socket", SOCKET, "--pin-dir", PIN_DIR])
+            .output();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(Path::new(SOCKET).parent().unwrap_or(Path::new("/run/limiter-lab")));
+    }
+}
+
+fn main() -> Result<()> {
+    let duration = match std::env::args().skip_while(|a| a != "--duration").nth(1) {
+        Some(s) => Some(Duration::from_secs(s.parse().context("--duration SECONDS")?)),
+        None => None,
+    };
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("workspace root")?
+        .to_path_buf();
+    let binary = limiter_binary()?;
+    let pair = VethPair::new(1).context("creating the lab's namespace and veth pair")?;
+    let dir = std::env::temp_dir().join(format!("limiter-lab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config = lab_config(&root.join("limiter.example.toml"), &pair.host, &dir)?;
+    println!("lab: namespace {} with {} -> {} (limited end)", pair.ns, pair.peer, pair.host);
+    println!("lab: config {}", config.display());
+    let child = Command::new(&binary)
+        .args(["run", "--config"])
+        .arg(&config)
+        .stderr(std::fs::File::create(dir.join("daemon.log"))?)
+        .spawn()
+        .context("starting limiter run")?;
+    let daemon = DaemonProcess { child, binary: binary.clone() };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !Command::new(&binary).args(["status", "--socket", SOCKET]).output()?.status.success() {
+        if Instant::now() > deadline {
+            bail!("the daemon did not come up; see {}", dir.join("daemon.log").display());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let running = Arc::new(AtomicBool::new(true));
+    let mut senders = Vec::new();
+    for flow in flows(&pair) {
+        println!("lab: sending {}", flow.what);
+        let (peer, running) = (pair.peer.clone(), Arc::clone(&running));
+        senders.push(spawn_in_netns(&pair.ns, move || -> Result<()> {
+            let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+            let plan = SendPlan {
+                frames: flow.frames,
+                rate: Some(flow.rate),
+                count: flow.rate,
+                duration: Duration::from_secs(1),
+                cpu: None,
+            };
+            while running.load(Ordering::Relaxed) {
+                send(&socket, &plan)?;
+            }
+            Ok(())
+        })?);
+    }
+    println!("lab: try `{} status --socket {SOCKET}` or `... explain --src 198.19.1.200 --dst {VIP}:443 --socket {SOCKET}` in another terminal; Ctrl-C to stop", binary.display());
+    std::thread::sleep(Duration::from_secs(2));
+
+    let maps = Maps::from_pins(Path::new(PIN_DIR))?;
+    let started = Instant::now();
+    while !STOP.load(Ordering::Relaxed) && duration.is_none_or(|d| started.elapsed() < d) {
+        let report = stats::collect(&maps)?;
+        print!("\x1b[2J\x1b[H");
+        println!("limiter lab — {} s — Ctrl-C to stop (counters are totals)\n", started.elapsed().as_secs());
+        print!("{}", stats::render_table(&report));
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    running.store(false, Ordering::Relaxed);
+    for s in senders {
+        let _ = s.join();
+    }
+    let report = stats::collect(&maps)?;
+    println!("\nfinal:\n{}", stats::render_table(&report));
+    drop(maps);
+    drop(daemon);
+    drop(pair);
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("lab: cleaned up (namespace, veth, pins, socket)");
+    Ok(())
+}

@@ -1,0 +1,354 @@
+//! Splitting a rule's global quota across hosts by demand: max-min fair shares
+//! (water-filling) whose sum never exceeds the quota, unused quota handed out evenly as
+//! headroom, and `saturated` where demand exceeds the share.
+//!
+//! [`RuleAllocator`] keeps per-host demand for one rule and produces grants; a freshly
+//! started allocator spends one lease TTL learning what hosts already hold before it
+//! reallocates, so a restart never over-grants.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use crate::share::Grant;
+
+/// One host's share of a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub share: u64,
+    pub saturated: bool,
+}
+
+/// Max-min fair allocation of `quota` over `demands` (units per second).
+///
+/// Hosts are served in order of increasing demand; each gets its demand or an equal
+/// split of what is left, whichever is smaller. What remains when every demand is met is
+/// spread evenly over all hosts as headroom (so a host's growing demand is absorbed until
+/// its next report). The shares always sum to exactly `quota` (or 0 without hosts).
+pub fn allocate(quota: u64, demands: &[u64]) -> Vec<Allocation> {
+    let n = demands.len();
+    let mut shares = vec![0u64; n];
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| demands[i]);
+    let mut remaining = quota;
+    for (served, &i) in order.iter().enumerate() {
+        let fair = remaining / (n - served) as u64;
+        let give = demands[i].min(fair);
+        shares[i] = give;
+        remaining -= give;
+    }
+    // Headroom: the rest, evenly; the indivisible remainder one unit each to the hosts
+    // with the largest demand (the last served).
+    let each = remaining / n as u64;
+    let extra = (remaining % n as u64) as usize;
+    for s in &mut shares {
+        *s += each;
+    }
+    for &i in order.iter().rev().take(extra) {
+        shares[i] += 1;
+    }
+    shares
+        .iter()
+        .zip(demands)
+        .map(|(&share, &demand)| Allocation {
+            share,
+            saturated: demand > share,
+        })
+        .collect()
+}
+
+/// Jain's fairness index over how well each host's demand is met (share ÷ demand, capped
+/// at 1): 1.0 when every host is served in the same proportion.
+pub fn fairness_index(demands: &[u64], allocations: &[Allocation]) -> f64 {
+    let xs: Vec<f64> = demands
+        .iter()
+        .zip(allocations)
+        .filter(|(d, _)| **d > 0)
+        .map(|(d, a)| (a.share as f64 / *d as f64).min(1.0))
+        .collect();
+    if xs.is_empty() {
+        return 1.0;
+    }
+    let sum: f64 = xs.iter().sum();
+    let squares: f64 = xs.iter().map(|x| x * x).sum();
+    sum * sum / (xs.len() as f64 * squares)
+}
+
+/// What a host said in its report for one rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// Offered load (passed + dropped) per second over the last interval.
+    pub demand: u64,
+    /// The share the host enforces now (0 while bootstrapping).
+    pub held: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct HostState {
+    demand: u64,
+    held: u64,
+    last_report: u64,
+}
+
+/// One rule's allocation state in the allocator.
+#[derive(Clone, Debug)]
+pub struct RuleAllocator {
+    pub quota: u64,
+    /// Global burst; each host's burst is its proportional part of it.
+    pub burst: u64,
+    pub lease_ttl: Duration,
+    /// Until this time (ns) the allocator only renews what hosts hold.
+    learning_until: u64,
+    hosts: BTreeMap<String, HostState>,
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl RuleAllocator {
+    /// A rule known to an allocator that started at `now`.
+    pub fn new(quota: u64, burst: u64, lease_ttl: Duration, now: u64) -> RuleAllocator {
+        RuleAllocator {
+            quota,
+            burst,
+            lease_ttl,
+            learning_until: now.saturating_add(ns(lease_ttl)),
+            hosts: BTreeMap::new(),
+        }
+    }
+
+    /// Whether the allocator is still learning what hosts hold.
+    pub fn learning(&self, now: u64) -> bool {
+        now < self.learning_until
+    }
+
+    /// Records a report. Demand is smoothed (mean of the last two reports, but never
+    /// below the newest, so growth is seen at once and dips fade over a report).
+    pub fn report(&mut self, host: &str, report: Report, now: u64) {
+        let demand = match self.hosts.get(host) {
+            Some(h) => report.demand.max((h.demand + report.demand) / 2),
+            None => report.demand,
+        };
+        self.hosts.insert(
+            host.to_string(),
+            HostState {
+                demand,
+                held: report.held,
+                last_report: now,
+            },
+        );
+    }
+
+    /// Forgets hosts whose last report is older than a lease: their grant has lapsed.
+    pub fn expire(&mut self, now: u64) {
+        let ttl = ns(self.lease_ttl);
+        self.hosts
+            .retain(|_, h| now.saturating_sub(h.last_report) <= ttl);
+    }
+
+    pub fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// The grants for every live host, by host name.
+    pub fn grants(&mut self, now: u64) -> BTreeMap<String, Grant> {
+        self.expire(now);
+        let names: Vec<&String> = self.hosts.keys().collect();
+        let allocations: Vec<Allocation> = if self.learning(now) {
+            self.renewals()
+        } else {
+            let demands: Vec<u64> = self.hosts.values().map(|h| h.demand).collect();
+            allocate(self.quota, &demands)
+        };
+        names
+            .into_iter()
+            .zip(allocations)
+            .filter(|(_, a)| a.share > 0)
+            .map(|(name, a)| (name.clone(), self.grant(a)))
+            .collect()
+    }
+
+    /// While learning: renew what hosts hold, scaled down if together it exceeds the
+    /// quota; hosts holding nothing stay in bootstrap.
+    fn renewals(&self) -> Vec<Allocation> {
+        let held: u64 = self.hosts.values().map(|h| h.held).sum();
+        self.hosts
+            .values()
+            .map(|h| {
+                let share = if held > self.quota {
+                    (u128::from(h.held) * u128::from(self.quota) / u128::from(held)) as u64
+                } else {
+                    h.held
+                };
+                Allocation {
+                    share,
+                    saturated: h.demand > share,
+                }
+            })
+            .collect()
+    }
+
+    fn grant(&self, a: Allocation) -> Grant {
+        let burst =
+            (u128::from(self.burst) * u128::from(a.share) / u128::from(self.quota.max(1))) as u64;
+        Grant {
+            rate: a.share,
+            burst: burst.max(1),
+            tokens: 1,
+            ttl: self.lease_ttl,
+            saturated: a.saturated,
+        }
+    }
+
+    /// Sum of the shares the last grants handed out, for the `sum of grants vs quota`
+    /// metric.
+    pub fn granted_sum(grants: &BTreeMap<String, Grant>) -> u64 {
+        grants.values().map(|g| g.rate).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn water_filling() {
+        let a = allocate(100, &[10, 50, 80]);
+        let shares: Vec<u64> = a.iter().map(|a| a.share).collect();
+        assert_eq!(shares, [10, 45, 45]);
+        assert_eq!(
+            a.iter().map(|a| a.saturated).collect::<Vec<_>>(),
+            [false, true, true]
+        );
+        // Everyone satisfied: the rest is headroom, evenly.
+        let a = allocate(100, &[10, 20, 30]);
+        assert_eq!(a.iter().map(|a| a.share).collect::<Vec<_>>(), [23, 33, 44]);
+        assert!(a.iter().all(|a| !a.saturated));
+        assert!(allocate(100, &[]).is_empty());
+    }
+
+    #[test]
+    fn contoso_split_over_500_hosts() {
+        let a = allocate(10_000, &vec![30; 500]);
+        assert!(a.iter().all(|a| a.share == 20 && a.saturated));
+    }
+
+    #[test]
+    fn a_restarted_allocator_renews_what_hosts_hold_for_one_ttl() {
+        let ttl = Duration::from_secs(3);
+        let mut r = RuleAllocator::new(1000, 100, ttl, 0);
+        r.report(
+            "a",
+            Report {
+                demand: 900,
+                held: 300,
+            },
+            1,
+        );
+        r.report(
+            "b",
+            Report {
+                demand: 900,
+                held: 300,
+            },
+            1,
+        );
+        r.report(
+            "new",
+            Report {
+                demand: 900,
+                held: 0,
+            },
+            1,
+        );
+        let g = r.grants(2);
+        assert_eq!(g["a"].rate, 300);
+        assert_eq!(g["b"].rate, 300);
+        assert!(
+            !g.contains_key("new"),
+            "no grant while learning for a host holding nothing"
+        );
+        // Holdings above the quota are scaled down, never over-granted.
+        r.report(
+            "c",
+            Report {
+                demand: 900,
+                held: 800,
+            },
+            2,
+        );
+        assert!(RuleAllocator::granted_sum(&r.grants(2)) <= 1000);
+        // After the TTL: max-min fair.
+        let g = r.grants(3_000_000_001);
+        assert_eq!(RuleAllocator::granted_sum(&g), 1000);
+    }
+
+    #[test]
+    fn silent_hosts_expire_after_a_lease() {
+        let mut r = RuleAllocator::new(1000, 100, Duration::from_secs(3), 0);
+        r.report(
+            "a",
+            Report {
+                demand: 10,
+                held: 0,
+            },
+            0,
+        );
+        r.report(
+            "b",
+            Report {
+                demand: 10,
+                held: 0,
+            },
+            4_000_000_000,
+        );
+        let g = r.grants(4_000_000_000);
+        assert_eq!(g.keys().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(g["b"].rate, 1000);
+    }
+
+    proptest! {
+        #[test]
+        fn shares_are_max_min_fair_and_never_exceed_the_quota(
+            quota in 0u64..10_000_000,
+            demands in prop::collection::vec(0u64..1_000_000, 0..600),
+        ) {
+            let a = allocate(quota, &demands);
+            let n = demands.len() as u64;
+            let total: u64 = a.iter().map(|a| a.share).sum();
+            prop_assert!(total <= quota);
+            if n > 0 {
+                prop_assert_eq!(total, quota);
+            }
+            for (d, a) in demands.iter().zip(&a) {
+                prop_assert_eq!(a.saturated, *d > a.share);
+                // Nobody gets less than its demand or an equal split.
+                prop_assert!(a.share >= (*d).min(quota / n.max(1)));
+            }
+            // Max-min: nobody holds more than a saturated host (beyond one unit of rounding).
+            let top_saturated = a.iter().filter(|a| a.saturated).map(|a| a.share).min();
+            if let Some(level) = top_saturated {
+                for (d, x) in demands.iter().zip(&a) {
+                    prop_assert!(x.share <= level + 1 || x.share <= *d, "{} > {}", x.share, level);
+                }
+            }
+        }
+
+        #[test]
+        fn grants_never_sum_above_the_quota(
+            quota in 1u64..1_000_000,
+            hosts in prop::collection::vec((0u64..100_000, 0u64..100_000), 1..200),
+            now in 0u64..10_000_000_000,
+        ) {
+            let mut r = RuleAllocator::new(quota, quota / 10 + 1, Duration::from_secs(3), 0);
+            for (i, (demand, held)) in hosts.iter().enumerate() {
+                r.report(&format!("h{i}"), Report { demand: *demand, held: *held }, now);
+            }
+            prop_assert!(RuleAllocator::granted_sum(&r.grants(now)) <= quota);
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The share state machine of one rule on one host (DESIGN.md "Fleet behaviour").
+//!
+//! ```text
+//!            grant                      lease TTL lapses           sticky_max passes
+//! BOOTSTRAP ───────▶ LEASED ─────────────────────▶ STICKY ─────────────────────▶ FAIL_OPEN
+//!     │                ▲  └── grant (renewal) ──┘    │ grant                      │ grant
+//!     │                └─────────────────────────────┴────────────────────────────┘
+//!     └── no grant for lease TTL + sticky_max (an LB that joined mid-outage) ──▶ FAIL_OPEN
+//! ```
+//!
+//! `fail_mode = "static"` rules never reach FAIL_OPEN: they keep their last share (or the
+//! bootstrap share) for the whole outage. Deadlines are absolute times on the host's
+//! monotonic clock, computed from relative TTLs on the wire, so wall-clock skew between
+//! hosts and the allocator does not matter; the daemon writes them into the rule's map
+//! entry, so the kernel fails open on time even when the daemon is dead.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Timings and fleet size; the defaults are section 11's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShareParams {
+    pub fleet_size: u32,
+    /// A grant is valid this long after it arrives.
+    pub lease_ttl: Duration,
+    /// After the lease lapses, the last share is kept this long (then FAIL_OPEN for
+    /// `open` rules).
+    pub sticky_max: Duration,
+    /// Reports (and so renewals) are sent this often.
+    pub report_interval: Duration,
+}
+
+impl Default for ShareParams {
+    fn default() -> Self {
+        ShareParams {
+            fleet_size: 500,
+            lease_ttl: Duration::from_secs(3),
+            sticky_max: Duration::from_secs(300),
+            report_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShareState {
+    Bootstrap,
+    Leased,
+    Sticky,
+    FailOpen,
+}
+
+impl ShareState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShareState::Bootstrap => "bootstrap",
+            ShareState::Leased => "leased",
+            ShareState::Sticky => "sticky",
+            ShareState::FailOpen => "fail_open",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailMode {
+    /// After sticky_max without a grant, allow everything.
+    Open,
+    /// Keep the last share for the whole outage.
+    Static,
+}
+
+/// What the allocator hands a host for one rule. Times are relative.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// Share of the global quota, units per second.
+    pub rate: u64,
+    pub burst: u64,
+    /// Tokens the bucket holds when the grant takes over (≤ 1 for a first grant: a
+    /// grant never hands out a fresh burst).
+    pub tokens: u64,
+    pub ttl: Duration,
+    /// Demand exceeds the share: denials are expected and need no early report.
+    pub saturated: bool,
+}
+
+/// What the host enforces for the rule right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforcement {
+    /// A GCRA limit of `rate` per second with `burst`.
+    Limit { rate: u64, burst: u64 },
+    /// Everything passes (FAIL_OPEN).
+    Open,
+}
+
+/// One rule's share on one host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Share {
+    pub quota: u64,
+    pub fail_mode: FailMode,
+    pub params: ShareParams,
+    state: ShareState,
+    rate: u64,
+    burst: u64,
+    saturated: bool,
+    /// When the current lease (or the bootstrap period) lapses, ns.
+    lease_expires: u64,
+    /// When an `open` rule fails open, ns; `None` for static rules.
+    fail_open_at: Option<u64>,
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Share {
+    /// A rule this host has no grant for: quota ÷ fleet_size with a burst of 1.
+    pub fn bootstrap(quota: u64, fail_mode: FailMode, params: ShareParams, now: u64) -> Share {
+        let lease_expires = now.saturating_add(ns(params.lease_ttl));
+        let mut share = Share {
+            quota,
+            fail_mode,
+            params,
+            state: ShareState::Bootstrap,
+            rate: Self::bootstrap_rate(quota, params.fleet_size),
+            burst: 1,
+            saturated: false,
+            lease_expires,
+            fail_open_at: None,
+        };
+        share.fail_open_at = share.fail_open_deadline(lease_expires);
+        share
+    }
+
+    /// quota ÷ fleet_size, at least 1/s (a share of zero would block the rule).
+    pub fn bootstrap_rate(quota: u64, fleet_size: u32) -> u64 {
+        (quota / u64::from(fleet_size.max(1))).max(1)
+    }
+
+    fn fail_open_deadline(&self, lease_expires: u64) -> Option<u64> {
+        match self.fail_mode {
+            FailMode::Open => Some(lease_expires.saturating_add(ns(self.params.sticky_max))),
+            FailMode::Static => None,
+        }
+    }
+
+    /// A grant arrived at `now`: LEASED until now + ttl.
+    pub fn on_grant(&mut self, grant: &Grant, now: u64) {
+        self.state = ShareState::Leased;
+        self.rate = grant.rate.max(1);
+        self.burst = grant.burst.max(1);
+        self.saturated = grant.saturated;
+        self.lease_expires = now.saturating_add(ns(grant.ttl));
+        self.fail_open_at = self.fail_open_deadline(self.lease_expires);
+    }
+
+    /// The global quota changed (config reload): bootstrap rate follows it; a lease
+    /// keeps its share until the allocator says otherwise.
+    pub fn set_quota(&mut self, quota: u64) {
+        self.quota = quota;
+        if self.state == ShareState::Bootstrap {
+            self.rate = Self::bootstrap_rate(quota, self.params.fleet_size);
+        }
+    }
+
+    /// The state at `now` (advances LEASED → STICKY → FAIL_OPEN on the deadlines).
+    pub fn state(&self, now: u64) -> ShareState {
+        if self.fail_open_at.is_some_and(|t| now >= t) {
+            return ShareState::FailOpen;
+        }
+        match self.state {
+            ShareState::Leased if now >= self.lease_expires => ShareState::Sticky,
+            s => s,
+        }
+    }
+
+    pub fn enforcement(&self, now: u64) -> Enforcement {
+        match self.state(now) {
+            ShareState::FailOpen => Enforcement::Open,
+            _ => Enforcement::Limit {
+                rate: self.rate,
+                burst: self.burst,
+            },
+        }
+    }
+
+    /// (lease_expires_ns, fail_open_at_ns) for the rule's map entry; 0 = none.
+    pub fn deadlines(&self) -> (u64, u64) {
+        (self.lease_expires, self.fail_open_at.unwrap_or(0))
+    }
+
+    /// Whether denials since the last report call for a report now, out of cycle: the
+    /// grant said the share covers demand, yet frames are being refused.
+    pub fn wants_early_report(&self, denials: u64, now: u64) -> bool {
+        denials > 0 && !self.saturated && self.state(now) == ShareState::Leased
+    }
+
+    pub fn rate(&self) -> u64 {
+        self.rate
+    }
+
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn grant(rate: u64) -> Grant {
+        Grant {
+            rate,
+            burst: rate / 10,
+            tokens: 1,
+            ttl: Duration::from_secs(3),
+            saturated: false,
+        }
+    }
+
+    #[test]
+    fn contoso_bootstraps_at_quota_over_fleet_size_with_burst_one() {
+        let s = Share::bootstrap(10_000, FailMode::Open, ShareParams::default(), 0);
+        assert_eq!(s.state(0), ShareState::Bootstrap);
+        assert_eq!(s.enforcement(0), Enforcement::Limit { rate: 20, burst: 1 });
+    }
+
+    #[test]
+    fn the_failure_ladder_runs_on_time() {
+        let mut s = Share::bootstrap(10_000, FailMode::Open, ShareParams::default(), 0);
+        s.on_grant(&grant(250), S / 20);
+        let granted = S / 20;
+        assert_eq!(s.state(granted), ShareState::Leased);
+        assert_eq!(
+            s.enforcement(granted),
+            Enforcement::Limit {
+                rate: 250,
+                burst: 25
+            }
+        );
+        // Renewed each second: stays leased.
+        s.on_grant(&grant(250), granted + S);
+        let renewed = granted + S;
+        assert_eq!(s.state(renewed + 3 * S - 1), ShareState::Leased);
+        // 3 s without renewal: STICKY, same share.
+        assert_eq!(s.state(renewed + 3 * S), ShareState::Sticky);
+        assert_eq!(
+            s.enforcement(renewed + 3 * S),
+            Enforcement::Limit {
+                rate: 250,
+                burst: 25
+            }
+        );
+        // 5 min after that: FAIL_OPEN.
+        assert_eq!(s.state(renewed + 303 * S - 1), ShareState::Sticky);
+        assert_eq!(s.state(renewed + 303 * S), ShareState::FailOpen);
+        assert_eq!(s.enforcement(renewed + 303 * S), Enforcement::Open);
+        assert_eq!(s.deadlines(), (renewed + 3 * S, renewed + 303 * S));
+        // The allocator comes back: LEASED again.
+        s.on_grant(&grant(300), renewed + 400 * S);
+        assert_eq!(s.state(renewed + 400 * S), ShareState::Leased);
+    }
+
+    #[test]
+    fn static_rules_hold_their_share_forever() {
+        let mut s = Share::bootstrap(2_000_000, FailMode::Static, ShareParams::default(), 0);
+        s.on_grant(&grant(4000), 0);
+        let years = 10 * 365 * 24 * 3600 * S;
+        assert_eq!(s.state(years), ShareState::Sticky);
+        assert_eq!(
+            s.enforcement(years),
+            Enforcement::Limit {
+                rate: 4000,
+                burst: 400
+            }
+        );
+        assert_eq!(s.deadlines().1, 0);
+    }
+
+    #[test]
+    fn joiners_mid_outage_are_time_boxed_too() {
+        let s = Share::bootstrap(10_000, FailMode::Open, ShareParams::default(), 7 * S);
+        assert_eq!(s.state(7 * S + 303 * S - 1), ShareState::Bootstrap);
+        assert_eq!(s.state(7 * S + 303 * S), ShareState::FailOpen);
+        let s = Share::bootstrap(10_000, FailMode::Static, ShareParams::default(), 0);
+        assert_eq!(s.state(u64::MAX / 2), ShareState::Bootstrap);
+    }
+
+    #[test]
+    fn early_reports_only_for_unsaturated_leases() {
+        let mut s = Share::bootstrap(10_000, FailMode::Open, ShareParams::default(), 0);
+        assert!(!s.wants_early_report(5, 0));
+        s.on_grant(&grant(250), 0);
+        assert!(!s.wants_early_report(0, 1));
+        assert!(s.wants_early_report(5, 1));
+        s.on_grant(
+            &Grant {
+                saturated: true,
+                ..grant(250)
+            },
+            2,
+        );
+        assert!(!s.wants_early_report(5, 3));
+    }
+
+    #[test]
+    fn bootstrap_never_rounds_to_zero() {
+        assert_eq!(Share::bootstrap_rate(10, 500), 1);
+        assert_eq!(Share::bootstrap_rate(10_000, 0), 10_000);
+    }
+}

@@ -152,6 +152,16 @@ impl RuleAllocator {
         self.hosts.len()
     }
 
+    /// Host names in the order of [`RuleAllocator::demands`].
+    pub fn host_names(&self) -> Vec<String> {
+        self.hosts.keys().cloned().collect()
+    }
+
+    /// Smoothed demand per host (the allocation's input).
+    pub fn demands(&self) -> Vec<u64> {
+        self.hosts.values().map(|h| h.demand).collect()
+    }
+
     /// The grants for every live host, by host name.
     pub fn grants(&mut self, now: u64) -> BTreeMap<String, Grant> {
         self.expire(now);

@@ -1,0 +1,275 @@
+//! `limiter-allocator`: splits each rule's global quota across LB hosts by demand.
+
+mod config;
+mod service;
+mod state;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::{fs::PermissionsExt as _, net::UnixStream},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+use limiter_proto::{
+    pb::allocator_server::AllocatorServer, server_tls, TlsFiles, MAX_MESSAGE_BYTES,
+};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, UnixListener},
+    signal::unix::{signal, SignalKind},
+};
+
+use crate::{
+    config::{Config, Quota},
+    service::Service,
+    state::State,
+};
+
+/// limiter-allocator: the fleet's quota allocator.
+#[derive(Debug, Parser)]
+#[command(name = "limiter-allocator", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const DEFAULT_SOCKET: &str = "/run/limiter-allocator/allocator.sock";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the allocator until SIGINT/SIGTERM.
+    Run {
+        /// Configuration file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// List or change global quotas at runtime.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum QuotaCommand {
+    /// Every rule's global quota.
+    List {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Change a rule's global quota (hosts get new shares with their next report).
+    Set {
+        rule: String,
+        #[arg(long)]
+        rate: u64,
+        /// Default: keep the current burst (required for a new rule).
+        #[arg(long)]
+        burst: Option<u64>,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+}
+
+/// Nanoseconds on the monotonic clock (the allocator's own; never sent on the wire).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Run { config } => run(&config),
+        Command::Quota(QuotaCommand::List { socket }) => {
+            control_call(&socket, &serde_json::json!({"cmd": "list"})).map(|v| println!("{v}"))
+        }
+        Command::Quota(QuotaCommand::Set {
+            rule,
+            rate,
+            burst,
+            socket,
+        }) => control_call(
+            &socket,
+            &serde_json::json!({"cmd": "set", "rule": rule, "rate": rate, "burst": burst}),
+        )
+        .map(|v| println!("{v}")),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("limiter-allocator: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(path: &Path) -> Result<()> {
+    let config = Config::load(path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> Result<()> {
+    let tls = server_tls(&TlsFiles {
+        ca: &config.tls.ca,
+        cert: &config.tls.cert,
+        key: &config.tls.key,
+    })?;
+    let state = Arc::new(Mutex::new(State::new(
+        &config.quotas,
+        Duration::from_millis(config.lease_ttl_ms),
+        Duration::from_millis(config.report_interval_ms),
+        now_ns(),
+    )));
+    let control = bind_control(&config.control_socket)?;
+    tokio::spawn(serve_control(control, Arc::clone(&state)));
+    if let Some(addr) = config.metrics {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("metrics on {addr}"))?;
+        tokio::spawn(serve_metrics(listener, Arc::clone(&state)));
+    }
+    let service = AllocatorServer::new(Service {
+        state: Arc::clone(&state),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tracing::info!(listen = %config.listen, quotas = config.quotas.len(), "allocator serving (mutual TLS)");
+    let mut term = signal(SignalKind::terminate())?;
+    tonic::transport::Server::builder()
+        .tls_config(tls)?
+        // Every call has a deadline on this side too: a stalled client cannot hold a slot.
+        .timeout(Duration::from_secs(2))
+        .concurrency_limit_per_connection(16)
+        .add_service(service)
+        .serve_with_shutdown(config.listen, async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            tracing::info!("shutting down");
+        })
+        .await
+        .context("serving gRPC")?;
+    let _ = std::fs::remove_file(&config.control_socket);
+    Ok(())
+}
+
+fn bind_control(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Root-only JSON control socket: `{"cmd":"list"}`, `{"cmd":"set","rule":..,"rate":..,"burst":..}`.
+async fn serve_control(listener: UnixListener, state: Arc<Mutex<State>>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
+        let (read, mut write) = stream.into_split();
+        let mut line = String::new();
+        let mut reader = tokio::io::BufReader::new(read.take(64 * 1024));
+        let reply = match (root, reader.read_line(&mut line).await) {
+            (false, _) => serde_json::json!({"ok": false, "error": "root only"}),
+            (true, Err(e)) => serde_json::json!({"ok": false, "error": e.to_string()}),
+            (true, Ok(_)) => control(&line, &state),
+        };
+        let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
+    }
+}
+
+fn control(line: &str, state: &Arc<Mutex<State>>) -> serde_json::Value {
+    let fail = |e: String| serde_json::json!({"ok": false, "error": e});
+    let Ok(request) = serde_json::from_str::<serde_json::Value>(line) else {
+        return fail("malformed request".into());
+    };
+    let Ok(mut state) = state.lock() else {
+        return fail("state poisoned".into());
+    };
+    match request["cmd"].as_str() {
+        Some("list") => serde_json::json!({"ok": true, "data": state.quotas()}),
+        Some("set") => {
+            let rule = request["rule"].as_str().unwrap_or_default().to_string();
+            let current = state.quotas().into_iter().find(|q| q.rule == rule);
+            let burst = request["burst"].as_u64().or(current.map(|q| q.burst));
+            let Some(burst) = burst else {
+                return fail(format!("rule {rule:?} is new: give --burst"));
+            };
+            let quota = Quota {
+                rule,
+                rate: request["rate"].as_u64().unwrap_or(0),
+                burst,
+            };
+            if let Err(e) = config::check_quota(&quota) {
+                return fail(e.to_string());
+            }
+            state.set_quota(&quota, now_ns());
+            tracing::info!(rule = %quota.rule, rate = quota.rate, burst = quota.burst, "quota set");
+            serde_json::json!({"ok": true, "data": quota})
+        }
+        _ => fail("unknown command".into()),
+    }
+}
+
+fn control_call(socket: &Path, request: &serde_json::Value) -> Result<serde_json::Value> {
+    let mut stream = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    stream.write_all(format!("{request}\n").as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    let reply: serde_json::Value = serde_json::from_str(&reply).context("reply is not JSON")?;
+    if reply["ok"] != true {
+        bail!("{}", reply["error"].as_str().unwrap_or("refused"));
+    }
+    Ok(reply["data"].clone())
+}
+
+async fn serve_metrics(listener: TcpListener, state: Arc<Mutex<State>>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let mut head = vec![0u8; 2048];
+        let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await
+        else {
+            continue;
+        };
+        let ok = String::from_utf8_lossy(&head[..n]).starts_with("GET /metrics");
+        let body = match (ok, state.lock()) {
+            (true, Ok(mut s)) => s.metrics(now_ns()),
+            _ => String::new(),
+        };
+        let status = if ok { "200 OK" } else { "404 Not Found" };
+        let _ = stream
+            .write_all(
+                format!("HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                    .as_bytes(),
+            )
+            .await;
+    }
+}

@@ -1,0 +1,264 @@
+//! The allocator's state: one `RuleAllocator` per rule, fed by reports, producing
+//! grants. No I/O here; the service and the control socket call in with `now`.
+
+use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
+
+use limiter_fleet::alloc::{self, Allocation, Report, RuleAllocator};
+use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant};
+
+use crate::config::Quota;
+
+pub struct State {
+    rules: BTreeMap<String, RuleAllocator>,
+    lease_ttl: Duration,
+    report_interval: Duration,
+    started: u64,
+    pub reports: u64,
+    pub rejected: u64,
+}
+
+impl State {
+    pub fn new(
+        quotas: &[Quota],
+        lease_ttl: Duration,
+        report_interval: Duration,
+        now: u64,
+    ) -> State {
+        let rules = quotas
+            .iter()
+            .map(|q| {
+                (
+                    q.rule.clone(),
+                    RuleAllocator::new(q.rate, q.burst, lease_ttl, now),
+                )
+            })
+            .collect();
+        State {
+            rules,
+            lease_ttl,
+            report_interval,
+            started: now,
+            reports: 0,
+            rejected: 0,
+        }
+    }
+
+    /// Takes a validated report; returns the host's grants. Rules without a quota get no
+    /// grant (the host keeps bootstrapping them).
+    pub fn handle(&mut self, req: &ReportRequest, now: u64) -> ReportReply {
+        self.reports += 1;
+        let mut grants = Vec::new();
+        for r in &req.rules {
+            let Some(rule) = self.rules.get_mut(&r.rule) else {
+                continue;
+            };
+            rule.report(
+                &req.host,
+                Report {
+                    demand: r.demand,
+                    held: r.held,
+                },
+                now,
+            );
+            if let Some(g) = rule.grants(now).remove(&req.host) {
+                grants.push(RuleGrant {
+                    rule: r.rule.clone(),
+                    rate: g.rate,
+                    burst: g.burst,
+                    tokens: g.tokens,
+                    ttl_ms: g.ttl.as_millis() as u64,
+                    saturated: g.saturated,
+                });
+            }
+        }
+        ReportReply {
+            grants,
+            report_interval_ms: self.report_interval.as_millis() as u64,
+        }
+    }
+
+    /// Changes (or adds) a rule's global quota; hosts see it in their next grants.
+    pub fn set_quota(&mut self, q: &Quota, now: u64) {
+        match self.rules.get_mut(&q.rule) {
+            Some(r) => {
+                r.quota = q.rate;
+                r.burst = q.burst;
+            }
+            None => {
+                // A new rule starts without learning: nobody can hold a share of it yet.
+                let r = RuleAllocator::new(
+                    q.rate,
+                    q.burst,
+                    self.lease_ttl,
+                    now.saturating_sub(self.lease_ttl.as_nanos() as u64),
+                );
+                self.rules.insert(q.rule.clone(), r);
+            }
+        }
+    }
+
+    pub fn quotas(&self) -> Vec<Quota> {
+        self.rules
+            .iter()
+            .map(|(rule, r)| Quota {
+                rule: rule.clone(),
+                rate: r.quota,
+                burst: r.burst,
+            })
+            .collect()
+    }
+
+    /// Prometheus text: per rule the quota, the sum of live grants, hosts, saturated
+    /// hosts and a fairness index; reports and rejected reports.
+    pub fn metrics(&mut self, now: u64) -> String {
+        let mut out = String::new();
+        let families = [
+            (
+                "limiter_allocator_quota",
+                "Global quota of the rule, per second.",
+            ),
+            (
+                "limiter_allocator_granted",
+                "Sum of the shares granted to live hosts, per second (never above the quota).",
+            ),
+            (
+                "limiter_allocator_hosts",
+                "Hosts with a live report for the rule.",
+            ),
+            (
+                "limiter_allocator_saturated_hosts",
+                "Hosts whose demand exceeds their share.",
+            ),
+            (
+                "limiter_allocator_fairness",
+                "Jain's fairness index of share/demand over hosts (1 = equal).",
+            ),
+            (
+                "limiter_allocator_learning",
+                "1 while a freshly started allocator only renews what hosts hold.",
+            ),
+        ];
+        let mut rows: Vec<[f64; 6]> = Vec::new();
+        let names: Vec<String> = self.rules.keys().cloned().collect();
+        for r in self.rules.values_mut() {
+            let grants = r.grants(now);
+            let demands = r.demands();
+            let allocations: Vec<Allocation> = r
+                .host_names()
+                .iter()
+                .map(|h| {
+                    grants.get(h).map_or(
+                        Allocation {
+                            share: 0,
+                            saturated: true,
+                        },
+                        |g| Allocation {
+                            share: g.rate,
+                            saturated: g.saturated,
+                        },
+                    )
+                })
+                .collect();
+            rows.push([
+                r.quota as f64,
+                RuleAllocator::granted_sum(&grants) as f64,
+                r.hosts() as f64,
+                allocations.iter().filter(|a| a.saturated).count() as f64,
+                alloc::fairness_index(&demands, &allocations),
+                f64::from(u8::from(r.learning(now))),
+            ]);
+        }
+        for (k, (name, help)) in families.iter().enumerate() {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (rule, row) in names.iter().zip(&rows) {
+                let _ = writeln!(out, "{name}{{rule=\"{rule}\"}} {}", row[k]);
+            }
+        }
+        for (name, help, v) in [
+            (
+                "limiter_allocator_reports_total",
+                "Reports handled.",
+                self.reports,
+            ),
+            (
+                "limiter_allocator_rejected_reports_total",
+                "Reports refused as malformed or invalid.",
+                self.rejected,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP limiter_allocator_uptime_seconds Seconds since start.\n# TYPE limiter_allocator_uptime_seconds gauge\nlimiter_allocator_uptime_seconds {}",
+            now.saturating_sub(self.started) / 1_000_000_000
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_proto::pb::RuleReport;
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn req(host: &str, demand: u64, held: u64) -> ReportRequest {
+        ReportRequest {
+            version: 1,
+            host: host.into(),
+            rules: vec![RuleReport {
+                rule: "web".into(),
+                demand,
+                held,
+                denials: 0,
+            }],
+        }
+    }
+
+    #[test]
+    fn grants_split_the_quota_by_demand_after_learning() {
+        let quotas = [Quota {
+            rule: "web".into(),
+            rate: 1000,
+            burst: 100,
+        }];
+        let mut s = State::new(&quotas, Duration::from_secs(3), Duration::from_secs(1), 0);
+        // Learning: a host holding nothing gets no grant yet.
+        assert!(s.handle(&req("a", 900, 0), S).grants.is_empty());
+        let t = 4 * S;
+        s.handle(&req("a", 900, 0), t);
+        let b = s.handle(&req("b", 100, 0), t);
+        let a = s.handle(&req("a", 900, 0), t);
+        assert_eq!((a.grants[0].rate, b.grants[0].rate), (900, 100));
+        assert!(!a.grants[0].saturated && !b.grants[0].saturated);
+        assert_eq!(a.grants[0].ttl_ms, 3000);
+        let m = s.metrics(t);
+        assert!(
+            m.contains("limiter_allocator_granted{rule=\"web\"} 1000"),
+            "{m}"
+        );
+        assert!(m.contains("limiter_allocator_hosts{rule=\"web\"} 2"));
+    }
+
+    #[test]
+    fn unknown_rules_get_no_grant_and_quota_changes_apply() {
+        let mut s = State::new(&[], Duration::from_secs(3), Duration::from_secs(1), 0);
+        assert!(s.handle(&req("a", 10, 0), 10 * S).grants.is_empty());
+        s.set_quota(
+            &Quota {
+                rule: "web".into(),
+                rate: 50,
+                burst: 5,
+            },
+            10 * S,
+        );
+        let g = s.handle(&req("a", 10, 0), 10 * S);
+        assert_eq!(g.grants[0].rate, 50);
+    }
+}

@@ -143,25 +143,35 @@ pub struct Step {
     pub tat: u64,
 }
 
+/// How far one CPU's clock reading may lag another's when both update one bucket: the
+/// time between a CPU reading the clock and its compare-and-swap (a per-source insert, an
+/// interrupt). 2^26 ticks ≈ 1.05 ms.
+pub const CLOCK_SKEW_MARGIN: u64 = 1 << 26;
+
 /// One GCRA step for a frame of `cost` ticks arriving at `now`.
 ///
 /// A TAT of 0 is a bucket never used (maps start zeroed): it is full. Otherwise
-/// `tat - now` (wrapping) is read three ways:
+/// `tat - now` (wrapping) is read four ways:
 /// - at or below zero (as a signed number): the bucket has refilled; start from `now`;
 /// - within `tolerance`: the normal case; start from `tat`;
-/// - beyond `tolerance`: either the limit was lowered since (a quota cut) or the bucket
-///   sat idle so long (more than 4.5 years) that the difference wrapped. Both are read
-///   as "bucket empty", and the TAT is pulled back to `now + tolerance`: a quota cut is
-///   honoured at once, and a wrapped bucket costs at most one refill period of accuracy,
-///   never an unbounded block.
+/// - up to [`CLOCK_SKEW_MARGIN`] beyond `tolerance`: another CPU read the clock a little
+///   later and filled the bucket; this CPU's `now` is merely stale. Refuse and leave the
+///   TAT alone: pulling it back to this older `now` would hand out credit;
+/// - further beyond `tolerance`: either the limit was lowered since (a quota cut) or the
+///   bucket sat idle so long (more than 4.5 years) that the difference wrapped. Both are
+///   read as "bucket empty", and the TAT is pulled back to `now + tolerance`: a quota cut
+///   is honoured at once, and a wrapped bucket costs at most one refill period of
+///   accuracy, never an unbounded block.
 #[inline(always)]
 pub const fn conform(tat: u64, now: u64, cost: u64, tolerance: u64) -> Step {
     let ahead = tat.wrapping_sub(now);
     if ahead > tolerance && (ahead as i64) > 0 && tat != 0 {
-        return Step {
-            admit: false,
-            tat: now.wrapping_add(tolerance),
+        let tat = if ahead - tolerance > CLOCK_SKEW_MARGIN {
+            now.wrapping_add(tolerance)
+        } else {
+            tat
         };
+        return Step { admit: false, tat };
     }
     let base = if tat == 0 || (ahead as i64) <= 0 {
         now
@@ -436,6 +446,33 @@ mod tests {
                 u128::from(admitted) + u128::from(units) >= floor.min(u128::from(offered)),
                 "admitted {admitted} expected {expected} offered {offered}"
             );
+        }
+
+        /// Several CPUs on one bucket, each reading the clock a little late (up to the
+        /// skew margin) before its update: never more than rate × elapsed + burst.
+        #[test]
+        fn stale_clock_readings_never_over_admit(
+            rate in 1u64..10_000_000,
+            burst in 1u64..1000,
+            events in prop::collection::vec((0u64..2_000_000, 0u64..CLOCK_SKEW_MARGIN), 1..3000),
+            start in 1u64..u64::MAX / 2,
+        ) {
+            let limit = Limit::new(Granularity::Event, rate, burst).unwrap();
+            let mut tat = 0u64;
+            let mut t = start;
+            let mut admitted = 0u64;
+            for (gap, lag) in &events {
+                t += gap;
+                // This CPU read the clock `lag` ago; others may have updated since.
+                let step = conform(tat, t - lag.min(&(t - start)), limit.cost(1), limit.tolerance);
+                tat = step.tat;
+                admitted += u64::from(step.admit);
+            }
+            let elapsed = t - start;
+            let lhs = u128::from(admitted) * u128::from(TICKS_PER_SECOND);
+            let rhs = u128::from(rate) * u128::from(elapsed + CLOCK_SKEW_MARGIN)
+                + u128::from(burst) * u128::from(TICKS_PER_SECOND);
+            prop_assert!(lhs <= rhs, "admitted {admitted} over {elapsed} ticks");
         }
 
         /// Below the rate nothing is dropped.

@@ -53,6 +53,30 @@ pub struct Config {
     pub fleet_size: u32,
     /// Rules in file order.
     pub rules: Vec<RuleSpec>,
+    /// `[fleet]`: the allocator this host reports to; `None` = standalone (the configured
+    /// rates apply locally and no share state machine runs).
+    pub fleet: Option<FleetSpec>,
+}
+
+/// `[fleet]`: where the allocator is and how to reach it. With a fleet, a rule's `rate`
+/// and `burst` are its *global* quota, split across hosts by the allocator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetSpec {
+    /// The allocator's gRPC address, `address:port`.
+    pub allocator: SocketAddr,
+    /// The name in the allocator's certificate.
+    pub server_name: String,
+    /// This host's fleet-unique id (default: the hostname).
+    pub host_id: String,
+    /// CA that signs the allocator's certificate; this host's client certificate and key.
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Local address for allocator traffic (default: chosen by the kernel).
+    pub bind: Option<std::net::IpAddr>,
+    pub lease_ttl_ms: u64,
+    pub sticky_max_s: u64,
+    pub report_interval_ms: u64,
 }
 
 impl Default for Config {
@@ -67,6 +91,7 @@ impl Default for Config {
             max_sources: abi::DEFAULT_MAX_SOURCES,
             fleet_size: DEFAULT_FLEET_SIZE,
             rules: Vec::new(),
+            fleet: None,
         }
     }
 }
@@ -392,6 +417,20 @@ const TOP_KEYS: &[&str] = &[
     "max_sources",
     "fleet_size",
     "rules",
+    "fleet",
+];
+
+const FLEET_KEYS: &[&str] = &[
+    "allocator",
+    "server_name",
+    "host_id",
+    "ca",
+    "cert",
+    "key",
+    "bind",
+    "lease_ttl_ms",
+    "sticky_max_s",
+    "report_interval_ms",
 ];
 
 const RULE_KEYS: &[&str] = &[
@@ -567,7 +606,137 @@ impl Checker<'_> {
         if let Some(value) = root.get("rules") {
             config.rules = self.rules(value);
         }
+        if let Some(value) = root.get("fleet") {
+            config.fleet = self.fleet(value);
+        }
         config
+    }
+
+    fn fleet(&mut self, value: &Value<'_>) -> Option<FleetSpec> {
+        let top = |path| At { path, rule: None };
+        let DeValue::Table(table) = value.get_ref() else {
+            self.report(
+                value.span(),
+                top("fleet"),
+                format!("expected a table, found {}", value.get_ref().type_str()),
+            );
+            return None;
+        };
+        self.unknown_keys(table, FLEET_KEYS, "fleet", None);
+        let before = self.problems.len();
+        let required_path =
+            |this: &mut Self, key: &'static str, path: &'static str| match table.get(key) {
+                Some(v) => this.path(v, top(path)),
+                None => {
+                    this.report(
+                        value.span(),
+                        top(path),
+                        format!("{key} is required in [fleet]"),
+                    );
+                    None
+                }
+            };
+        let ca = required_path(self, "ca", "fleet.ca");
+        let cert = required_path(self, "cert", "fleet.cert");
+        let key = required_path(self, "key", "fleet.key");
+        let allocator = match table.get("allocator") {
+            Some(v) => {
+                self.string(v, top("fleet.allocator"))
+                    .and_then(|s| match s.parse::<SocketAddr>() {
+                        Ok(a) => Some(a),
+                        Err(_) => {
+                            self.report(
+                                v.span(),
+                                top("fleet.allocator"),
+                                format!(
+                                    "\"{s}\" is not an address:port such as \"198.18.0.1:7443\""
+                                ),
+                            );
+                            None
+                        }
+                    })
+            }
+            None => {
+                self.report(
+                    value.span(),
+                    top("fleet.allocator"),
+                    "allocator is required in [fleet]",
+                );
+                None
+            }
+        };
+        let server_name = match table.get("server_name") {
+            Some(v) => self.string(v, top("fleet.server_name")).map(str::to_string),
+            None => Some("limiter-allocator".to_string()),
+        };
+        let host_id = match table.get("host_id") {
+            Some(v) => self.string(v, top("fleet.host_id")).map(str::to_string),
+            None => Some(default_host_id()),
+        };
+        if let (Some(id), Some(v)) = (&host_id, table.get("host_id")) {
+            if let Err(e) = check_rule_name(id) {
+                self.report(
+                    v.span(),
+                    top("fleet.host_id"),
+                    e.replace("rule name", "host id"),
+                );
+            }
+        }
+        let bind = match table.get("bind") {
+            Some(v) => self
+                .string(v, top("fleet.bind"))
+                .and_then(|s| match s.parse() {
+                    Ok(ip) => Some(Some(ip)),
+                    Err(_) => {
+                        self.report(
+                            v.span(),
+                            top("fleet.bind"),
+                            format!("\"{s}\" is not an IP address"),
+                        );
+                        None
+                    }
+                }),
+            None => Some(None),
+        };
+        let ms =
+            |this: &mut Self, key: &'static str, path: &'static str, default: u64, max: u64| {
+                match table.get(key) {
+                    Some(v) => this.integer(v, top(path), 1, max),
+                    None => Some(default),
+                }
+            };
+        let lease_ttl_ms = ms(self, "lease_ttl_ms", "fleet.lease_ttl_ms", 3000, 3_600_000);
+        let sticky_max_s = ms(self, "sticky_max_s", "fleet.sticky_max_s", 300, 86_400 * 30);
+        let report_interval_ms = ms(
+            self,
+            "report_interval_ms",
+            "fleet.report_interval_ms",
+            1000,
+            3_600_000,
+        );
+        if let (Some(ttl), Some(interval)) = (lease_ttl_ms, report_interval_ms) {
+            if interval >= ttl {
+                let at = table
+                    .get("report_interval_ms")
+                    .map_or(value.span(), |v| v.span());
+                self.report(at, top("fleet.report_interval_ms"), format!("must be below lease_ttl_ms ({ttl}) so leases are renewed before they lapse"));
+            }
+        }
+        if self.problems.len() != before {
+            return None;
+        }
+        Some(FleetSpec {
+            allocator: allocator?,
+            server_name: server_name?,
+            host_id: host_id?,
+            ca: ca?,
+            cert: cert?,
+            key: key?,
+            bind: bind?,
+            lease_ttl_ms: lease_ttl_ms?,
+            sticky_max_s: sticky_max_s?,
+            report_interval_ms: report_interval_ms?,
+        })
     }
 
     fn interfaces(&mut self, value: &Value<'_>) -> Vec<String> {
@@ -989,6 +1158,15 @@ impl Checker<'_> {
     }
 }
 
+/// The kernel's hostname, the default fleet host id.
+fn default_host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| check_rule_name(s).is_ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
 /// 1..=63 bytes of `[A-Za-z0-9._-]`.
 fn check_rule_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
@@ -1056,6 +1234,20 @@ pub fn parse_dst(text: &str) -> Result<IpNet, String> {
             )
         })?;
         Ok(IpNet::from(addr))
+    }
+}
+
+// The control socket carries protocols as their config spelling.
+impl serde::Serialize for Proto {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Proto {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = <String as serde::Deserialize>::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -1845,19 +2037,5 @@ per_source = { rate = 0, burst = 1 }
         let err = Config::load(&missing).unwrap_err();
         assert!(matches!(err, ConfigError::Read { .. }));
         assert!(err.to_string().contains("missing.toml"), "{err}");
-    }
-}
-
-// The control socket carries protocols as their config spelling.
-impl serde::Serialize for Proto {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Proto {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = <String as serde::Deserialize>::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
     }
 }

@@ -10,12 +10,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+use limiter_common::gcra;
+use limiter_fleet::share::ShareState;
+use limiter_proto::pb::{ReportReply, ReportRequest};
 use serde::Serialize;
 
 use crate::{
     config::{Config, RateSpec, RuleSpec, Unit},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
+    fleet::{monotonic_ns, FleetState},
     maps::Maps,
     program::{remove_pins, unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
     ruleset::{self, RuleTable},
@@ -25,9 +29,20 @@ use crate::{
 /// Compiles `rules`, keeping the slots the live table already gives them, and installs
 /// them atomically. Returns the installed table.
 pub fn install_rules(maps: &mut Maps, rules: &[RuleSpec]) -> Result<RuleTable, Error> {
+    install_annotated(maps, rules, |_| {})
+}
+
+/// [`install_rules`], letting `annotate` adjust the compiled entries (fleet state and
+/// deadlines) before they go live.
+fn install_annotated(
+    maps: &mut Maps,
+    rules: &[RuleSpec],
+    annotate: impl FnOnce(&mut RuleTable),
+) -> Result<RuleTable, Error> {
     let previous = maps.live_slots()?;
     let slots = ruleset::assign_slots(&previous, rules)?;
-    let table = ruleset::compile(rules, &slots)?;
+    let mut table = ruleset::compile(rules, &slots)?;
+    annotate(&mut table);
     maps.install(&table)?;
     Ok(table)
 }
@@ -45,7 +60,7 @@ pub fn effective_rules(config: &Config, overrides: &BTreeMap<String, RateSpec>) 
         .map(|rule| {
             let mut rule = rule.clone();
             if let Some(o) = overrides.get(&rule.name) {
-                rule.aggregate = Some(o.clone());
+                rule.aggregate = Some(*o);
             }
             rule
         })
@@ -177,6 +192,9 @@ pub struct Daemon {
     attachments: Vec<Attachment>,
     started: Instant,
     history: History,
+    fleet: Option<FleetState>,
+    /// Share states at the last install (a change calls for a reinstall).
+    installed_states: BTreeMap<String, ShareState>,
     _lock: File,
 }
 
@@ -190,31 +208,48 @@ impl Daemon {
             pin_dir: Some(config.pin_dir.clone()),
             max_sources: config.max_sources,
         })?;
-        let mut maps = program.maps()?;
-        let table = apply_rules(&mut maps, &config)?;
-        tracing::info!(rules = table.rules.len(), "rules installed");
-        let mut attachments = Vec::new();
-        for iface in ifaces {
-            let a = program.attach_pinned(iface, config.xdp_mode, &config.pin_dir)?;
-            let how = match a.origin {
-                LinkOrigin::Created => "attached",
-                LinkOrigin::Adopted => "adopted the pinned link (program replaced atomically)",
-            };
-            tracing::info!(iface = %a.iface, mode = a.mode.as_str(), "{how}");
-            attachments.push(a);
-        }
-        Ok(Daemon {
+        let maps = program.maps()?;
+        let fleet = config
+            .fleet
+            .clone()
+            .map(|spec| FleetState::new(spec, config.fleet_size, &config.rules, monotonic_ns()));
+        let attachments: Vec<Attachment> = Vec::new();
+        let mut daemon = Daemon {
             config_path: config_path.to_path_buf(),
             config,
             overrides: BTreeMap::new(),
             program,
             maps,
-            table,
-            attachments,
+            table: RuleTable::default(),
+            attachments: Vec::new(),
             started: Instant::now(),
             history: History::default(),
+            fleet,
+            installed_states: BTreeMap::new(),
             _lock: lock,
-        })
+        };
+        // Rules first, so no frame meets the program without them.
+        daemon.reinstall()?;
+        tracing::info!(
+            rules = daemon.table.rules.len(),
+            fleet = daemon.fleet.is_some(),
+            "rules installed"
+        );
+        daemon.attachments = attachments;
+        for iface in ifaces {
+            let a = daemon.program.attach_pinned(
+                iface,
+                daemon.config.xdp_mode,
+                &daemon.config.pin_dir,
+            )?;
+            let how = match a.origin {
+                LinkOrigin::Created => "attached",
+                LinkOrigin::Adopted => "adopted the pinned link (program replaced atomically)",
+            };
+            tracing::info!(iface = %a.iface, mode = a.mode.as_str(), "{how}");
+            daemon.attachments.push(a);
+        }
+        Ok(daemon)
     }
 
     pub fn config(&self) -> &Config {
@@ -238,8 +273,84 @@ impl Daemon {
     }
 
     fn reinstall(&mut self) -> Result<(), Error> {
-        let rules = effective_rules(&self.config, &self.overrides);
-        self.table = install_rules(&mut self.maps, &rules)?;
+        let now = monotonic_ns();
+        let mut rules = effective_rules(&self.config, &self.overrides);
+        if let Some(fleet) = &self.fleet {
+            rules = fleet.shape(&rules);
+        }
+        let fleet = &self.fleet;
+        self.table = install_annotated(&mut self.maps, &rules, |table| {
+            if let Some(fleet) = fleet {
+                fleet.annotate(table, now);
+            }
+        })?;
+        if let Some(fleet) = &mut self.fleet {
+            self.installed_states = fleet.states(now);
+            // A first grant takes over with its token count, not a fresh burst.
+            for (rule, tokens) in std::mem::take(&mut fleet.pending_tokens) {
+                let (Some(slot), Some(config)) = (
+                    self.table.slots.get(&rule).copied(),
+                    self.table
+                        .slots
+                        .get(&rule)
+                        .and_then(|s| self.table.rule(*s)),
+                ) else {
+                    continue;
+                };
+                let tat =
+                    gcra::tat_with_tokens(&config.aggregate, gcra::ticks_from_ns(now), tokens);
+                self.maps.set_aggregate_tat(slot, tat)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The fleet report for this interval; `None` in standalone mode.
+    pub fn fleet_report(&mut self) -> Result<Option<ReportRequest>, Error> {
+        let totals = self.fleet_totals()?;
+        let now = monotonic_ns();
+        Ok(self.fleet.as_mut().map(|f| f.report(&totals, now)))
+    }
+
+    fn fleet_totals(&self) -> Result<BTreeMap<String, (u64, u64)>, Error> {
+        let mut totals = BTreeMap::new();
+        for (name, slot) in &self.table.slots {
+            let c = self.maps.rule_counters(*slot)?;
+            totals.insert(
+                name.clone(),
+                (c.passed_packets + c.dropped_packets, c.dropped_packets),
+            );
+        }
+        Ok(totals)
+    }
+
+    /// Whether refusals on an unsaturated share call for an early report.
+    pub fn fleet_wants_early_report(&self) -> Result<bool, Error> {
+        let Some(fleet) = &self.fleet else {
+            return Ok(false);
+        };
+        Ok(fleet.wants_early_report(&self.fleet_totals()?, monotonic_ns()))
+    }
+
+    /// Applies the allocator's grants and installs the new shares.
+    pub fn fleet_apply(&mut self, reply: &ReportReply) -> Result<(), Error> {
+        if let Some(fleet) = &mut self.fleet {
+            fleet.apply(reply, monotonic_ns());
+            self.reinstall()?;
+        }
+        Ok(())
+    }
+
+    /// Reinstalls when a share changed state on its own (lease lapsed, fail open), so the
+    /// map entries and everything reading them show it.
+    pub fn fleet_tick(&mut self) -> Result<(), Error> {
+        let changed = self
+            .fleet
+            .as_ref()
+            .is_some_and(|f| f.states(monotonic_ns()) != self.installed_states);
+        if changed {
+            self.reinstall()?;
+        }
         Ok(())
     }
 
@@ -249,9 +360,23 @@ impl Daemon {
     /// the source of truth.
     pub fn reload(&mut self) -> Result<ReloadReport, Error> {
         let new = Config::load(&self.config_path)?;
-        let rules = effective_rules(&new, &BTreeMap::new());
-        let table = install_rules(&mut self.maps, &rules)?;
-        let old = &self.config;
+        if let Some(fleet) = &mut self.fleet {
+            fleet.sync_rules(&new.rules, monotonic_ns());
+        }
+        // Only the rules change now; every other key waits for a restart.
+        let mut merged = self.config.clone();
+        merged.rules = new.rules.clone();
+        let old_config = std::mem::replace(&mut self.config, merged);
+        let old_overrides = std::mem::take(&mut self.overrides);
+        if let Err(e) = self.reinstall() {
+            self.config = old_config;
+            self.overrides = old_overrides;
+            if let Some(fleet) = &mut self.fleet {
+                fleet.sync_rules(&self.config.rules, monotonic_ns());
+            }
+            return Err(e);
+        }
+        let old = &old_config;
         let mut needs_restart = Vec::new();
         if new.pin_dir != old.pin_dir {
             needs_restart.push("pin_dir");
@@ -271,9 +396,12 @@ impl Daemon {
         if new.metrics != old.metrics {
             needs_restart.push("metrics");
         }
-        self.config = new;
-        self.overrides.clear();
-        self.table = table;
+        if new.fleet != old.fleet {
+            needs_restart.push("fleet");
+        }
+        if new.fleet_size != old.fleet_size {
+            needs_restart.push("fleet_size");
+        }
         tracing::info!(rules = self.table.rules.len(), "config reloaded");
         Ok(ReloadReport {
             rules: self.table.rules.len(),
@@ -289,6 +417,12 @@ impl Daemon {
         rate: u64,
         burst: Option<u64>,
     ) -> Result<QuotaEntry, Error> {
+        if self.fleet.as_ref().is_some_and(|f| f.is_fleet_rule(rule)) {
+            return Err(Error::Quota(format!(
+                "rule {rule:?} takes its share from the allocator: change its global quota with \
+                 `limiter-allocator quota set`"
+            )));
+        }
         let spec = self.rule_spec(rule)?;
         let burst = match (burst, &spec.aggregate) {
             (Some(b), _) => b,

@@ -34,6 +34,8 @@ pub enum Error {
     UnknownRule(String),
     #[error("{0}")]
     Quota(String),
+    #[error("fleet: {0}")]
+    Fleet(String),
     #[error("another limiter daemon is running (it holds {0}); stop it first")]
     AlreadyRunning(PathBuf),
     #[error("map {0} is missing from the object or pin directory")]

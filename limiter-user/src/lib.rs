@@ -6,6 +6,7 @@ pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod explain;
+pub mod fleet;
 pub mod maps;
 pub mod metrics;
 pub mod program;

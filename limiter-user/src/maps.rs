@@ -266,6 +266,13 @@ impl Maps {
         })
     }
 
+    /// Sets a rule's aggregate bucket (a fleet grant taking over with its token count).
+    pub fn set_aggregate_tat(&mut self, slot: u32, tat: u64) -> Result<(), Error> {
+        self.agg_buckets
+            .set(slot, Bucket { tat }, 0)
+            .map_err(map_err(format!("writing AGG_BUCKETS slot {slot}")))
+    }
+
     /// A rule's aggregate bucket (its TAT).
     pub fn aggregate_bucket(&self, slot: u32) -> Result<Bucket, Error> {
         self.agg_buckets

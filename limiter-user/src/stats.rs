@@ -42,6 +42,23 @@ pub struct GlobalStats {
     pub contended: u64,
 }
 
+/// The share state as of `now_ns`: the entry's state advanced by its own deadlines, so a
+/// lapsed lease reads STICKY and an expired open rule FAIL_OPEN on time, exactly when the
+/// kernel acts on them, even if the daemon that wrote the entry is gone.
+pub fn share_state_at(rule: &RuleConfig, now_ns: u64) -> u32 {
+    if rule.share_state == limiter_common::abi::SHARE_STANDALONE {
+        return rule.share_state;
+    }
+    let passed = |deadline: u64| deadline != 0 && now_ns.wrapping_sub(deadline) as i64 >= 0;
+    if passed(rule.fail_open_at_ns) && rule.flags & limiter_common::abi::RULE_FAIL_STATIC == 0 {
+        return SHARE_FAIL_OPEN;
+    }
+    if rule.share_state == SHARE_LEASED && passed(rule.lease_expires_ns) {
+        return SHARE_STICKY;
+    }
+    rule.share_state
+}
+
 /// Name of a `SHARE_*` state.
 pub fn share_state_name(state: u32) -> &'static str {
     match state {
@@ -63,7 +80,7 @@ fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Er
         } else {
             "enforce"
         },
-        state: share_state_name(rule.share_state),
+        state: share_state_name(share_state_at(rule, crate::fleet::monotonic_ns())),
         rate: has_aggregate.then_some(rule.rate),
         burst: has_aggregate.then_some(rule.burst),
         passed_packets: c.passed_packets,

@@ -169,7 +169,10 @@ fn run_stats_stop_restart() {
     }
 
     daemon.stop();
-    assert!(xdp_attached(&pair.host), "enforcement must outlive the daemon");
+    assert!(
+        xdp_attached(&pair.host),
+        "enforcement must outlive the daemon"
+    );
 
     // A restart adopts the pinned maps: the totals continue.
     let daemon = Daemon::start(&config);

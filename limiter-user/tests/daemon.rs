@@ -14,11 +14,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{LIMITER, Lab, join};
+use common::{join, Lab, LIMITER};
 use limiter_tests::{
-    frame::{FrameBuilder, with_ipv4_src},
+    frame::{with_ipv4_src, FrameBuilder},
     rx::RxCounter,
-    scenario::{HOST_V4, PEER_V4, udp_to_host},
+    scenario::{udp_to_host, HOST_V4, PEER_V4},
     traffic::SendPlan,
 };
 use limiter_user::maps::Maps;
@@ -51,7 +51,10 @@ fn kill_9_mid_traffic_then_restart_never_opens_a_gap() {
     ));
     std::thread::sleep(Duration::from_secs(1));
     daemon.kill9();
-    assert!(lab.attached_program().is_some(), "enforcement stopped with the daemon");
+    assert!(
+        lab.attached_program().is_some(),
+        "enforcement stopped with the daemon"
+    );
     std::thread::sleep(Duration::from_secs(1));
     let restarted = lab.start();
     let sent = join(sender);
@@ -61,9 +64,16 @@ fn kill_9_mid_traffic_then_restart_never_opens_a_gap() {
     let passed = web["passed_packets"].as_u64().unwrap();
     let dropped = web["dropped_packets"].as_u64().unwrap();
     let expected = 2000.0 * sent.span.as_secs_f64() + 200.0;
-    eprintln!("sent {} in {:.2}s: passed {passed} (expected {expected:.0}), dropped {dropped}", sent.sent, sent.span.as_secs_f64());
+    eprintln!(
+        "sent {} in {:.2}s: passed {passed} (expected {expected:.0}), dropped {dropped}",
+        sent.sent,
+        sent.span.as_secs_f64()
+    );
     // One bucket the whole time: across the kill and the restart, rate × time + burst.
-    assert!(within(passed as f64, expected, 0.01), "passed {passed}, expected {expected:.0}");
+    assert!(
+        within(passed as f64, expected, 0.01),
+        "passed {passed}, expected {expected:.0}"
+    );
     // Every frame met the program (the counters are continuous)…
     assert_eq!(passed + dropped, sent.sent);
     // …and nothing got through unmetered.
@@ -102,8 +112,14 @@ fn upgrade_through_the_pinned_link_loses_nothing() {
         .args(["prog", "show", "id", &old_program.to_string()])
         .output()
         .unwrap();
-    assert!(!old_gone.status.success(), "program {old_program} is still loaded");
-    let links = Command::new("bpftool").args(["-j", "link", "show"]).output().unwrap();
+    assert!(
+        !old_gone.status.success(),
+        "program {old_program} is still loaded"
+    );
+    let links = Command::new("bpftool")
+        .args(["-j", "link", "show"])
+        .output()
+        .unwrap();
     let links: serde_json::Value = serde_json::from_slice(&links.stdout).unwrap();
     let running = |prog: u32| {
         links
@@ -114,12 +130,23 @@ fn upgrade_through_the_pinned_link_loses_nothing() {
             .count()
     };
     assert_eq!(running(new_program), 1, "links running the new program");
-    assert_eq!(running(old_program), 0, "links still running the old program");
+    assert_eq!(
+        running(old_program),
+        0,
+        "links still running the old program"
+    );
 
     let web = lab.rule_stats("web");
     let passed = web["passed_packets"].as_u64().unwrap();
-    eprintln!("sent {}, passed {passed}, received {}", sent.sent, rx.totals().unwrap().packets);
-    assert_eq!(passed, sent.sent, "frames lost or unmetered during the upgrade");
+    eprintln!(
+        "sent {}, passed {passed}, received {}",
+        sent.sent,
+        rx.totals().unwrap().packets
+    );
+    assert_eq!(
+        passed, sent.sent,
+        "frames lost or unmetered during the upgrade"
+    );
     assert_eq!(rx.totals().unwrap().packets, sent.sent);
     new.stop();
 }
@@ -137,7 +164,11 @@ fn invalid_reload_changes_nothing_valid_reload_keeps_buckets() {
     let daemon = lab.start();
     let (sent, _) = limiter_tests::scenario::flood(
         &lab.pair,
-        plan(vec![udp_to_host(&lab.pair, 9, 64)], 1000, Duration::from_millis(5)),
+        plan(
+            vec![udp_to_host(&lab.pair, 9, 64)],
+            1000,
+            Duration::from_millis(5),
+        ),
     )
     .unwrap();
     assert!(sent.sent >= 4);
@@ -145,7 +176,9 @@ fn invalid_reload_changes_nothing_valid_reload_keeps_buckets() {
     assert_ne!(tat, 0, "the bucket was never used");
 
     // A rate without a burst: refused, naming file, line and field; nothing changes.
-    lab.write_config(&format!("{keep}\n[[rules]]\nname = \"bad\"\ndst = \"198.18.0.3/32\"\nrate = 5\n"));
+    lab.write_config(&format!(
+        "{keep}\n[[rules]]\nname = \"bad\"\ndst = \"198.18.0.3/32\"\nrate = 5\n"
+    ));
     let out = lab.limiter(&["reload"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -171,7 +204,11 @@ fn invalid_reload_changes_nothing_valid_reload_keeps_buckets() {
     ));
     lab.ok(&["reload"]);
     assert_eq!(lab.json(&["status", "--json"])["rules"], 2);
-    assert_eq!(agg_tat(&lab, "keep"), tat, "reload reset an unchanged rule's bucket");
+    assert_eq!(
+        agg_tat(&lab, "keep"),
+        tat,
+        "reload reset an unchanged rule's bucket"
+    );
     // And by SIGHUP.
     lab.write_config(&format!(
         "{keep}\n[[rules]]\nname = \"added\"\ndst = \"198.18.0.3/32\"\nrate = 5\nburst = 5\n\
@@ -204,8 +241,11 @@ fn quota_set_under_traffic_takes_effect_within_100_ms() {
         .udp(1, 9)
         .frame_len(64)
         .build();
-    limiter_tests::scenario::flood(&lab.pair, plan(vec![to_other], 1000, Duration::from_millis(4)))
-        .unwrap();
+    limiter_tests::scenario::flood(
+        &lab.pair,
+        plan(vec![to_other], 1000, Duration::from_millis(4)),
+    )
+    .unwrap();
     let other_tat = agg_tat(&lab, "other");
     let maps = Maps::from_pins(&lab.pins.path).unwrap();
     let slots = maps.live_slots().unwrap();
@@ -232,8 +272,14 @@ fn quota_set_under_traffic_takes_effect_within_100_ms() {
         "before {before_rate:.0}/s, from {} ms after the change {after_rate:.0}/s",
         t1.duration_since(set_at).as_millis()
     );
-    assert!(within(before_rate, 1000.0, 0.05), "before: {before_rate:.0}/s");
-    assert!(within(after_rate, 5000.0, 0.05), "100 ms after: {after_rate:.0}/s");
+    assert!(
+        within(before_rate, 1000.0, 0.05),
+        "before: {before_rate:.0}/s"
+    );
+    assert!(
+        within(after_rate, 5000.0, 0.05),
+        "100 ms after: {after_rate:.0}/s"
+    );
     let quotas = lab.json(&["quota", "list", "--json"]);
     assert_eq!(quotas[0]["rate"], 5000);
     assert_eq!(quotas[0]["source"], "override");
@@ -250,7 +296,8 @@ fn quota_set_under_traffic_takes_effect_within_100_ms() {
 
 #[test]
 fn control_socket_is_root_only() {
-    let lab = Lab::new("[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 10\nburst = 10\n");
+    let lab =
+        Lab::new("[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 10\nburst = 10\n");
     let daemon = lab.start();
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&lab.socket), 0o600);
@@ -281,14 +328,25 @@ fn explain_tells_throttled_from_unthrottled() {
     let daemon = lab.start();
     limiter_tests::scenario::flood(
         &lab.pair,
-        plan(vec![udp_to_host(&lab.pair, 9, 64)], 1000, Duration::from_millis(5)),
+        plan(
+            vec![udp_to_host(&lab.pair, 9, 64)],
+            1000,
+            Duration::from_millis(5),
+        ),
     )
     .unwrap();
     let ps = lab.rule_stats("ps");
     let dropped = ps["dropped_packets"].as_u64().unwrap();
     assert!(dropped > 0);
     let throttled = lab.json(&[
-        "explain", "--src", &PEER_V4.to_string(), "--dst", &format!("{HOST_V4}:9"), "--proto", "udp", "--json",
+        "explain",
+        "--src",
+        &PEER_V4.to_string(),
+        "--dst",
+        &format!("{HOST_V4}:9"),
+        "--proto",
+        "udp",
+        "--json",
     ]);
     assert_eq!(throttled["rule"], "ps");
     assert_eq!(throttled["verdict"], "drop");
@@ -296,13 +354,38 @@ fn explain_tells_throttled_from_unthrottled() {
     assert_eq!(throttled["per_source"]["key"], format!("{PEER_V4}/32"));
     assert_eq!(throttled["dropped_total"], dropped);
     let calm = lab.json(&[
-        "explain", "--src", "198.18.0.77", "--dst", &format!("{HOST_V4}:9"), "--proto", "udp", "--json",
+        "explain",
+        "--src",
+        "198.18.0.77",
+        "--dst",
+        &format!("{HOST_V4}:9"),
+        "--proto",
+        "udp",
+        "--json",
     ]);
     assert_eq!(calm["verdict"], "pass");
     assert_eq!(calm["per_source"]["available"], 2);
-    let text = lab.ok(&["explain", "--src", &PEER_V4.to_string(), "--dst", &format!("{HOST_V4}:9"), "--proto", "udp"]);
-    assert!(text.contains("EXCEEDED") && text.contains("verdict now: drop"), "{text}");
-    let none = lab.json(&["explain", "--src", "198.18.0.77", "--dst", "198.18.9.9", "--json"]);
+    let text = lab.ok(&[
+        "explain",
+        "--src",
+        &PEER_V4.to_string(),
+        "--dst",
+        &format!("{HOST_V4}:9"),
+        "--proto",
+        "udp",
+    ]);
+    assert!(
+        text.contains("EXCEEDED") && text.contains("verdict now: drop"),
+        "{text}"
+    );
+    let none = lab.json(&[
+        "explain",
+        "--src",
+        "198.18.0.77",
+        "--dst",
+        "198.18.9.9",
+        "--json",
+    ]);
     assert!(none["rule"].is_null() && none["verdict"] == "pass");
     daemon.stop();
 }
@@ -311,14 +394,24 @@ fn explain_tells_throttled_from_unthrottled() {
 /// was announced with TYPE.
 fn parse_prometheus(text: &str) -> Vec<(String, String, f64)> {
     let mut samples = Vec::new();
-    for line in text.lines().filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         let (series, value) = line.rsplit_once(' ').expect("sample has a value");
         let (name, labels) = match series.split_once('{') {
             Some((n, l)) => (n, l.trim_end_matches('}')),
             None => (series, ""),
         };
-        assert!(text.contains(&format!("# TYPE {name} ")), "{name} has no TYPE");
-        samples.push((name.to_string(), labels.to_string(), value.parse().expect("numeric value")));
+        assert!(
+            text.contains(&format!("# TYPE {name} ")),
+            "{name} has no TYPE"
+        );
+        samples.push((
+            name.to_string(),
+            labels.to_string(),
+            value.parse().expect("numeric value"),
+        ));
     }
     samples
 }
@@ -338,10 +431,13 @@ fn metrics_endpoint_is_scraped_and_parsed() {
             f
         })
         .collect();
-    limiter_tests::scenario::flood(&lab.pair, plan(frames, 1000, Duration::from_millis(100))).unwrap();
+    limiter_tests::scenario::flood(&lab.pair, plan(frames, 1000, Duration::from_millis(100)))
+        .unwrap();
 
     let mut stream = TcpStream::connect(("127.0.0.1", lab.metrics_port)).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
@@ -364,11 +460,22 @@ fn metrics_endpoint_is_scraped_and_parsed() {
         value("limiter_rule_dropped_packets_total", "rule=\"web\""),
         web["dropped_packets"].as_f64().unwrap()
     );
-    assert_eq!(value("limiter_rule_rate", "rule=\"web\",unit=\"packets\""), 100.0);
-    assert_eq!(value("limiter_rule_share_state", "rule=\"web\",state=\"standalone\""), 1.0);
+    assert_eq!(
+        value("limiter_rule_rate", "rule=\"web\",unit=\"packets\""),
+        100.0
+    );
+    assert_eq!(
+        value(
+            "limiter_rule_share_state",
+            "rule=\"web\",state=\"standalone\""
+        ),
+        1.0
+    );
     assert_eq!(value("limiter_source_buckets", ""), 3.0);
     assert_eq!(value("limiter_source_buckets_capacity", ""), 1_048_576.0);
-    assert!(samples.iter().any(|(n, _, _)| n == "limiter_malformed_total"));
+    assert!(samples
+        .iter()
+        .any(|(n, _, _)| n == "limiter_malformed_total"));
     daemon.stop();
 }
 
@@ -387,7 +494,9 @@ fn pinned_maps_of_another_layout_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a mismatched pin was reused");
     assert!(
-        err.contains("SRC_BUCKETS") && err.contains("does not match") && err.contains("limiter detach"),
+        err.contains("SRC_BUCKETS")
+            && err.contains("does not match")
+            && err.contains("limiter detach"),
         "{err}"
     );
 }

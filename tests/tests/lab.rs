@@ -27,5 +27,8 @@ fn lab_limits_the_abusive_flows_and_cleans_up() {
     assert!(dropped("contoso-web") > 0, "the abusive client was not cut");
     assert!(dropped("contoso-syn") > 0, "the SYN flood was not cut");
     assert!(stdout.contains("cleaned up"));
-    assert!(!std::path::Path::new("/sys/fs/bpf/limiter-lab").exists(), "pins left behind");
+    assert!(
+        !std::path::Path::new("/sys/fs/bpf/limiter-lab").exists(),
+        "pins left behind"
+    );
 }

@@ -102,10 +102,14 @@ fn build() -> Result<()> {
         "limiter-user",
         "--package",
         "limiter-tests",
+        "--package",
+        "limiter-allocator",
         "--bin",
         "limiter",
         "--bin",
         "limiter-lab",
+        "--bin",
+        "limiter-allocator",
     ]))
 }
 
@@ -117,20 +121,13 @@ fn test() -> Result<()> {
              run `cargo xtask test` as root"
         );
     }
-    // The binaries the end-to-end tests run (`limiter`, `limiter-lab`).
+    // The binaries the end-to-end tests run (`limiter`, `limiter-lab`, `limiter-allocator`).
     build()?;
     // Unit and property tests of pure logic first: they fail fast and run in parallel.
     run_cmd(cargo().args(["test", "--release", "--lib", "--bins"]))?;
     run_cmd(cargo().args(["test", "--release", "--doc"]))?;
     // Kernel tests one at a time: they time real traffic on a 2-CPU machine.
-    run_cmd(cargo().args([
-        "test",
-        "--release",
-        "--test",
-        "*",
-        "--",
-        "--test-threads=1",
-    ]))
+    run_cmd(cargo().args(["test", "--release", "--test", "*", "--", "--test-threads=1"]))
 }
 
 unsafe extern "C" {

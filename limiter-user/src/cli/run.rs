@@ -54,6 +54,7 @@ pub fn execute(args: RunArgs) -> anyhow::Result<()> {
 async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Result<()> {
     let socket_path = config.control_socket.clone();
     let metrics_addr = config.metrics;
+    let fleet_spec = config.fleet.clone();
     let daemon = Daemon::start(&args.config, config, &ifaces)?;
     let daemon = Arc::new(Mutex::new(daemon));
     let (shutdown, mut shutdown_rx) = broadcast::channel::<Shutdown>(4);
@@ -109,6 +110,17 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
         });
     }
 
+    if let Some(spec) = fleet_spec {
+        tracing::info!(allocator = %spec.allocator, host = %spec.host_id, "fleet mode: reporting to the allocator");
+        let (d, tx) = (Arc::clone(&daemon), shutdown.clone());
+        tasks.spawn(async move {
+            // The report loop ends only on a local fault; enforcement carries on, and the
+            // shares age through STICKY and FAIL_OPEN in the kernel on their deadlines.
+            if let Err(e) = limiter_user::fleet::report_loop(d, spec, tx).await {
+                tracing::error!("fleet reporting stopped: {e}");
+            }
+        });
+    }
     let reason = shutdown_rx.recv().await.unwrap_or(Shutdown::Exit);
     let _ = shutdown.send(reason);
     tasks.abort_all();

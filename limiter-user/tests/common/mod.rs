@@ -1,6 +1,8 @@
 //! Running the `limiter` binary as an operator would, against a veth pair the test owns.
 #![allow(dead_code, reason = "each test file uses a different part")]
 
+pub mod pki;
+
 use std::{
     net::TcpListener,
     path::{Path, PathBuf},
@@ -9,9 +11,9 @@ use std::{
 };
 
 use limiter_tests::{
-    netns::{VethPair, ifindex, spawn_in_netns},
+    netns::{ifindex, spawn_in_netns, VethPair},
     scenario::PinDir,
-    traffic::{PacketSocket, SendPlan, SendReport, send},
+    traffic::{send, PacketSocket, SendPlan, SendReport},
 };
 use serde_json::Value;
 

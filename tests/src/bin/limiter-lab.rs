@@ -9,17 +9,17 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command},
     sync::{
-        Arc,
         atomic::{AtomicBool, Ordering},
+        Arc,
     },
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{bail, Context as _, Result};
 use limiter_tests::{
-    frame::{FrameBuilder, TCP_ACK, TCP_SYN, with_ipv4_src},
-    netns::{VethPair, ifindex, spawn_in_netns},
-    traffic::{PacketSocket, SendPlan, send},
+    frame::{with_ipv4_src, FrameBuilder, TCP_ACK, TCP_SYN},
+    netns::{ifindex, spawn_in_netns, VethPair},
+    traffic::{send, PacketSocket, SendPlan},
 };
 use limiter_user::{maps::Maps, stats};
 
@@ -41,7 +41,9 @@ struct Flow {
 }
 
 fn flows(pair: &VethPair) -> Vec<Flow> {
-    let base = |dst: Ipv4Addr| FrameBuilder::ipv4(Ipv4Addr::new(198, 19, 0, 1), dst).macs(pair.peer_mac, pair.host_mac);
+    let base = |dst: Ipv4Addr| {
+        FrameBuilder::ipv4(Ipv4Addr::new(198, 19, 0, 1), dst).macs(pair.peer_mac, pair.host_mac)
+    };
     let sources = |template: Vec<u8>, first: u8, n: u8| -> Vec<Vec<u8>> {
         (0..n)
             .map(|i| {
@@ -54,12 +56,20 @@ fn flows(pair: &VethPair) -> Vec<Flow> {
     vec![
         Flow {
             what: "20 clients at 40/s each to :443 (under the per-source 100/s)",
-            frames: sources(base(VIP).tcp(40000, 443, TCP_ACK).frame_len(128).build(), 1, 20),
+            frames: sources(
+                base(VIP).tcp(40000, 443, TCP_ACK).frame_len(128).build(),
+                1,
+                20,
+            ),
             rate: 800,
         },
         Flow {
             what: "one abusive client at 3000/s to :443 (cut to 100/s)",
-            frames: sources(base(VIP).tcp(40001, 443, TCP_ACK).frame_len(128).build(), 200, 1),
+            frames: sources(
+                base(VIP).tcp(40001, 443, TCP_ACK).frame_len(128).build(),
+                200,
+                1,
+            ),
             rate: 3000,
         },
         Flow {
@@ -69,12 +79,23 @@ fn flows(pair: &VethPair) -> Vec<Flow> {
         },
         Flow {
             what: "established traffic to :80 at 1000/s (not metered by the syn rule)",
-            frames: sources(base(VIP).tcp(40003, 80, TCP_ACK).frame_len(256).build(), 150, 10),
+            frames: sources(
+                base(VIP).tcp(40003, 80, TCP_ACK).frame_len(256).build(),
+                150,
+                10,
+            ),
             rate: 1000,
         },
         Flow {
             what: "1200-byte frames to the /24 at 150,000 B/s (shadow rule at 125,000,000 B/s)",
-            frames: sources(base(Ipv4Addr::new(198, 18, 10, 77)).udp(5000, 53).frame_len(1200).build(), 50, 4),
+            frames: sources(
+                base(Ipv4Addr::new(198, 18, 10, 77))
+                    .udp(5000, 53)
+                    .frame_len(1200)
+                    .build(),
+                50,
+                4,
+            ),
             rate: 125,
         },
     ]
@@ -118,13 +139,19 @@ impl Drop for DaemonProcess {
             .output();
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(Path::new(SOCKET).parent().unwrap_or(Path::new("/run/limiter-lab")));
+        let _ = std::fs::remove_dir_all(
+            Path::new(SOCKET)
+                .parent()
+                .unwrap_or(Path::new("/run/limiter-lab")),
+        );
     }
 }
 
 fn main() -> Result<()> {
     let duration = match std::env::args().skip_while(|a| a != "--duration").nth(1) {
-        Some(s) => Some(Duration::from_secs(s.parse().context("--duration SECONDS")?)),
+        Some(s) => Some(Duration::from_secs(
+            s.parse().context("--duration SECONDS")?,
+        )),
         None => None,
     };
     // SAFETY: installing a handler that only stores to an atomic.
@@ -141,7 +168,10 @@ fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("limiter-lab-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = lab_config(&root.join("limiter.example.toml"), &pair.host, &dir)?;
-    println!("lab: namespace {} with {} -> {} (limited end)", pair.ns, pair.peer, pair.host);
+    println!(
+        "lab: namespace {} with {} -> {} (limited end)",
+        pair.ns, pair.peer, pair.host
+    );
     println!("lab: config {}", config.display());
     let child = Command::new(&binary)
         .args(["run", "--config"])
@@ -149,11 +179,22 @@ fn main() -> Result<()> {
         .stderr(std::fs::File::create(dir.join("daemon.log"))?)
         .spawn()
         .context("starting limiter run")?;
-    let daemon = DaemonProcess { child, binary: binary.clone() };
+    let daemon = DaemonProcess {
+        child,
+        binary: binary.clone(),
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !Command::new(&binary).args(["status", "--socket", SOCKET]).output()?.status.success() {
+    while !Command::new(&binary)
+        .args(["status", "--socket", SOCKET])
+        .output()?
+        .status
+        .success()
+    {
         if Instant::now() > deadline {
-            bail!("the daemon did not come up; see {}", dir.join("daemon.log").display());
+            bail!(
+                "the daemon did not come up; see {}",
+                dir.join("daemon.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -186,7 +227,10 @@ fn main() -> Result<()> {
     while !STOP.load(Ordering::Relaxed) && duration.is_none_or(|d| started.elapsed() < d) {
         let report = stats::collect(&maps)?;
         print!("\x1b[2J\x1b[H");
-        println!("limiter lab — {} s — Ctrl-C to stop (counters are totals)\n", started.elapsed().as_secs());
+        println!(
+            "limiter lab — {} s — Ctrl-C to stop (counters are totals)\n",
+            started.elapsed().as_secs()
+        );
         print!("{}", stats::render_table(&report));
         std::thread::sleep(Duration::from_secs(1));
     }

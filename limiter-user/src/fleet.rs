@@ -1,0 +1,308 @@
+//! The daemon's side of the fleet: one share state machine per rule with an aggregate
+//! limit, reports built from the counters, grants applied to the rule table.
+//!
+//! A rule's `rate`/`burst` in the config are its global quota. What the kernel enforces
+//! is the host's share: quota ÷ fleet_size with burst 1 while bootstrapping, then the
+//! granted share. The share state and its deadlines go into the rule's map entry; the
+//! kernel applies FAIL_OPEN on its own clock, so it happens on time even if this daemon
+//! is dead.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use limiter_common::abi::{
+    SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE, SHARE_STICKY,
+};
+use limiter_fleet::share::{FailMode, Grant, Share, ShareParams, ShareState};
+use limiter_proto::pb::{ReportReply, ReportRequest, RuleReport};
+
+use crate::{
+    config::{self, FleetSpec, RateSpec, RuleSpec},
+    ruleset::RuleTable,
+};
+
+/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns, so deadlines mean the same to
+/// the kernel.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub fn share_params(spec: &FleetSpec, fleet_size: u32) -> ShareParams {
+    ShareParams {
+        fleet_size,
+        lease_ttl: Duration::from_millis(spec.lease_ttl_ms),
+        sticky_max: Duration::from_secs(spec.sticky_max_s),
+        report_interval: Duration::from_millis(spec.report_interval_ms),
+    }
+}
+
+fn abi_state(state: ShareState) -> u32 {
+    match state {
+        ShareState::Bootstrap => SHARE_BOOTSTRAP,
+        ShareState::Leased => SHARE_LEASED,
+        ShareState::Sticky => SHARE_STICKY,
+        ShareState::FailOpen => SHARE_FAIL_OPEN,
+    }
+}
+
+fn fail_mode(rule: &RuleSpec) -> FailMode {
+    match rule.fail_mode {
+        config::FailMode::Open => FailMode::Open,
+        config::FailMode::Static => FailMode::Static,
+    }
+}
+
+/// Counter totals of one rule at the last report.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    offered: u64,
+    dropped: u64,
+}
+
+pub struct FleetState {
+    pub spec: FleetSpec,
+    params: ShareParams,
+    shares: BTreeMap<String, Share>,
+    last: BTreeMap<String, Sample>,
+    last_at: u64,
+    /// Rules that left BOOTSTRAP or FAIL_OPEN, with the grant's token count, for the bucket.
+    pub pending_tokens: BTreeMap<String, u64>,
+}
+
+impl FleetState {
+    pub fn new(spec: FleetSpec, fleet_size: u32, rules: &[RuleSpec], now: u64) -> FleetState {
+        let mut fleet = FleetState {
+            params: share_params(&spec, fleet_size),
+            spec,
+            shares: BTreeMap::new(),
+            last: BTreeMap::new(),
+            last_at: now,
+            pending_tokens: BTreeMap::new(),
+        };
+        fleet.sync_rules(rules, now);
+        fleet
+    }
+
+    /// After a (re)load: new rules bootstrap, removed ones go, quotas follow the file.
+    pub fn sync_rules(&mut self, rules: &[RuleSpec], now: u64) {
+        let fleet_rules: BTreeMap<&str, (&RateSpec, &RuleSpec)> = rules
+            .iter()
+            .filter_map(|r| r.aggregate.as_ref().map(|a| (r.name.as_str(), (a, r))))
+            .collect();
+        self.shares
+            .retain(|name, _| fleet_rules.contains_key(name.as_str()));
+        for (name, (quota, rule)) in fleet_rules {
+            match self.shares.get_mut(name) {
+                Some(share) => share.set_quota(quota.rate),
+                None => {
+                    let share = Share::bootstrap(quota.rate, fail_mode(rule), self.params, now);
+                    self.shares.insert(name.to_string(), share);
+                }
+            }
+        }
+    }
+
+    pub fn is_fleet_rule(&self, name: &str) -> bool {
+        self.shares.contains_key(name)
+    }
+
+    /// The rules as this host enforces them: each fleet rule's aggregate is its share.
+    pub fn shape(&self, rules: &[RuleSpec]) -> Vec<RuleSpec> {
+        rules
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                if let Some(share) = self.shares.get(&r.name) {
+                    r.aggregate = Some(RateSpec {
+                        rate: share.rate(),
+                        burst: share.burst(),
+                    });
+                }
+                r
+            })
+            .collect()
+    }
+
+    /// Writes each fleet rule's state and deadlines into its map entry.
+    pub fn annotate(&self, table: &mut RuleTable, now: u64) {
+        for (slot, rule) in &mut table.rules {
+            let name = table
+                .slots
+                .iter()
+                .find(|(_, s)| *s == slot)
+                .map(|(n, _)| n.as_str());
+            match name.and_then(|n| self.shares.get(n)) {
+                Some(share) => {
+                    rule.share_state = abi_state(share.state(now));
+                    (rule.lease_expires_ns, rule.fail_open_at_ns) = share.deadlines();
+                }
+                None => {
+                    rule.share_state = SHARE_STANDALONE;
+                    (rule.lease_expires_ns, rule.fail_open_at_ns) = (0, 0);
+                }
+            }
+        }
+    }
+
+    /// Every fleet rule's state now; a change calls for a reinstall.
+    pub fn states(&self, now: u64) -> BTreeMap<String, ShareState> {
+        self.shares
+            .iter()
+            .map(|(n, s)| (n.clone(), s.state(now)))
+            .collect()
+    }
+
+    /// The report for this interval from counter totals (offered = passed + dropped).
+    pub fn report(&mut self, totals: &BTreeMap<String, (u64, u64)>, now: u64) -> ReportRequest {
+        let elapsed = now.saturating_sub(self.last_at).max(1) as f64 / 1e9;
+        let mut rules = Vec::new();
+        for (name, share) in &self.shares {
+            let (offered, dropped) = totals.get(name).copied().unwrap_or_default();
+            let last = self
+                .last
+                .get(name)
+                .copied()
+                .unwrap_or(Sample { offered, dropped });
+            let held = match share.state(now) {
+                ShareState::Leased | ShareState::Sticky => share.rate(),
+                _ => 0,
+            };
+            rules.push(RuleReport {
+                rule: name.clone(),
+                demand: (offered.saturating_sub(last.offered) as f64 / elapsed) as u64,
+                held,
+                denials: dropped.saturating_sub(last.dropped),
+            });
+            self.last.insert(name.clone(), Sample { offered, dropped });
+        }
+        self.last_at = now;
+        ReportRequest {
+            version: limiter_proto::VERSION,
+            host: self.spec.host_id.clone(),
+            rules,
+        }
+    }
+
+    /// Whether refusals since the last report call for an early one.
+    pub fn wants_early_report(&self, totals: &BTreeMap<String, (u64, u64)>, now: u64) -> bool {
+        self.shares.iter().any(|(name, share)| {
+            let dropped = totals.get(name).map_or(0, |t| t.1);
+            let last = self.last.get(name).map_or(dropped, |s| s.dropped);
+            share.wants_early_report(dropped.saturating_sub(last), now)
+        })
+    }
+
+    /// Applies the allocator's grants.
+    pub fn apply(&mut self, reply: &ReportReply, now: u64) {
+        for g in &reply.grants {
+            let Some(share) = self.shares.get_mut(&g.rule) else {
+                continue;
+            };
+            // Out of BOOTSTRAP or FAIL_OPEN the bucket has not been metering this share:
+            // the grant takes over with its token count (≤ 1), never a fresh burst.
+            if matches!(share.state(now), ShareState::Bootstrap | ShareState::FailOpen) {
+                self.pending_tokens.insert(g.rule.clone(), g.tokens.min(1));
+            }
+            share.on_grant(
+                &Grant {
+                    rate: g.rate,
+                    burst: g.burst,
+                    tokens: g.tokens,
+                    ttl: Duration::from_millis(g.ttl_ms),
+                    saturated: g.saturated,
+                },
+                now,
+            );
+        }
+    }
+}
+
+fn lock(
+    d: &std::sync::Mutex<crate::daemon::Daemon>,
+) -> Result<std::sync::MutexGuard<'_, crate::daemon::Daemon>, crate::Error> {
+    d.lock()
+        .map_err(|_| crate::Error::Fleet("daemon state poisoned".into()))
+}
+
+/// Reports to the allocator until shutdown: every report interval, and early when an
+/// unsaturated share refuses frames (at most every 200 ms). Every call has a deadline; a
+/// failed call changes nothing: shares move to STICKY and FAIL_OPEN on their deadlines.
+pub async fn report_loop(
+    daemon: std::sync::Arc<std::sync::Mutex<crate::daemon::Daemon>>,
+    spec: FleetSpec,
+    shutdown: tokio::sync::broadcast::Sender<crate::control::Shutdown>,
+) -> Result<(), crate::Error> {
+    use limiter_proto::pb::allocator_client::AllocatorClient;
+    use std::time::Instant;
+    use tonic::transport::Endpoint;
+
+    let tls = limiter_proto::client_tls(
+        &limiter_proto::TlsFiles {
+            ca: &spec.ca,
+            cert: &spec.cert,
+            key: &spec.key,
+        },
+        &spec.server_name,
+    )
+    .map_err(|e| crate::Error::Fleet(e.to_string()))?;
+    let deadline = Duration::from_millis(spec.report_interval_ms.clamp(100, 2000) / 2);
+    let endpoint = Endpoint::from_shared(format!("https://{}", spec.allocator))
+        .and_then(|e| e.tls_config(tls))
+        .map_err(|e| crate::Error::Fleet(format!("allocator endpoint {}: {e}", spec.allocator)))?
+        .connect_timeout(deadline)
+        .timeout(deadline)
+        .local_address(spec.bind);
+    let mut client = AllocatorClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(limiter_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(limiter_proto::MAX_MESSAGE_BYTES);
+    let mut interval = Duration::from_millis(spec.report_interval_ms);
+    let mut next = Instant::now();
+    let mut last_sent = Instant::now() - interval;
+    let mut failures = 0u64;
+    let mut stop = shutdown.subscribe();
+    loop {
+        tokio::select! {
+            _ = stop.recv() => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        let early = last_sent.elapsed() >= Duration::from_millis(200)
+            && lock(&daemon)?.fleet_wants_early_report()?;
+        if Instant::now() >= next || early {
+            let Some(report) = lock(&daemon)?.fleet_report()? else {
+                return Ok(());
+            };
+            last_sent = Instant::now();
+            next = last_sent + interval;
+            match client.report(report).await {
+                Ok(reply) => {
+                    let reply = reply.into_inner();
+                    if reply.report_interval_ms > 0 {
+                        interval = Duration::from_millis(reply.report_interval_ms);
+                    }
+                    if failures > 0 {
+                        tracing::info!(after = failures, "allocator reachable again");
+                    }
+                    failures = 0;
+                    lock(&daemon)?.fleet_apply(&reply)?;
+                }
+                Err(status) => {
+                    failures += 1;
+                    // The first failure and then one in 30: an outage must not flood logs.
+                    if failures == 1 || failures.is_multiple_of(30) {
+                        tracing::warn!(
+                            failures,
+                            "report to the allocator failed: {}",
+                            status.message()
+                        );
+                    }
+                }
+            }
+        }
+        lock(&daemon)?.fleet_tick()?;
+    }
+}

@@ -1,0 +1,305 @@
+//! The fleet with real processes: an allocator and three daemons, each daemon on its own
+//! veth pair with traffic through it, talking mutual-TLS gRPC over loopback. Times are
+//! scaled down by configuration (lease 1.5 s, reports every 300 ms, STICKY for 3 s).
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use common::{join, pki::Pki, Lab, LIMITER};
+use limiter_tests::{frame::FrameBuilder, scenario::PEER_V4, traffic::SendPlan};
+use limiter_user::maps::Maps;
+
+const QUOTA: u64 = 3000;
+const LEASE_MS: u64 = 1500;
+const REPORT_MS: u64 = 300;
+const STICKY_S: u64 = 3;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Allocator {
+    child: Option<Child>,
+    config: PathBuf,
+    port: u16,
+}
+
+impl Allocator {
+    fn binary() -> PathBuf {
+        let path = Path::new(LIMITER).with_file_name("limiter-allocator");
+        assert!(
+            path.exists(),
+            "{} is missing: `cargo xtask test` builds it (cargo build --release -p limiter-allocator)",
+            path.display()
+        );
+        path
+    }
+
+    fn new(dir: &Path, pki: &Pki) -> Allocator {
+        let port = free_port();
+        let server = pki.pair("allocator");
+        let config = dir.join("allocator.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\nmetrics = \"\"\ncontrol_socket = \"{}\"\n\
+                 lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\n\
+                 [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                 [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
+                 [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n",
+                dir.join("allocator.sock").display(),
+                pki.ca().display(),
+                server.cert.display(),
+                server.key.display()
+            ),
+        )
+        .unwrap();
+        let mut a = Allocator {
+            child: None,
+            config,
+            port,
+        };
+        a.start();
+        a
+    }
+
+    fn start(&mut self) {
+        let child = Command::new(Self::binary())
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .spawn()
+            .expect("starting limiter-allocator");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "allocator did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Allocator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn daemon_config(host: &str, pki: &Pki, port: u16, cert: &str) -> String {
+    let pair = pki.pair(cert);
+    format!(
+        "fleet_size = 3\n\
+         [[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"open\"\n\
+         [[rules]]\nname = \"cap\"\ndst = \"198.18.0.3/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"static\"\n\
+         [fleet]\nallocator = \"127.0.0.1:{port}\"\nhost_id = \"{host}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+         lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\nsticky_max_s = {STICKY_S}\n",
+        pki.ca().display(),
+        pair.cert.display(),
+        pair.key.display()
+    )
+}
+
+/// Frames to both rules' destinations, from the lab's peer.
+fn traffic(lab: &Lab, rate_per_rule: u64, duration: Duration) -> SendPlan {
+    let frame = |dst: Ipv4Addr| {
+        FrameBuilder::ipv4(PEER_V4, dst)
+            .macs(lab.pair.peer_mac, lab.pair.host_mac)
+            .udp(1, 9)
+            .frame_len(64)
+            .build()
+    };
+    SendPlan {
+        frames: vec![
+            frame(Ipv4Addr::new(198, 18, 0, 2)),
+            frame(Ipv4Addr::new(198, 18, 0, 3)),
+        ],
+        rate: Some(2 * rate_per_rule),
+        count: 2 * rate_per_rule * duration.as_secs(),
+        duration: duration + Duration::from_secs(2),
+        cpu: None,
+    }
+}
+
+/// (passed, dropped) of `rule` on each lab, read from the pins.
+fn counters(labs: &[&Lab], rule: &str) -> Vec<(u64, u64)> {
+    labs.iter()
+        .map(|lab| {
+            let maps = Maps::from_pins(&lab.pins.path).unwrap();
+            let slot = maps.live_slots().unwrap()[rule];
+            let c = maps.rule_counters(slot).unwrap();
+            (c.passed_packets, c.dropped_packets)
+        })
+        .collect()
+}
+
+fn states(lab: &Lab) -> BTreeMap<String, String> {
+    let stats = lab.json(&["stats", "--json"]);
+    stats["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_string(),
+                r["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn wait_state(labs: &[&Lab], rule: &str, state: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if labs.iter().all(|l| states(l)[rule] == state) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{rule} not {state} after {within:?}: {:?}",
+            labs.iter().map(|l| states(l)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Global admitted rate of `rule` over `window`.
+fn admitted_rate(labs: &[&Lab], rule: &str, window: Duration) -> f64 {
+    let before: u64 = counters(labs, rule).iter().map(|c| c.0).sum();
+    let start = Instant::now();
+    std::thread::sleep(window);
+    let after: u64 = counters(labs, rule).iter().map(|c| c.0).sum();
+    (after - before) as f64 / start.elapsed().as_secs_f64()
+}
+
+#[test]
+fn the_fleet_shares_the_quota_and_degrades_on_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut allocator = Allocator::new(dir.path(), &pki);
+    let labs: Vec<Lab> = (1..=3)
+        .map(|i| {
+            Lab::new(&daemon_config(
+                &format!("lb-{i}"),
+                &pki,
+                allocator.port,
+                &format!("lb-{i}"),
+            ))
+        })
+        .collect();
+    let mut daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    // Each host is offered 2000/s per rule: 6000/s fleet-wide against a 3000/s quota.
+    let senders: Vec<_> = labs
+        .iter()
+        .map(|lab| lab.send_in_background(traffic(lab, 2000, Duration::from_secs(16))))
+        .collect();
+
+    let leased_after = wait_state(&all, "web", "leased", Duration::from_secs(8));
+    std::thread::sleep(Duration::from_secs(1));
+    let rate = admitted_rate(&all, "web", Duration::from_secs(3));
+    eprintln!("leased after {leased_after:?}; global admitted {rate:.0}/s vs quota {QUOTA}");
+    assert!(
+        (rate - QUOTA as f64).abs() <= 0.02 * QUOTA as f64,
+        "admitted {rate:.0}/s"
+    );
+
+    // The allocator dies: STICKY once the lease lapses, still at the last shares.
+    allocator.kill();
+    let killed = Instant::now();
+    wait_state(
+        &all,
+        "web",
+        "sticky",
+        Duration::from_millis(LEASE_MS + 1500),
+    );
+    let sticky_at = killed.elapsed();
+    assert_eq!(states(&labs[0])["cap"], "sticky");
+    let sticky_rate = admitted_rate(&all, "web", Duration::from_millis(1000));
+    eprintln!("sticky after {sticky_at:?}: admitted {sticky_rate:.0}/s");
+    assert!(
+        sticky_rate <= QUOTA as f64 * 1.02,
+        "sticky shares exceed the quota: {sticky_rate:.0}"
+    );
+    // A daemon killed mid-outage: its kernel still fails open on schedule.
+    daemons.pop().unwrap().kill9();
+
+    // FAIL_OPEN for the open rule after sticky_max; the static cap holds.
+    let open_after = wait_state(&all, "web", "fail_open", Duration::from_secs(STICKY_S + 3));
+    eprintln!("fail_open {:?} after the allocator died", killed.elapsed());
+    assert!(killed.elapsed() >= Duration::from_millis(LEASE_MS + STICKY_S * 1000 - 200));
+    let _ = open_after;
+    let web_before = counters(&all, "web");
+    let cap_before = counters(&all, "cap");
+    std::thread::sleep(Duration::from_millis(700));
+    let web_after = counters(&all, "web");
+    let cap_after = counters(&all, "cap");
+    for (i, (b, a)) in web_before.iter().zip(&web_after).enumerate() {
+        assert_eq!(a.1, b.1, "host {i} still drops web frames in FAIL_OPEN");
+    }
+    let cap_dropped: u64 = cap_after
+        .iter()
+        .zip(&cap_before)
+        .map(|(a, b)| a.1 - b.1)
+        .sum();
+    assert!(cap_dropped > 0, "the static cap stopped limiting");
+    assert!(labs.iter().all(|l| states(l)["cap"] == "sticky"));
+
+    // The allocator comes back: LEASED again, and no burst over the quota.
+    allocator.start();
+    let live: Vec<&Lab> = labs.iter().take(2).collect();
+    wait_state(
+        &live,
+        "web",
+        "leased",
+        Duration::from_millis(LEASE_MS * 2 + 2000),
+    );
+    let recovered = admitted_rate(&live, "web", Duration::from_millis(1500));
+    eprintln!("recovered: two live hosts admit {recovered:.0}/s");
+    assert!(
+        recovered <= QUOTA as f64 * 1.02,
+        "over quota after recovery: {recovered:.0}"
+    );
+    for s in senders {
+        join(s);
+    }
+    for d in daemons {
+        d.stop();
+    }
+}
+
+#[test]
+fn a_client_certificate_from_another_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::new(dir.path(), &pki);
+    let good = Lab::new(&daemon_config("lb-1", &pki, allocator.port, "lb-1"));
+    let rogue = Lab::new(&daemon_config("lb-rogue", &pki, allocator.port, "rogue"));
+    let (g, r) = (good.start(), rogue.start());
+    wait_state(&[&good], "web", "leased", Duration::from_secs(8));
+    std::thread::sleep(Duration::from_millis(3 * REPORT_MS));
+    assert_eq!(
+        states(&rogue)["web"],
+        "bootstrap",
+        "the rogue host got a grant"
+    );
+    g.stop();
+    r.stop();
+}

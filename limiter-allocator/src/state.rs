@@ -60,7 +60,7 @@ impl State {
                 },
                 now,
             );
-            if let Some(g) = rule.grants(now).remove(&req.host) {
+            if let Some(g) = rule.grant_for(&req.host, now) {
                 grants.push(RuleGrant {
                     rule: r.rule.clone(),
                     rate: g.rate,
@@ -119,7 +119,7 @@ impl State {
             ),
             (
                 "limiter_allocator_granted",
-                "Sum of the shares granted to live hosts, per second (never above the quota).",
+                "Sum of the shares granted and not lapsed, per second (never above the quota).",
             ),
             (
                 "limiter_allocator_hosts",
@@ -161,7 +161,7 @@ impl State {
                 .collect();
             rows.push([
                 r.quota as f64,
-                RuleAllocator::granted_sum(&grants) as f64,
+                r.outstanding(now) as f64,
                 r.hosts() as f64,
                 allocations.iter().filter(|a| a.saturated).count() as f64,
                 alloc::fairness_index(&demands, &allocations),
@@ -232,9 +232,12 @@ mod tests {
         // Learning: a host holding nothing gets no grant yet.
         assert!(s.handle(&req("a", 900, 0), S).grants.is_empty());
         let t = 4 * S;
-        s.handle(&req("a", 900, 0), t);
-        let b = s.handle(&req("b", 100, 0), t);
+        // a alone: the whole quota. b arrives while a holds it all: nothing yet.
+        assert_eq!(s.handle(&req("a", 900, 0), t).grants[0].rate, 1000);
+        assert!(s.handle(&req("b", 100, 0), t).grants.is_empty());
+        // a renews at its fair share, which frees b's.
         let a = s.handle(&req("a", 900, 0), t);
+        let b = s.handle(&req("b", 100, 0), t);
         assert_eq!((a.grants[0].rate, b.grants[0].rate), (900, 100));
         assert!(!a.grants[0].saturated && !b.grants[0].saturated);
         assert_eq!(a.grants[0].ttl_ms, 3000);

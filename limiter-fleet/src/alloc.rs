@@ -86,9 +86,14 @@ pub struct Report {
 
 #[derive(Clone, Copy, Debug)]
 struct HostState {
+    /// Smoothed demand, the allocation's input.
     demand: u64,
+    /// The demand as last reported (unsmoothed).
+    reported: u64,
     held: u64,
     last_report: u64,
+    /// The share last granted to this host (outstanding until its lease lapses).
+    granted: u64,
 }
 
 /// One rule's allocation state in the allocator.
@@ -124,19 +129,25 @@ impl RuleAllocator {
         now < self.learning_until
     }
 
-    /// Records a report. Demand is smoothed (mean of the last two reports, but never
-    /// below the newest, so growth is seen at once and dips fade over a report).
+    /// Records a report. Demand is smoothed over the last two reports (their mean, but
+    /// never below the newest): growth is seen at once, a drop counts fully from the
+    /// second report that shows it, and one noisy interval moves a share by half.
     pub fn report(&mut self, host: &str, report: Report, now: u64) {
-        let demand = match self.hosts.get(host) {
-            Some(h) => report.demand.max((h.demand + report.demand) / 2),
-            None => report.demand,
+        let (demand, granted) = match self.hosts.get(host) {
+            Some(h) => (
+                report.demand.max(h.reported / 2 + report.demand / 2),
+                h.granted,
+            ),
+            None => (report.demand, 0),
         };
         self.hosts.insert(
             host.to_string(),
             HostState {
                 demand,
+                reported: report.demand,
                 held: report.held,
                 last_report: now,
+                granted,
             },
         );
     }
@@ -162,16 +173,51 @@ impl RuleAllocator {
         self.hosts.values().map(|h| h.demand).collect()
     }
 
-    /// The grants for every live host, by host name.
-    pub fn grants(&mut self, now: u64) -> BTreeMap<String, Grant> {
+    /// The grant for `host` (which just reported), or `None` while it can have no share.
+    ///
+    /// Hosts get their grants one report at a time, so the target allocation is capped
+    /// by what the other hosts still hold: shares that were handed out and have not
+    /// lapsed never sum above the quota, even while a demand shift moves quota between
+    /// hosts (a growing host gets its full share once the shrinking ones have renewed
+    /// with theirs, within one report interval).
+    pub fn grant_for(&mut self, host: &str, now: u64) -> Option<Grant> {
         self.expire(now);
-        let names: Vec<&String> = self.hosts.keys().collect();
-        let allocations: Vec<Allocation> = if self.learning(now) {
+        let index = self.hosts.keys().position(|h| h == host)?;
+        let target = self.targets(now).get(index).copied()?;
+        let others: u64 = self
+            .hosts
+            .iter()
+            .filter(|(name, _)| name.as_str() != host)
+            .map(|(_, h)| h.granted)
+            .sum();
+        let share = target.share.min(self.quota.saturating_sub(others));
+        let h = self.hosts.get_mut(host)?;
+        h.granted = share;
+        let saturated = h.demand > share;
+        (share > 0).then(|| self.grant(Allocation { share, saturated }))
+    }
+
+    /// Shares outstanding now (granted and not lapsed), summed: never above the quota.
+    pub fn outstanding(&mut self, now: u64) -> u64 {
+        self.expire(now);
+        self.hosts.values().map(|h| h.granted).sum()
+    }
+
+    fn targets(&self, now: u64) -> Vec<Allocation> {
+        if self.learning(now) {
             self.renewals()
         } else {
             let demands: Vec<u64> = self.hosts.values().map(|h| h.demand).collect();
             allocate(self.quota, &demands)
-        };
+        }
+    }
+
+    /// The target grants for every live host, by host name (before the outstanding
+    /// cap of [`RuleAllocator::grant_for`]): the allocation as the fleet converges to it.
+    pub fn grants(&mut self, now: u64) -> BTreeMap<String, Grant> {
+        self.expire(now);
+        let allocations = self.targets(now);
+        let names: Vec<&String> = self.hosts.keys().collect();
         names
             .into_iter()
             .zip(allocations)
@@ -298,6 +344,25 @@ mod tests {
     }
 
     #[test]
+    fn a_demand_drop_counts_fully_from_its_second_report() {
+        let mut r = RuleAllocator::new(3000, 300, Duration::from_secs(3), 0);
+        let t = 4_000_000_000;
+        for (host, d) in [("a", 2500), ("b", 500), ("c", 500)] {
+            r.report(host, Report { demand: d, held: 0 }, t);
+        }
+        for (host, d) in [("a", 500), ("b", 500), ("c", 2500)] {
+            r.report(host, Report { demand: d, held: 0 }, t + 1);
+        }
+        // One report in: a is at the mean (1500), c already at 2500.
+        assert_eq!(r.grants(t + 1)["c"].rate, 1250);
+        for (host, d) in [("a", 500), ("b", 500), ("c", 2500)] {
+            r.report(host, Report { demand: d, held: 0 }, t + 2);
+        }
+        let g = r.grants(t + 2);
+        assert_eq!((g["a"].rate, g["b"].rate, g["c"].rate), (500, 500, 2000));
+    }
+
+    #[test]
     fn silent_hosts_expire_after_a_lease() {
         let mut r = RuleAllocator::new(1000, 100, Duration::from_secs(3), 0);
         r.report(
@@ -344,6 +409,26 @@ mod tests {
             if let Some(level) = top_saturated {
                 for (d, x) in demands.iter().zip(&a) {
                     prop_assert!(x.share <= level + 1 || x.share <= *d, "{} > {}", x.share, level);
+                }
+            }
+        }
+
+        /// Hosts reporting one at a time, demands moving between them: the shares handed
+        /// out and still valid never sum above the quota.
+        #[test]
+        fn outstanding_grants_never_exceed_the_quota(
+            quota in 1u64..100_000,
+            rounds in prop::collection::vec(prop::collection::vec(0u64..50_000, 5), 1..30),
+        ) {
+            let mut r = RuleAllocator::new(quota, quota / 10 + 1, Duration::from_secs(3), 0);
+            let mut now = 4_000_000_000u64;
+            for demands in &rounds {
+                for (i, d) in demands.iter().enumerate() {
+                    let host = format!("h{i}");
+                    r.report(&host, Report { demand: *d, held: 0 }, now);
+                    let _ = r.grant_for(&host, now);
+                    prop_assert!(r.outstanding(now) <= quota);
+                    now += 60_000_000;
                 }
             }
         }

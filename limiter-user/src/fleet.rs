@@ -205,7 +205,10 @@ impl FleetState {
             };
             // Out of BOOTSTRAP or FAIL_OPEN the bucket has not been metering this share:
             // the grant takes over with its token count (≤ 1), never a fresh burst.
-            if matches!(share.state(now), ShareState::Bootstrap | ShareState::FailOpen) {
+            if matches!(
+                share.state(now),
+                ShareState::Bootstrap | ShareState::FailOpen
+            ) {
                 self.pending_tokens.insert(g.rule.clone(), g.tokens.min(1));
             }
             share.on_grant(

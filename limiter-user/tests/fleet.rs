@@ -303,3 +303,277 @@ fn a_client_certificate_from_another_ca_is_refused() {
     g.stop();
     r.stop();
 }
+
+fn daemon_config_bound(host: &str, pki: &Pki, port: u16, bind: &str) -> String {
+    format!(
+        "{}bind = \"{bind}\"\n",
+        daemon_config(host, pki, port, host)
+    )
+}
+
+/// The host whose share is more than twice every other's, if any.
+fn dominant(shares: &[u64]) -> Option<usize> {
+    (0..shares.len()).find(|&i| {
+        shares
+            .iter()
+            .enumerate()
+            .all(|(j, s)| j == i || shares[i] > 2 * s)
+    })
+}
+
+/// The `web` share (rate in force) on `lab`.
+fn web_share(lab: &Lab) -> u64 {
+    lab.rule_stats("web")["rate"].as_u64().unwrap()
+}
+
+#[test]
+fn shares_follow_a_demand_shift() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::new(dir.path(), &pki);
+    let labs: Vec<Lab> = (1..=3)
+        .map(|i| {
+            Lab::new(&daemon_config(
+                &format!("lb-{i}"),
+                &pki,
+                allocator.port,
+                &format!("lb-{i}"),
+            ))
+        })
+        .collect();
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    wait_state(&all, "web", "leased", Duration::from_secs(8));
+    // Phase 1: lb-1 is busy (2500/s), the others light (500/s). Phase 2: lb-3 is busy.
+    let phase = Duration::from_secs(4);
+    let plan = |lab: &Lab, rate: u64| {
+        let mut p = traffic(lab, rate, phase);
+        p.frames.truncate(1);
+        p.rate = Some(rate);
+        p.count = rate * phase.as_secs();
+        p
+    };
+    let first: Vec<_> = [2500, 500, 500]
+        .iter()
+        .zip(&labs)
+        .map(|(r, lab)| lab.send_in_background(plan(lab, *r)))
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let before: Vec<u64> = labs.iter().map(web_share).collect();
+    for s in first {
+        join(s);
+    }
+    let shifted = Instant::now();
+    let second: Vec<_> = [500, 500, 2500]
+        .iter()
+        .zip(&labs)
+        .map(|(r, lab)| lab.send_in_background(plan(lab, *r)))
+        .collect();
+    let mut followed = None;
+    while shifted.elapsed() < Duration::from_secs(3) {
+        let shares: Vec<u64> = labs.iter().map(web_share).collect();
+        if dominant(&shares) == Some(2) {
+            followed = Some(shifted.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after: Vec<u64> = labs.iter().map(web_share).collect();
+    eprintln!("shares before {before:?}, after {after:?}, followed in {followed:?}");
+    // The busy host holds the bulk of the quota (more than twice any other's share).
+    assert_eq!(dominant(&before), Some(0), "phase 1 shares {before:?}");
+    let followed = followed.expect("shares did not follow the shift within 3 s");
+    // One interval for the new demand to be measured, then three to converge.
+    assert!(
+        followed <= Duration::from_millis(4 * REPORT_MS + 150),
+        "followed in {followed:?} (report interval {REPORT_MS} ms)"
+    );
+    for (b, a) in before.iter().zip(&after) {
+        assert!(*b <= QUOTA && *a <= QUOTA);
+    }
+    assert!(before.iter().sum::<u64>() <= QUOTA && after.iter().sum::<u64>() <= QUOTA);
+    for s in second {
+        join(s);
+    }
+    for d in daemons {
+        d.stop();
+    }
+}
+
+/// An nftables table that drops one host's traffic to the allocator; removed on drop.
+struct Partition(String);
+
+impl Partition {
+    fn new(source: &str, port: u16) -> Partition {
+        let table = format!("limtest_part_{}", std::process::id());
+        let script = format!(
+            "add table inet {table}\n\
+             add chain inet {table} out {{ type filter hook output priority 0; }}\n\
+             add rule inet {table} out ip saddr {source} tcp dport {port} drop\n"
+        );
+        let mut child = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("running nft (cargo xtask setup installs nftables)");
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        assert!(
+            child.wait().unwrap().success(),
+            "nft refused the partition rules"
+        );
+        Partition(table)
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &self.0])
+            .output();
+    }
+}
+
+#[test]
+fn a_partitioned_host_degrades_on_schedule_while_the_others_stay_leased() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::new(dir.path(), &pki);
+    let labs: Vec<Lab> = (1..=3)
+        .map(|i| {
+            Lab::new(&daemon_config_bound(
+                &format!("lb-{i}"),
+                &pki,
+                allocator.port,
+                &format!("127.0.0.{}", i + 1),
+            ))
+        })
+        .collect();
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    wait_state(&all, "web", "leased", Duration::from_secs(8));
+    let cut = Partition::new("127.0.0.3", allocator.port);
+    let cut_at = Instant::now();
+    wait_state(
+        &[&labs[1]],
+        "web",
+        "sticky",
+        Duration::from_millis(LEASE_MS + 1500),
+    );
+    let sticky_at = cut_at.elapsed();
+    wait_state(
+        &[&labs[1]],
+        "web",
+        "fail_open",
+        Duration::from_secs(STICKY_S + 3),
+    );
+    let open_at = cut_at.elapsed();
+    eprintln!("partitioned host: sticky after {sticky_at:?}, fail_open after {open_at:?}");
+    assert!(sticky_at <= Duration::from_millis(LEASE_MS + 500));
+    assert!(open_at >= Duration::from_millis(STICKY_S * 1000));
+    assert_eq!(
+        states(&labs[1])["cap"],
+        "sticky",
+        "the static cap must hold"
+    );
+    assert_eq!(states(&labs[0])["web"], "leased");
+    assert_eq!(states(&labs[2])["web"], "leased");
+    drop(cut);
+    wait_state(&[&labs[1]], "web", "leased", Duration::from_secs(5));
+    for d in daemons {
+        d.stop();
+    }
+}
+
+#[test]
+fn the_allocator_refuses_bad_peers_and_bad_reports() {
+    use limiter_proto::pb::{allocator_client::AllocatorClient, ReportRequest, RuleReport};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::new(dir.path(), &pki);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let url = format!("https://127.0.0.1:{}", allocator.port);
+    let report = |rules: usize, version: u32| ReportRequest {
+        version,
+        host: "lb-1".into(),
+        rules: (0..rules)
+            .map(|i| RuleReport {
+                rule: if i == 0 {
+                    "web".into()
+                } else {
+                    format!("r{i}")
+                },
+                demand: 100,
+                held: 0,
+                denials: 0,
+            })
+            .collect(),
+    };
+    runtime.block_on(async {
+        // No client certificate: the TLS handshake is refused.
+        let no_cert = ClientTlsConfig::new()
+            .domain_name("limiter-allocator")
+            .ca_certificate(Certificate::from_pem(std::fs::read(pki.ca()).unwrap()));
+        let channel = Endpoint::from_shared(url.clone())
+            .unwrap()
+            .tls_config(no_cert)
+            .unwrap()
+            .timeout(Duration::from_secs(2))
+            .connect_lazy();
+        let refused = AllocatorClient::new(channel).report(report(1, 1)).await;
+        assert!(
+            refused.is_err(),
+            "a client without a certificate got an answer"
+        );
+
+        let pair = pki.pair("lb-1");
+        let tls = limiter_proto::client_tls(
+            &limiter_proto::TlsFiles {
+                ca: &pki.ca(),
+                cert: &pair.cert,
+                key: &pair.key,
+            },
+            "limiter-allocator",
+        )
+        .unwrap();
+        let channel = Endpoint::from_shared(url)
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect_lazy();
+        let mut client = AllocatorClient::new(channel).max_encoding_message_size(4 << 20);
+        let bad_version = client.report(report(1, 2)).await.unwrap_err();
+        assert_eq!(bad_version.code(), tonic::Code::InvalidArgument);
+        assert!(
+            bad_version.message().contains("version 2"),
+            "{}",
+            bad_version.message()
+        );
+        let too_many = client.report(report(2000, 1)).await.unwrap_err();
+        assert_eq!(
+            too_many.code(),
+            tonic::Code::InvalidArgument,
+            "{}",
+            too_many.message()
+        );
+        let mut huge = report(1, 1);
+        huge.host = "h".repeat(400_000);
+        let oversized = client.report(huge).await.unwrap_err();
+        assert!(
+            matches!(
+                oversized.code(),
+                tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+            ),
+            "{oversized:?}"
+        );
+        // And the allocator is still serving.
+        assert!(client.report(report(1, 1)).await.is_ok());
+    });
+}

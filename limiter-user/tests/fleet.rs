@@ -48,13 +48,18 @@ impl Allocator {
     }
 
     fn new(dir: &Path, pki: &Pki) -> Allocator {
+        Self::with_metrics(dir, pki, None)
+    }
+
+    fn with_metrics(dir: &Path, pki: &Pki, metrics: Option<u16>) -> Allocator {
         let port = free_port();
+        let metrics = metrics.map_or(String::new(), |p| format!("127.0.0.1:{p}"));
         let server = pki.pair("allocator");
         let config = dir.join("allocator.toml");
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:{port}\"\nmetrics = \"\"\ncontrol_socket = \"{}\"\n\
+                "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
                  lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\n\
                  [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
@@ -576,4 +581,91 @@ fn the_allocator_refuses_bad_peers_and_bad_reports() {
         // And the allocator is still serving.
         assert!(client.report(report(1, 1)).await.is_ok());
     });
+}
+
+fn scrape(port: u16) -> BTreeMap<String, f64> {
+    use std::io::{Read as _, Write as _};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let body = text.split_once("\r\n\r\n").unwrap().1;
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let metrics_port = free_port();
+    let allocator = Allocator::with_metrics(dir.path(), &pki, Some(metrics_port));
+    let labs: Vec<Lab> = (1..=2)
+        .map(|i| {
+            Lab::new(&daemon_config(
+                &format!("lb-{i}"),
+                &pki,
+                allocator.port,
+                &format!("lb-{i}"),
+            ))
+        })
+        .collect();
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    let senders: Vec<_> = labs
+        .iter()
+        .map(|lab| lab.send_in_background(traffic(lab, 2500, Duration::from_secs(8))))
+        .collect();
+    wait_state(&all, "web", "leased", Duration::from_secs(8));
+    std::thread::sleep(Duration::from_millis(1000));
+    let m = scrape(metrics_port);
+    assert_eq!(m["limiter_allocator_quota{rule=\"web\"}"], QUOTA as f64);
+    let granted = m["limiter_allocator_granted{rule=\"web\"}"];
+    assert!(
+        granted <= QUOTA as f64 && granted >= QUOTA as f64 * 0.9,
+        "granted {granted}"
+    );
+    assert_eq!(m["limiter_allocator_hosts{rule=\"web\"}"], 2.0);
+    let fairness = m["limiter_allocator_fairness{rule=\"web\"}"];
+    assert!(fairness > 0.95, "two equal hosts, fairness {fairness}");
+
+    let out = Command::new(Allocator::binary())
+        .args(["quota", "set", "web", "--rate", "1500", "--socket"])
+        .arg(dir.path().join("allocator.sock"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(4 * REPORT_MS));
+    let rate = admitted_rate(&all, "web", Duration::from_millis(1500));
+    eprintln!("after quota set 1500: admitted {rate:.0}/s, metrics granted before {granted}");
+    assert!(
+        (rate - 1500.0).abs() <= 1500.0 * 0.02,
+        "admitted {rate:.0}/s after the cut"
+    );
+    assert_eq!(
+        scrape(metrics_port)["limiter_allocator_quota{rule=\"web\"}"],
+        1500.0
+    );
+    let bad = Command::new(Allocator::binary())
+        .args(["quota", "set", "web", "--rate", "0", "--socket"])
+        .arg(dir.path().join("allocator.sock"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("rate must be at least 1"));
+    for s in senders {
+        join(s);
+    }
+    for d in daemons {
+        d.stop();
+    }
 }

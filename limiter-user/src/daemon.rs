@@ -104,6 +104,18 @@ pub struct Status {
     pub rules: usize,
     pub overrides: usize,
     pub interfaces: Vec<InterfaceStatus>,
+    /// Each rule's share state and the rate it enforces now (fleet mode: its share).
+    pub shares: Vec<ShareStatus>,
+    /// The allocator this host reports to (fleet mode).
+    pub allocator: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ShareStatus {
+    pub rule: String,
+    pub state: &'static str,
+    pub rate: Option<u64>,
+    pub burst: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -471,7 +483,19 @@ impl Daemon {
     }
 
     pub fn status(&self) -> Result<Status, Error> {
+        let shares = stats::collect(&self.maps)?
+            .rules
+            .into_iter()
+            .map(|r| ShareStatus {
+                rule: r.name,
+                state: r.state,
+                rate: r.rate,
+                burst: r.burst,
+            })
+            .collect();
         Ok(Status {
+            shares,
+            allocator: self.fleet.as_ref().map(|f| f.spec.allocator.to_string()),
             pid: std::process::id(),
             uptime_seconds: self.started.elapsed().as_secs(),
             config: self.config_path.clone(),

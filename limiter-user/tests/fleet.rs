@@ -218,6 +218,18 @@ fn the_fleet_shares_the_quota_and_degrades_on_schedule() {
         .collect();
 
     let leased_after = wait_state(&all, "web", "leased", Duration::from_secs(8));
+    let status = labs[0].json(&["status", "--json"]);
+    assert_eq!(status["allocator"], format!("127.0.0.1:{}", allocator.port));
+    let web = status["shares"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == "web")
+        .unwrap();
+    assert_eq!(
+        web["state"], "leased",
+        "status shows the share state: {status}"
+    );
     std::thread::sleep(Duration::from_secs(1));
     let rate = admitted_rate(&all, "web", Duration::from_secs(3));
     eprintln!("leased after {leased_after:?}; global admitted {rate:.0}/s vs quota {QUOTA}");

@@ -27,6 +27,18 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
         "rules: {} (generation {}, {} runtime quota overrides)",
         s["rules"], s["generation"], s["overrides"]
     );
+    if let Some(allocator) = s["allocator"].as_str() {
+        println!("fleet: reporting to {allocator}");
+    }
+    for r in s["shares"].as_array().into_iter().flatten() {
+        println!(
+            "rule {}: {} (rate {}, burst {})",
+            r["rule"].as_str().unwrap_or("?"),
+            r["state"].as_str().unwrap_or("?"),
+            r["rate"],
+            r["burst"]
+        );
+    }
     for i in s["interfaces"].as_array().into_iter().flatten() {
         println!(
             "interface {}: {} XDP, link {} (pinned at {}), program id {}",

@@ -72,16 +72,7 @@ enum QuotaCommand {
     },
 }
 
-/// Nanoseconds on the monotonic clock (the allocator's own; never sent on the wire).
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use limiter_fleet::clock::monotonic_ns as now_ns;
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()

@@ -6,7 +6,7 @@
 //! started allocator spends one lease TTL learning what hosts already hold before it
 //! reallocates, so a restart never over-grants.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, ops::Bound, time::Duration};
 
 use crate::share::Grant;
 
@@ -105,6 +105,7 @@ pub struct RuleAllocator {
     pub lease_ttl: Duration,
     /// Until this time (ns) the allocator only renews what hosts hold.
     learning_until: u64,
+    last_heard: u64,
     hosts: BTreeMap<String, HostState>,
 }
 
@@ -120,6 +121,7 @@ impl RuleAllocator {
             burst,
             lease_ttl,
             learning_until: now.saturating_add(ns(lease_ttl)),
+            last_heard: now,
             hosts: BTreeMap::new(),
         }
     }
@@ -133,6 +135,10 @@ impl RuleAllocator {
     /// never below the newest): growth is seen at once, a drop counts fully from the
     /// second report that shows it, and one noisy interval moves a share by half.
     pub fn report(&mut self, host: &str, report: Report, now: u64) {
+        if now.saturating_sub(self.last_heard) > ns(self.lease_ttl) {
+            self.learning_until = now.saturating_add(ns(self.lease_ttl));
+        }
+        self.last_heard = now;
         let (demand, granted) = match self.hosts.get(host) {
             Some(h) => (
                 report.demand.max(h.reported / 2 + report.demand / 2),
@@ -182,19 +188,44 @@ impl RuleAllocator {
     /// with theirs, within one report interval).
     pub fn grant_for(&mut self, host: &str, now: u64) -> Option<Grant> {
         self.expire(now);
-        let index = self.hosts.keys().position(|h| h == host)?;
-        let target = self.targets(now).get(index).copied()?;
-        let others: u64 = self
-            .hosts
+        let targets = self.targets(now);
+        let learning = self.learning(now);
+        self.capped_grant(host, &targets, learning)
+    }
+
+    /// [`RuleAllocator::grant_for`] for several hosts whose reports arrived together:
+    /// one allocation, then each host in turn capped by what the others hold — the same
+    /// grants as calling `grant_for` for each in order, without recomputing the
+    /// allocation per host (the simulator's batches of simultaneous reports).
+    pub fn grants_for(&mut self, hosts: &[&str], now: u64) -> Vec<Option<Grant>> {
+        self.expire(now);
+        let targets = self.targets(now);
+        let learning = self.learning(now);
+        hosts
             .iter()
-            .filter(|(name, _)| name.as_str() != host)
-            .map(|(_, h)| h.granted)
-            .sum();
+            .map(|host| self.capped_grant(host, &targets, learning))
+            .collect()
+    }
+
+    fn capped_grant(
+        &mut self,
+        host: &str,
+        targets: &[Allocation],
+        learning: bool,
+    ) -> Option<Grant> {
+        let own = self.hosts.get(host)?.granted;
+        // The host's position in key order, without comparing every name.
+        let index = self
+            .hosts
+            .range::<str, _>((Bound::Unbounded, Bound::Excluded(host)))
+            .count();
+        let target = targets.get(index).copied()?;
+        let others = self.hosts.values().map(|h| h.granted).sum::<u64>() - own;
         let share = target.share.min(self.quota.saturating_sub(others));
         let h = self.hosts.get_mut(host)?;
         h.granted = share;
         let saturated = h.demand > share;
-        (share > 0).then(|| self.grant(Allocation { share, saturated }))
+        (share > 0 || !learning).then(|| self.grant(Allocation { share, saturated }))
     }
 
     /// Shares outstanding now (granted and not lapsed), summed: never above the quota.
@@ -360,6 +391,27 @@ mod tests {
         }
         let g = r.grants(t + 2);
         assert_eq!((g["a"].rate, g["b"].rate, g["c"].rate), (500, 500, 2000));
+    }
+
+    #[test]
+    fn a_batch_of_grants_equals_one_grant_per_report() {
+        let mut one = RuleAllocator::new(1000, 100, Duration::from_secs(3), 0);
+        let t = 4_000_000_000;
+        for (i, (demand, held)) in [(900, 0), (100, 0), (400, 300), (0, 0)].iter().enumerate() {
+            one.report(
+                &format!("h{i}"),
+                Report {
+                    demand: *demand,
+                    held: *held,
+                },
+                t,
+            );
+        }
+        let mut batch = one.clone();
+        let hosts = ["h2", "h0", "h3", "h1", "nobody"];
+        let singles: Vec<_> = hosts.iter().map(|h| one.grant_for(h, t)).collect();
+        assert_eq!(batch.grants_for(&hosts, t), singles);
+        assert_eq!(batch.outstanding(t), one.outstanding(t));
     }
 
     #[test]

@@ -3,4 +3,5 @@
 //! same code, and tests run it in virtual time.
 
 pub mod alloc;
+pub mod clock;
 pub mod share;

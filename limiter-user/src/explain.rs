@@ -74,16 +74,6 @@ fn proto_number(proto: Proto, v6: bool) -> u8 {
     ruleset::ip_proto(proto, v6).unwrap_or(253)
 }
 
-fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec out-pointer; CLOCK_MONOTONIC is bpf_ktime_get_ns's clock.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// A bucket's state at `now` (ticks), pure.
 pub fn bucket_view(
     key: String,
@@ -201,7 +191,7 @@ pub fn explain(
         out.reason = "the rule meters only TCP SYNs (new connections); this frame is not one and passes unmetered".into();
         return Ok(out);
     }
-    let now_ns = monotonic_now_ns();
+    let now_ns = limiter_fleet::clock::monotonic_ns();
     if rule.fail_open_at_ns != 0
         && rule.flags & RULE_FAIL_STATIC == 0
         && now_ns.wrapping_sub(rule.fail_open_at_ns) as i64 >= 0

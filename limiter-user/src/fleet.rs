@@ -20,17 +20,7 @@ use crate::{
     ruleset::RuleTable,
 };
 
-/// CLOCK_MONOTONIC in ns: the clock of bpf_ktime_get_ns, so deadlines mean the same to
-/// the kernel.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use limiter_fleet::clock::monotonic_ns;
 
 pub fn share_params(spec: &FleetSpec, fleet_size: u32) -> ShareParams {
     ShareParams {

@@ -377,7 +377,8 @@ mod tests {
     #[test]
     fn a_demand_drop_counts_fully_from_its_second_report() {
         let mut r = RuleAllocator::new(3000, 300, Duration::from_secs(3), 0);
-        let t = 4_000_000_000;
+        // Learning ends at 3 s; reports from then on (not after a TTL of silence).
+        let t = 3_000_000_000;
         for (host, d) in [("a", 2500), ("b", 500), ("c", 500)] {
             r.report(host, Report { demand: d, held: 0 }, t);
         }
@@ -415,24 +416,64 @@ mod tests {
     }
 
     #[test]
-    fn silent_hosts_expire_after_a_lease() {
+    fn an_allocator_that_heard_nobody_for_a_lease_learns_again() {
+        // Cut off from every host for longer than a lease: they are all STICKY at their
+        // old shares, so it renews what they hold before reallocating.
         let mut r = RuleAllocator::new(1000, 100, Duration::from_secs(3), 0);
+        let s = 1_000_000_000;
         r.report(
             "a",
             Report {
-                demand: 10,
+                demand: 900,
                 held: 0,
             },
-            0,
+            3 * s,
         );
+        assert!(!r.learning(3 * s));
         r.report(
-            "b",
+            "a",
             Report {
-                demand: 10,
+                demand: 900,
+                held: 400,
+            },
+            9 * s,
+        );
+        assert!(r.learning(9 * s));
+        assert_eq!(r.grant_for("a", 9 * s).map(|g| g.rate), Some(400));
+        assert!(!r.learning(12 * s));
+    }
+
+    #[test]
+    fn a_host_with_no_room_gets_a_zero_grant_not_silence() {
+        // Without a grant its lease would lapse and an open rule fail open while the
+        // allocator is healthy; a zero share keeps it leased (at 1/s) until others shrink.
+        let mut r = RuleAllocator::new(1000, 100, Duration::from_secs(3), 0);
+        let t = 3_000_000_000;
+        r.report(
+            "a",
+            Report {
+                demand: 1000,
                 held: 0,
             },
-            4_000_000_000,
+            t,
         );
+        assert_eq!(r.grant_for("a", t).map(|g| g.rate), Some(1000));
+        r.report("b", Report { demand: 0, held: 0 }, t);
+        let b = r.grant_for("b", t).expect("a grant");
+        assert_eq!(b.rate, 0);
+        assert!(!b.saturated);
+    }
+
+    #[test]
+    fn silent_hosts_expire_after_a_lease() {
+        let mut r = RuleAllocator::new(1000, 100, Duration::from_secs(3), 0);
+        let report = Report {
+            demand: 10,
+            held: 0,
+        };
+        r.report("a", report, 0);
+        r.report("b", report, 2_000_000_000);
+        r.report("b", report, 4_000_000_000);
         let g = r.grants(4_000_000_000);
         assert_eq!(g.keys().collect::<Vec<_>>(), ["b"]);
         assert_eq!(g["b"].rate, 1000);

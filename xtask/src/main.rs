@@ -3,6 +3,7 @@
 
 mod bench;
 mod setup;
+mod sim;
 
 use std::{
     path::{Path, PathBuf},
@@ -38,6 +39,13 @@ enum Task {
     Test,
     /// BPF_PROG_TEST_RUN cost per frame against a trivial XDP program (a benchmark).
     Bench,
+    /// Fleet simulator in virtual time (500 hosts, section 11's failure cases); writes
+    /// target/sim/report.md. Needs no root or eBPF. `cargo xtask sim -- --help` for options.
+    Sim {
+        /// Arguments for the simulator.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -65,6 +73,7 @@ fn main() -> Result<()> {
             setup::run()?;
             bench::run()
         }
+        Task::Sim { args } => sim::run(&args),
     }
 }
 

@@ -1,0 +1,13 @@
+//! A virtual-time simulator of a limiter fleet: 500 hosts, many tenants, the real share
+//! state machine and allocator (limiter-fleet) and the kernel's GCRA (limiter-common),
+//! driven through section 11's situations. `cargo xtask sim` runs it and writes
+//! `target/sim/report.md`.
+
+pub mod bucket;
+pub mod claims;
+pub mod fleet;
+pub mod metrics;
+pub mod report;
+pub mod rng;
+pub mod scenario;
+pub mod svg;

@@ -1,5 +1,6 @@
 //! Kernel test harness for limiter, shared by the test suites and the benchmark.
 
+pub mod bench;
 pub mod fixture;
 pub mod frame;
 pub mod live;

@@ -1,8 +1,17 @@
-//! limiter-bench: what the XDP program costs per 64-byte frame under BPF_PROG_TEST_RUN,
-//! as a ratio to the trivial `baseline_pass` program measured in the same run with the
-//! same method.
+//! limiter-bench (`cargo xtask bench`), in two parts:
 //!
-//! Two methods, never mixed in one ratio:
+//! 1. **prog-test-run**: what the XDP program costs per 64-byte frame under
+//!    BPF_PROG_TEST_RUN, as a ratio to the trivial `baseline_pass` program measured in the
+//!    same run with the same method (this file; `target/bench/prog-test-run.md`).
+//! 2. **end to end** over a veth pair (`limiter_tests::bench`): drop rate vs plain
+//!    XDP_DROP, CPU time per frame vs nftables, admitted vs configured rate, with plots
+//!    (`target/bench/report.md`, `admitted-vs-offered.svg`, `burst.svg`).
+//!
+//! Arguments select parts: `prog-test-run`, `drop-rate`, `cpu-cost`, `accuracy`; none
+//! runs them all. The run fails if any end-to-end measurement failed its checks (after
+//! writing the report, which says which and why).
+//!
+//! Part 1 uses two methods, never mixed in one ratio:
 //! - **repeat**: one call runs the same frame `REPEAT` times; the kernel reports the
 //!   mean ns per run. Rounds are interleaved across scenarios; the median round counts.
 //! - **per frame**: frames that must differ (a new source each) take one call each
@@ -13,7 +22,7 @@
 //! it is named after (e.g. no per-source insert failed, the full LRU really evicts).
 //! Output: a table on stdout and the same as Markdown in `target/bench/prog-test-run.md`.
 //!
-//! Run as root: `cargo run --release -p limiter-tests --bin limiter-bench`.
+//! Run as root: `cargo run --release -p limiter-tests --bin limiter-bench [-- PART...]`.
 
 use std::{
     fmt::Write as _,
@@ -29,6 +38,7 @@ use aya::{
     Ebpf,
 };
 use limiter_tests::{
+    bench::{self, report},
     fixture::{self, Loaded, Snapshot},
     frame::{with_ipv4_src, FrameBuilder, TCP_ACK},
 };
@@ -37,6 +47,8 @@ use limiter_user::{
     program::{LoadOptions, Program, BASELINE_OBJECT},
 };
 
+/// The BPF_PROG_TEST_RUN report, next to the end-to-end one.
+const PROG_TEST_RUN_MD: &str = "prog-test-run.md";
 /// Frame length the program sees (no FCS).
 const FRAME_LEN: usize = 64;
 /// Runs per BPF_PROG_TEST_RUN call in the repeat method.
@@ -107,8 +119,100 @@ burst = 1
 
 fn main() -> Result<()> {
     limiter_tests::netns::require_root()?;
+    let parts = Parts::from_args(std::env::args().skip(1))?;
+    let started = Instant::now();
+    let dir = bench_dir()?;
+    let header = Header::read(None)?;
+    let prog_test_run = if parts.prog_test_run {
+        run_prog_test_run(&dir)?;
+        Some(PROG_TEST_RUN_MD.to_string())
+    } else {
+        None
+    };
+    if !parts.end_to_end.any() {
+        return Ok(());
+    }
+    let results = bench::run(parts.end_to_end)?;
+    let context = report::Context {
+        command: parts.command(),
+        kernel: header.kernel,
+        cpu_model: header.cpu_model,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        elapsed_s: started.elapsed().as_secs_f64(),
+        prog_test_run,
+    };
+    let written = report::write(&dir, &context, &results)?;
+    println!("\n{}", written.markdown);
+    println!("targets:");
+    for line in &written.targets {
+        println!("  {line}");
+    }
+    println!("\nwritten to {}", dir.join(report::REPORT).display());
+    ensure!(
+        written.invalid == 0,
+        "{} measurement(s) failed their checks (INVALID in the report)",
+        written.invalid
+    );
+    Ok(())
+}
+
+/// Which parts to run: every one without arguments, else those named.
+struct Parts {
+    prog_test_run: bool,
+    end_to_end: bench::Parts,
+    named: Vec<String>,
+}
+
+const PART_NAMES: [&str; 4] = ["prog-test-run", "drop-rate", "cpu-cost", "accuracy"];
+
+impl Parts {
+    fn from_args(args: impl Iterator<Item = String>) -> Result<Parts> {
+        let named: Vec<String> = args.collect();
+        if named.is_empty() {
+            return Ok(Parts {
+                prog_test_run: true,
+                end_to_end: bench::Parts::all(),
+                named,
+            });
+        }
+        let mut parts = Parts {
+            prog_test_run: false,
+            end_to_end: bench::Parts::default(),
+            named: named.clone(),
+        };
+        for name in &named {
+            match name.as_str() {
+                "prog-test-run" => parts.prog_test_run = true,
+                "drop-rate" => parts.end_to_end.drop_rate = true,
+                "cpu-cost" => parts.end_to_end.cpu_cost = true,
+                "accuracy" => parts.end_to_end.accuracy = true,
+                other => anyhow::bail!(
+                    "unknown part {other:?}; usage: limiter-bench [{}]... (none = all)",
+                    PART_NAMES.join("|")
+                ),
+            }
+        }
+        Ok(parts)
+    }
+
+    fn command(&self) -> String {
+        if self.named.is_empty() {
+            "cargo xtask bench".to_string()
+        } else {
+            format!(
+                "cargo run --release -p limiter-tests --bin limiter-bench -- {}",
+                self.named.join(" ")
+            )
+        }
+    }
+}
+
+/// The BPF_PROG_TEST_RUN part: a table on stdout and `prog-test-run.md` in `dir`. Runs
+/// pinned to one CPU; the end-to-end part that follows gets every CPU back.
+fn run_prog_test_run(dir: &Path) -> Result<()> {
+    let all_cpus = current_affinity()?;
     let cpu = pin_to_current_cpu()?;
-    let header = Header::read(cpu)?;
+    let header = Header::read(Some(cpu))?;
     let verifier = verifier_count()?;
 
     let mut baselines = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
@@ -122,9 +226,10 @@ fn main() -> Result<()> {
 
     let report = render(&header, &verifier, &rows);
     print!("{}", report.text);
-    let path = write_markdown(&report.markdown)?;
-    println!("\nwritten to {}", path.display());
-    Ok(())
+    let path = dir.join(PROG_TEST_RUN_MD);
+    fs::write(&path, &report.markdown).with_context(|| format!("writing {}", path.display()))?;
+    println!("\nwritten to {}\n", path.display());
+    set_affinity(&all_cpus)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -543,11 +648,12 @@ fn verifier_count() -> Result<VerifierCount> {
 struct Header {
     kernel: String,
     cpu_model: String,
-    cpu: usize,
+    /// The CPU the BPF_PROG_TEST_RUN part is pinned to.
+    cpu: Option<usize>,
 }
 
 impl Header {
-    fn read(cpu: usize) -> Result<Header> {
+    fn read(cpu: Option<usize>) -> Result<Header> {
         let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
             .context("reading /proc/sys/kernel/osrelease")?;
         let cpuinfo = fs::read_to_string("/proc/cpuinfo").context("reading /proc/cpuinfo")?;
@@ -565,6 +671,27 @@ impl Header {
             cpu,
         })
     }
+}
+
+/// This thread's CPU affinity.
+fn current_affinity() -> Result<libc::cpu_set_t> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; size and pointer describe `set`.
+    let rc = unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error()).context("sched_getaffinity");
+    }
+    Ok(set)
+}
+
+fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
+    // SAFETY: pid 0 is this thread; size and pointer describe `set`.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error()).context("sched_setaffinity");
+    }
+    Ok(())
 }
 
 /// Pins this thread to the CPU it runs on: per-CPU state (LRU free lists, counters) and
@@ -637,7 +764,11 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
     let mut lines = vec![
         format!(
             "kernel {}, CPU {} (pinned to CPU {})",
-            header.kernel, header.cpu_model, header.cpu
+            header.kernel,
+            header.cpu_model,
+            header
+                .cpu
+                .map_or_else(|| "none".to_string(), |c| c.to_string())
         ),
         format!("{FRAME_LEN}-byte IPv4 TCP frames, addresses in 198.18.0.0/15"),
         "rules (unit packets, enforce): hot path passing = rate 1e9/s burst 1e9; \
@@ -727,14 +858,12 @@ fn markdown_table(rows: &[[String; 5]]) -> String {
     out
 }
 
-/// Writes `target/bench/prog-test-run.md` under the workspace root.
-fn write_markdown(markdown: &str) -> Result<PathBuf> {
+/// `target/bench` under the workspace root, created if missing.
+fn bench_dir() -> Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("the tests crate has no parent directory")?;
     let dir = workspace.join("target").join("bench");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join("prog-test-run.md");
-    fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+    Ok(dir)
 }

@@ -1,0 +1,183 @@
+//! What sits on the limited (host) end of the pair in a measurement, and the interface's
+//! own counters, which count every frame that reached it whatever handled it.
+
+use anyhow::{Context as _, Result};
+use aya::{
+    programs::{Xdp, XdpMode},
+    Ebpf,
+};
+use limiter_user::{
+    config::XdpMode as ConfigXdpMode,
+    program::{AttachedMode, BASELINE_OBJECT},
+};
+
+use super::nft::{NftLimit, NftTable};
+use crate::{
+    fixture::{self, Loaded, Snapshot},
+    scenario::HOST_V4,
+};
+
+/// Frames the host end has received (`rx_packets`: for veth with XDP, every frame XDP
+/// ran on, whatever its verdict) and dropped before XDP or the stack saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    pub rx_packets: u64,
+    pub rx_dropped: u64,
+}
+
+impl LinkStats {
+    pub fn read(iface: &str) -> Result<LinkStats> {
+        Ok(LinkStats {
+            rx_packets: read_stat(iface, "rx_packets")?,
+            rx_dropped: read_stat(iface, "rx_dropped")?,
+        })
+    }
+
+    pub fn since(&self, before: &LinkStats) -> LinkStats {
+        LinkStats {
+            rx_packets: self.rx_packets.wrapping_sub(before.rx_packets),
+            rx_dropped: self.rx_dropped.wrapping_sub(before.rx_dropped),
+        }
+    }
+}
+
+fn read_stat(iface: &str, name: &str) -> Result<u64> {
+    let path = format!("/sys/class/net/{iface}/statistics/{name}");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("parsing {path}: {text:?}"))
+}
+
+/// A trivial program of the baseline object attached in native mode; detached on drop.
+pub struct Baseline {
+    _ebpf: Ebpf,
+}
+
+impl Baseline {
+    /// `name`: `baseline_pass` or `baseline_drop`.
+    pub fn attach(iface: &str, name: &str) -> Result<Baseline> {
+        let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not XDP"))?;
+        prog.load().with_context(|| format!("loading {name}"))?;
+        prog.attach(iface, XdpMode::Driver)
+            .with_context(|| format!("attaching {name} to {iface} (native)"))?;
+        Ok(Baseline { _ebpf: ebpf })
+    }
+}
+
+/// The limiter loaded with a config and attached in native mode; detached on drop.
+pub struct Limiter {
+    pub loaded: Loaded,
+}
+
+impl Limiter {
+    pub fn attach(iface: &str, config: &str) -> Result<Limiter> {
+        let mut loaded = fixture::load(config).context("loading the limiter")?;
+        let attachment = loaded
+            .program
+            .attach(iface, ConfigXdpMode::Native)
+            .with_context(|| format!("attaching the limiter to {iface}"))?;
+        anyhow::ensure!(
+            attachment.mode == AttachedMode::Native,
+            "the limiter attached in {} mode, not native",
+            attachment.mode.as_str()
+        );
+        // The program (and with it the link) lives as long as `loaded`.
+        Ok(Limiter { loaded })
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        self.loaded.snapshot()
+    }
+}
+
+/// The rule name every benchmark limiter config uses (see [`super::limiter_config`]).
+pub const RULE_NAME: &str = "bench";
+
+/// One configuration of the host end.
+#[derive(Clone, Debug)]
+pub enum Setup {
+    /// Nothing attached: the stack drops the frames (the host end has no address).
+    Stack,
+    /// `baseline_pass`, the stack behind it. On the live-frames path this is the
+    /// reference "nothing": a veth delivers XDP frames only to an end with XDP (or GRO).
+    XdpPass,
+    /// `baseline_drop`.
+    XdpDrop,
+    /// The limiter with one rule; `limits` as for [`super::limiter_config`].
+    Limiter { limits: String },
+    /// nftables in netdev ingress; `xdp_pass` puts `baseline_pass` in front (live path).
+    Nft { limit: NftLimit, xdp_pass: bool },
+}
+
+/// What a setup says it dropped, for checking a measurement did what it claims.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Verdicts {
+    /// Frames the limiting rule saw (limiter only: its passed + dropped).
+    pub counted: Option<u64>,
+    pub dropped: u64,
+}
+
+/// A setup installed on the host end; everything is removed on drop.
+pub struct Installed {
+    _baseline: Option<Baseline>,
+    limiter: Option<Limiter>,
+    nft: Option<NftTable>,
+}
+
+impl Installed {
+    pub fn new(iface: &str, setup: &Setup) -> Result<Installed> {
+        let mut installed = Installed {
+            _baseline: None,
+            limiter: None,
+            nft: None,
+        };
+        match setup {
+            Setup::Stack => {}
+            Setup::XdpPass => installed._baseline = Some(Baseline::attach(iface, "baseline_pass")?),
+            Setup::XdpDrop => installed._baseline = Some(Baseline::attach(iface, "baseline_drop")?),
+            Setup::Limiter { limits } => {
+                let config = super::limiter_config(RULE_NAME, limits);
+                installed.limiter = Some(Limiter::attach(iface, &config)?);
+            }
+            Setup::Nft { limit, xdp_pass } => {
+                installed.nft = Some(NftTable::install(iface, HOST_V4, *limit)?);
+                if *xdp_pass {
+                    installed._baseline = Some(Baseline::attach(iface, "baseline_pass")?);
+                }
+            }
+        }
+        Ok(installed)
+    }
+
+    pub fn limiter(&self) -> Option<&Limiter> {
+        self.limiter.as_ref()
+    }
+
+    /// Totals so far of the limiting rule, if the setup has one.
+    pub fn verdicts(&self) -> Result<Option<Verdicts>> {
+        if let Some(limiter) = &self.limiter {
+            let snapshot = limiter.snapshot()?;
+            let rule = snapshot
+                .rules
+                .get(RULE_NAME)
+                .with_context(|| format!("no counters for rule {RULE_NAME}"))?;
+            return Ok(Some(Verdicts {
+                counted: Some(rule.passed_packets + rule.dropped_packets),
+                dropped: rule.dropped_packets,
+            }));
+        }
+        if let Some(nft) = &self.nft {
+            return Ok(Some(Verdicts {
+                counted: None,
+                dropped: nft.dropped()?,
+            }));
+        }
+        Ok(None)
+    }
+}

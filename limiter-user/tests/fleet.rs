@@ -199,16 +199,7 @@ fn the_fleet_shares_the_quota_and_degrades_on_schedule() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let mut allocator = Allocator::new(dir.path(), &pki);
-    let labs: Vec<Lab> = (1..=3)
-        .map(|i| {
-            Lab::new(&daemon_config(
-                &format!("lb-{i}"),
-                &pki,
-                allocator.port,
-                &format!("lb-{i}"),
-            ))
-        })
-        .collect();
+    let labs = hosts(3, &pki, allocator.port);
     let mut daemons: Vec<_> = labs.iter().map(Lab::start).collect();
     let all: Vec<&Lab> = labs.iter().collect();
     // Each host is offered 2000/s per rule: 6000/s fleet-wide against a 3000/s quota.
@@ -321,6 +312,21 @@ fn a_client_certificate_from_another_ca_is_refused() {
     r.stop();
 }
 
+/// `n` hosts lb-1…lb-n, each with its own veth pair, pins and socket, and its own
+/// client certificate.
+fn hosts(n: usize, pki: &Pki, port: u16) -> Vec<Lab> {
+    (1..=n)
+        .map(|i| {
+            Lab::new(&daemon_config(
+                &format!("lb-{i}"),
+                pki,
+                port,
+                &format!("lb-{i}"),
+            ))
+        })
+        .collect()
+}
+
 fn daemon_config_bound(host: &str, pki: &Pki, port: u16, bind: &str) -> String {
     format!(
         "{}bind = \"{bind}\"\n",
@@ -348,16 +354,7 @@ fn shares_follow_a_demand_shift() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let allocator = Allocator::new(dir.path(), &pki);
-    let labs: Vec<Lab> = (1..=3)
-        .map(|i| {
-            Lab::new(&daemon_config(
-                &format!("lb-{i}"),
-                &pki,
-                allocator.port,
-                &format!("lb-{i}"),
-            ))
-        })
-        .collect();
+    let labs = hosts(3, &pki, allocator.port);
     let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
     let all: Vec<&Lab> = labs.iter().collect();
     wait_state(&all, "web", "leased", Duration::from_secs(8));
@@ -617,16 +614,7 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
     let pki = Pki::new(dir.path());
     let metrics_port = free_port();
     let allocator = Allocator::with_metrics(dir.path(), &pki, Some(metrics_port));
-    let labs: Vec<Lab> = (1..=2)
-        .map(|i| {
-            Lab::new(&daemon_config(
-                &format!("lb-{i}"),
-                &pki,
-                allocator.port,
-                &format!("lb-{i}"),
-            ))
-        })
-        .collect();
+    let labs = hosts(2, &pki, allocator.port);
     let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
     let all: Vec<&Lab> = labs.iter().collect();
     let senders: Vec<_> = labs

@@ -225,7 +225,6 @@ impl Daemon {
             .fleet
             .clone()
             .map(|spec| FleetState::new(spec, config.fleet_size, &config.rules, monotonic_ns()));
-        let attachments: Vec<Attachment> = Vec::new();
         let mut daemon = Daemon {
             config_path: config_path.to_path_buf(),
             config,
@@ -247,7 +246,6 @@ impl Daemon {
             fleet = daemon.fleet.is_some(),
             "rules installed"
         );
-        daemon.attachments = attachments;
         for iface in ifaces {
             let a = daemon.program.attach_pinned(
                 iface,

@@ -13,9 +13,7 @@ use anyhow::{Context as _, Result};
 use crate::{
     frame::FrameBuilder,
     netns::{ifindex, spawn_in_netns, VethPair},
-    traffic::{
-        pin_to_cpu, send, PacketSocket, ReceiveReport, Receiver, SendPlan, SendReport, BATCH,
-    },
+    traffic::{send, PacketSocket, ReceiveReport, Receiver, SendPlan, SendReport},
 };
 
 /// Address of the sending (peer) end.
@@ -109,46 +107,15 @@ pub struct Batch {
 /// `sendmmsg` call (NAPI / backlog run when the call re-enables bottom halves), so the
 /// time line says when XDP saw them, to within a batch.
 pub fn send_recorded(socket: &PacketSocket, plan: &SendPlan) -> Result<(SendReport, Vec<Batch>)> {
-    if plan.frames.is_empty() {
-        anyhow::bail!("nothing to send: the plan has no frames");
-    }
-    if let Some(cpu) = plan.cpu {
-        pin_to_cpu(cpu)?;
-    }
-    let start = Instant::now();
     let mut batches: Vec<Batch> = Vec::new();
-    let mut sent = 0u64;
-    let mut next = 0usize;
-    let mut batch: Vec<&[u8]> = Vec::with_capacity(BATCH);
-    while sent < plan.count && start.elapsed() < plan.duration {
-        let want = (plan.count - sent).min(BATCH as u64) as usize;
-        batch.clear();
-        for i in 0..want {
-            batch.push(&plan.frames[(next + i) % plan.frames.len()]);
-        }
-        if let Some(rate) = plan.rate {
-            let due = start + Duration::from_secs_f64(sent as f64 / rate as f64);
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-        }
-        let n = socket.send_batch(&batch)?;
-        if n > 0 {
-            batches.push(Batch {
-                at: Instant::now(),
-                first: sent,
-                count: n as u32,
-            });
-        }
-        sent += n as u64;
-        next = (next + n) % plan.frames.len();
-    }
-    let span = match (batches.first(), batches.last()) {
-        (Some(a), Some(b)) => b.at.duration_since(a.at),
-        _ => Duration::ZERO,
-    };
-    Ok((SendReport { sent, span }, batches))
+    let report = crate::traffic::send_observed(socket, plan, |at, first, count| {
+        batches.push(Batch {
+            at,
+            first,
+            count: count as u32,
+        });
+    })?;
+    Ok((report, batches))
 }
 
 /// One sender's report, its time line, and the instants that bracket its whole sending

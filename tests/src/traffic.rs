@@ -159,6 +159,17 @@ pub fn pin_to_cpu(cpu: usize) -> Result<()> {
 
 /// Sends `plan` through `socket` on the calling thread.
 pub fn send(socket: &PacketSocket, plan: &SendPlan) -> Result<SendReport> {
+    send_observed(socket, plan, |_, _, _| {})
+}
+
+/// [`send`], calling `on_batch(returned_at, first, count)` for every `sendmmsg` that
+/// took frames: frames `first..first + count` of the sequence (frame `k` is
+/// `plan.frames[k % plan.frames.len()]`).
+pub fn send_observed(
+    socket: &PacketSocket,
+    plan: &SendPlan,
+    mut on_batch: impl FnMut(Instant, u64, usize),
+) -> Result<SendReport> {
     if plan.frames.is_empty() {
         bail!("nothing to send: the plan has no frames");
     }
@@ -190,6 +201,7 @@ pub fn send(socket: &PacketSocket, plan: &SendPlan) -> Result<SendReport> {
             let now = Instant::now();
             first.get_or_insert(now);
             last = now;
+            on_batch(now, sent, n);
         }
         sent += n as u64;
         next = (next + n) % plan.frames.len();

@@ -30,9 +30,10 @@ pub mod map_name {
     pub const SRC_BUCKETS: &str = "SRC_BUCKETS";
     pub const RULE_COUNTERS: &str = "RULE_COUNTERS";
     pub const GLOBAL_COUNTERS: &str = "GLOBAL_COUNTERS";
+    pub const CLOCK: &str = "CLOCK";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -43,11 +44,15 @@ pub mod map_name {
         SRC_BUCKETS,
         RULE_COUNTERS,
         GLOBAL_COUNTERS,
+        CLOCK,
     ];
 }
 
-/// Name of the XDP program in the object.
+/// Name of the multi-buffer-aware (`xdp.frags`) build of the XDP program in the object.
 pub const PROGRAM_NAME: &str = "limiter";
+/// Name of the single-buffer build of the same program (no `frags`: the frame length is
+/// the linear length, no helper call).
+pub const PROGRAM_NAME_LINEAR: &str = "limiter_linear";
 
 /// The single entry of `CONTROL`.
 #[repr(C)]
@@ -372,6 +377,7 @@ mod pod {
     unsafe impl aya::Pod for super::SourceKey {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
+    unsafe impl aya::Pod for crate::clock::TickClock {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
@@ -386,6 +392,7 @@ const _: () = {
     assert!(size_of::<SourceKey>() == 24);
     assert!(size_of::<RuleCounters>() == 48);
     assert!(size_of::<GlobalCounters>() == 40);
+    assert!(size_of::<crate::clock::TickClock>() == 16);
     // LPM values sit right after a 4-byte IPv4 key: they must not need more alignment.
     assert!(core::mem::align_of::<PrefixRules>() <= 4);
 };

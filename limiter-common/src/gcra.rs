@@ -128,6 +128,13 @@ impl Limit {
         let frac_ticks = (units.wrapping_mul(frac) + ((1 << FRAC_BITS) - 1)) >> FRAC_BITS;
         units.wrapping_mul(whole).wrapping_add(frac_ticks)
     }
+
+    /// Whether this limit may be metered on the per-tick cached clock (see
+    /// [`TICK_CLOCK_MIN_TOLERANCE`]).
+    #[inline(always)]
+    pub const fn tick_clock_ok(&self) -> bool {
+        self.tolerance >= TICK_CLOCK_MIN_TOLERANCE
+    }
 }
 
 /// Largest unit count [`Limit::cost`] computes exactly at any accepted rate
@@ -145,8 +152,14 @@ pub struct Step {
 
 /// How far one CPU's clock reading may lag another's when both update one bucket: the
 /// time between a CPU reading the clock and its compare-and-swap (a per-source insert, an
-/// interrupt). 2^26 ticks ≈ 1.05 ms.
-pub const CLOCK_SKEW_MARGIN: u64 = 1 << 26;
+/// interrupt), and above all the lag of a [`crate::clock::TickClock`] reading (up to a
+/// timer tick, 10 ms at HZ = 100, twice over when a tick is late). 2^31 ticks ≈ 33.6 ms.
+pub const CLOCK_SKEW_MARGIN: u64 = 1 << 31;
+
+/// Limits with at least this tolerance may be metered on the per-tick cached clock
+/// ([`crate::clock::TickClock`]): a bucket that can hold a clock step's worth of units
+/// loses nothing when the clock advances in steps. Smaller ones read the precise clock.
+pub const TICK_CLOCK_MIN_TOLERANCE: u64 = CLOCK_SKEW_MARGIN;
 
 /// One GCRA step for a frame of `cost` ticks arriving at `now`.
 ///

@@ -5,9 +5,12 @@ use aya_ebpf::{
     btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
-use limiter_common::abi::{
-    Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters, SourceKey,
-    DEFAULT_MAX_SOURCES, GENERATIONS, MAX_PREFIXES, MAX_RULES,
+use limiter_common::{
+    abi::{
+        Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters, SourceKey,
+        DEFAULT_MAX_SOURCES, GENERATIONS, MAX_PREFIXES, MAX_RULES,
+    },
+    clock::TickClock,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
@@ -46,3 +49,7 @@ pub static RULE_COUNTERS: PerCpuArray<RuleCounters, SLOTS> = PerCpuArray::new();
 
 #[btf_map]
 pub static GLOBAL_COUNTERS: PerCpuArray<GlobalCounters, 1> = PerCpuArray::new();
+
+/// Each CPU's cached clock reading (limiter_common::clock).
+#[btf_map]
+pub static CLOCK: PerCpuArray<TickClock, 1> = PerCpuArray::new();

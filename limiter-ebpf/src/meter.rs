@@ -4,7 +4,10 @@
 
 use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns};
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::{bpf_ktime_get_ns, generated::bpf_jiffies64},
+};
 use limiter_common::{
     abi::{
         rule_index, Bucket, RuleCounters, SourceKey, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE,
@@ -45,7 +48,9 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
         UNIT_BYTES => frame_len,
         _ => 1,
     };
-    let now_ns = unsafe { bpf_ktime_get_ns() };
+    let precise = (flags & RULE_HAS_AGGREGATE != 0 && !rule.aggregate.tick_clock_ok())
+        || (flags & RULE_HAS_PER_SOURCE != 0 && !rule.per_source.tick_clock_ok());
+    let now_ns = if precise { precise_ns() } else { tick_ns() };
     // FAIL_OPEN is applied here, on the kernel's clock, so it happens on time even when
     // the daemon is dead.
     let fail_open_at = rule.fail_open_at_ns;
@@ -107,6 +112,26 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     counters.dropped_packets = counters.dropped_packets.wrapping_add(1);
     counters.dropped_bytes = counters.dropped_bytes.wrapping_add(frame_len);
     Ok(xdp_action::XDP_DROP)
+}
+
+/// CLOCK_MONOTONIC in ns, precisely: a helper call (≈ 35 ns here).
+#[inline(always)]
+fn precise_ns() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// CLOCK_MONOTONIC as this CPU read it at the first frame of the current jiffy: one
+/// inlined load and a compare on most frames (limiter_common::clock).
+#[inline(always)]
+fn tick_ns() -> u64 {
+    // SAFETY: a helper without arguments; the verifier inlines it into a load.
+    let jiffies = unsafe { bpf_jiffies64() };
+    match maps::CLOCK.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, touched only by this CPU's program run.
+        Some(clock) => unsafe { &mut *clock }.now(jiffies, precise_ns),
+        None => precise_ns(),
+    }
 }
 
 #[inline(always)]

@@ -122,6 +122,9 @@ pub struct ShareStatus {
 pub struct InterfaceStatus {
     pub name: String,
     pub mode: &'static str,
+    /// The build running there: "limiter_linear" (single-buffer frames) or "limiter"
+    /// (multi-buffer aware).
+    pub program: &'static str,
     /// "created" or "adopted" (switched over from an earlier daemon's link).
     pub link: &'static str,
     pub pin: Option<PathBuf>,
@@ -256,7 +259,12 @@ impl Daemon {
                 LinkOrigin::Created => "attached",
                 LinkOrigin::Adopted => "adopted the pinned link (program replaced atomically)",
             };
-            tracing::info!(iface = %a.iface, mode = a.mode.as_str(), "{how}");
+            tracing::info!(
+                iface = %a.iface,
+                mode = a.mode.as_str(),
+                program = a.variant.program_name(),
+                "{how}"
+            );
             daemon.attachments.push(a);
         }
         Ok(daemon)
@@ -507,6 +515,7 @@ impl Daemon {
                 .map(|a| InterfaceStatus {
                     name: a.iface.clone(),
                     mode: a.mode.as_str(),
+                    program: a.variant.program_name(),
                     link: match a.origin {
                         LinkOrigin::Created => "created",
                         LinkOrigin::Adopted => "adopted",

@@ -17,6 +17,7 @@ use tokio::{
 use crate::{
     control::Shutdown,
     daemon::{Daemon, QuotaEntry},
+    program::Variant,
     stats::StatsReport,
 };
 
@@ -200,11 +201,15 @@ pub fn render(s: &Snapshot) -> String {
 
 /// Takes a snapshot of the daemon for one scrape.
 pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
-    let info = d.program().xdp()?.info().ok();
-    let program_runs = info.and_then(|i| {
-        let count = i.run_count();
-        (count > 0).then(|| (i.run_time(), count))
-    });
+    // Both builds share the maps; some interfaces may run one, some the other.
+    let mut program_runs = None;
+    for variant in Variant::ALL {
+        if let Ok(info) = d.program().xdp_variant(variant)?.info() {
+            let (time, count) = program_runs.unwrap_or((Duration::ZERO, 0));
+            program_runs = Some((time + info.run_time(), count + info.run_count()));
+        }
+    }
+    let program_runs = program_runs.filter(|&(_, count)| count > 0);
     Ok(Snapshot {
         stats: d.stats()?,
         quotas: d.quotas(),

@@ -17,9 +17,12 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use limiter_common::abi::{
-    map_name, Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters, SourceKey,
-    GENERATIONS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
+use limiter_common::{
+    abi::{
+        map_name, Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters,
+        SourceKey, GENERATIONS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME, PROGRAM_NAME_LINEAR,
+    },
+    clock::TickClock,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -64,6 +67,37 @@ impl AttachedMode {
     }
 }
 
+/// Which build of the program runs on an interface. Both share every map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variant {
+    /// Loaded without `frags`: the kernel only hands it single-buffer frames, so it reads
+    /// the frame length without a helper call. Preferred in native mode.
+    Linear,
+    /// `xdp.frags`: for interfaces whose MTU needs several buffers per frame (the kernel
+    /// refuses the linear build there), and for generic mode, where the linear build
+    /// would make the kernel linearize every multi-buffer skb.
+    MultiBuffer,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 2] = [Variant::Linear, Variant::MultiBuffer];
+
+    /// The program's name in the object.
+    pub fn program_name(self) -> &'static str {
+        match self {
+            Variant::Linear => PROGRAM_NAME_LINEAR,
+            Variant::MultiBuffer => PROGRAM_NAME,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Variant::Linear => "linear",
+            Variant::MultiBuffer => "multi-buffer",
+        }
+    }
+}
+
 /// How an interface came to run this program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkOrigin {
@@ -79,6 +113,8 @@ pub struct Attachment {
     pub iface: String,
     /// The mode requested for a new link (an adopted link keeps the mode it was made in).
     pub mode: AttachedMode,
+    /// The build of the program the link runs.
+    pub variant: Variant,
     pub origin: LinkOrigin,
     /// Where the link is pinned; `None` for a process-local attachment.
     pub pin: Option<PathBuf>,
@@ -119,7 +155,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 10] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -173,6 +209,7 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 10] {
             sz(size_of::<GlobalCounters>()),
             1,
         ),
+        (map_name::CLOCK, 4, sz(size_of::<TickClock>()), 1),
     ]
 }
 
@@ -276,25 +313,45 @@ impl Program {
             }
         }
         let mut ebpf = loader.load(OBJECT).map_err(|e| Error::Load(Box::new(e)))?;
-        let prog = xdp_mut(&mut ebpf)?;
-        prog.load().map_err(|e| Error::Program {
-            what: "loading (verifying) the XDP program".into(),
-            source: Box::new(e),
-        })?;
+        for variant in Variant::ALL {
+            xdp_mut(&mut ebpf, variant)?
+                .load()
+                .map_err(|e| Error::Program {
+                    what: format!(
+                        "loading (verifying) the XDP program {}",
+                        variant.program_name()
+                    ),
+                    source: Box::new(e),
+                })?;
+        }
         Ok(Program { ebpf })
     }
 
-    /// The program, e.g. for BPF_PROG_TEST_RUN.
+    /// The multi-buffer build (it runs on any frame), e.g. for BPF_PROG_TEST_RUN.
     pub fn xdp(&self) -> Result<&Xdp, Error> {
+        self.xdp_variant(Variant::MultiBuffer)
+    }
+
+    /// One build of the program.
+    pub fn xdp_variant(&self, variant: Variant) -> Result<&Xdp, Error> {
         self.ebpf
-            .program(PROGRAM_NAME)
+            .program(variant.program_name())
             .and_then(|p| <&Xdp>::try_from(p).ok())
             .ok_or(Error::NoProgram)
     }
 
-    /// Instructions the verifier processed for this program, if the kernel reports it.
+    /// Instructions the verifier processed for the larger build, if the kernel reports it.
     pub fn verified_instructions(&self) -> Option<u32> {
-        self.xdp().ok()?.info().ok()?.verified_instruction_count()
+        Variant::ALL
+            .iter()
+            .filter_map(|&v| {
+                self.xdp_variant(v)
+                    .ok()?
+                    .info()
+                    .ok()?
+                    .verified_instruction_count()
+            })
+            .max()
     }
 
     /// Takes the maps out of the object for reading and writing.
@@ -325,7 +382,7 @@ impl Program {
                 }
             }
         }
-        let (link, mode) = self.attach_new(iface, mode)?;
+        let (link, mode, variant) = self.attach_new(iface, mode)?;
         let link = FdLink::try_from(link).map_err(|e| Error::Link {
             what: format!("taking the link of {iface}"),
             reason: e.to_string(),
@@ -337,13 +394,47 @@ impl Program {
         Ok(Attachment {
             iface: iface.to_string(),
             mode,
+            variant,
             origin: LinkOrigin::Created,
             pin: Some(pin),
             link: AttachedLink::Pinned(pinned.into()),
         })
     }
 
+    /// Switches the pinned link to this program: the linear build first (except in
+    /// generic mode), the multi-buffer one when the kernel refuses it (an MTU that needs
+    /// several buffers per frame).
     fn adopt(&mut self, iface: &str, pin: &Path, mode: ConfigXdpMode) -> Result<Attachment, Error> {
+        let candidates: &[Variant] = match mode {
+            ConfigXdpMode::Generic => &[Variant::MultiBuffer],
+            _ => &Variant::ALL,
+        };
+        let mut refused = Vec::new();
+        for &variant in candidates {
+            match self.adopt_as(pin, variant) {
+                Ok(link) => {
+                    return Ok(Attachment {
+                        iface: iface.to_string(),
+                        mode: match mode {
+                            ConfigXdpMode::Generic => AttachedMode::Generic,
+                            _ => AttachedMode::Native,
+                        },
+                        variant,
+                        origin: LinkOrigin::Adopted,
+                        pin: Some(pin.to_path_buf()),
+                        link: AttachedLink::Pinned(link),
+                    });
+                }
+                Err(e) => refused.push(format!("{}: {e}", variant.as_str())),
+            }
+        }
+        Err(Error::Link {
+            what: format!("switching the program of {}", pin.display()),
+            reason: refused.join("; "),
+        })
+    }
+
+    fn adopt_as(&mut self, pin: &Path, variant: Variant) -> Result<FdLink, Error> {
         let link_err = |what: &str, e: String| Error::Link {
             what: format!("{what} {}", pin.display()),
             reason: e,
@@ -352,50 +443,48 @@ impl Program {
         let fd_link: FdLink = pinned.into();
         let xdp_link =
             XdpLink::try_from(fd_link).map_err(|e| link_err("reading", e.to_string()))?;
-        let prog = xdp_mut(&mut self.ebpf)?;
+        let prog = xdp_mut(&mut self.ebpf, variant)?;
         let id = prog
             .attach_to_link(xdp_link)
             .map_err(|e| link_err("switching the program of", e.to_string()))?;
         let link = prog
             .take_link(id)
             .map_err(|e| link_err("taking", e.to_string()))?;
-        let link = FdLink::try_from(link).map_err(|e| link_err("taking", e.to_string()))?;
-        Ok(Attachment {
-            iface: iface.to_string(),
-            mode: match mode {
-                ConfigXdpMode::Generic => AttachedMode::Generic,
-                _ => AttachedMode::Native,
-            },
-            origin: LinkOrigin::Adopted,
-            pin: Some(pin.to_path_buf()),
-            link: AttachedLink::Pinned(link),
-        })
+        FdLink::try_from(link).map_err(|e| link_err("taking", e.to_string()))
     }
 
+    /// A new link: native mode with the linear build, else native with the multi-buffer
+    /// build, else (`Auto`) generic mode with the multi-buffer build.
     fn attach_new(
         &mut self,
         iface: &str,
         mode: ConfigXdpMode,
-    ) -> Result<(XdpLink, AttachedMode), Error> {
-        let prog = xdp_mut(&mut self.ebpf)?;
-        let mut attempt = |m: XdpMode| -> Result<XdpLink, Error> {
-            let id = prog.attach(iface, m).map_err(|e| Error::Program {
-                what: format!("attaching to {iface} in {m:?} mode"),
-                source: Box::new(e),
-            })?;
-            prog.take_link(id).map_err(|e| Error::Program {
-                what: format!("taking the link of {iface}"),
-                source: Box::new(e),
-            })
+    ) -> Result<(XdpLink, AttachedMode, Variant), Error> {
+        let native = |ebpf: &mut Ebpf| -> Result<(XdpLink, Variant), Error> {
+            match attach_one(ebpf, Variant::Linear, iface, XdpMode::Driver) {
+                Ok(link) => Ok((link, Variant::Linear)),
+                Err(linear) => {
+                    tracing::info!(%iface, error = %linear, "linear build refused; trying the multi-buffer build");
+                    attach_one(ebpf, Variant::MultiBuffer, iface, XdpMode::Driver)
+                        .map(|link| (link, Variant::MultiBuffer))
+                }
+            }
+        };
+        let generic = |ebpf: &mut Ebpf| -> Result<(XdpLink, AttachedMode, Variant), Error> {
+            attach_one(ebpf, Variant::MultiBuffer, iface, XdpMode::Skb)
+                .map(|link| (link, AttachedMode::Generic, Variant::MultiBuffer))
         };
         Ok(match mode {
-            ConfigXdpMode::Native => (attempt(XdpMode::Driver)?, AttachedMode::Native),
-            ConfigXdpMode::Generic => (attempt(XdpMode::Skb)?, AttachedMode::Generic),
-            ConfigXdpMode::Auto => match attempt(XdpMode::Driver) {
-                Ok(link) => (link, AttachedMode::Native),
+            ConfigXdpMode::Native => {
+                let (link, variant) = native(&mut self.ebpf)?;
+                (link, AttachedMode::Native, variant)
+            }
+            ConfigXdpMode::Generic => generic(&mut self.ebpf)?,
+            ConfigXdpMode::Auto => match native(&mut self.ebpf) {
+                Ok((link, variant)) => (link, AttachedMode::Native, variant),
                 Err(native) => {
                     tracing::warn!(%iface, error = %native, "native XDP failed; using generic");
-                    (attempt(XdpMode::Skb)?, AttachedMode::Generic)
+                    generic(&mut self.ebpf)?
                 }
             },
         })
@@ -404,8 +493,8 @@ impl Program {
     /// Attaches to `iface` for the life of this program object only (tests,
     /// benchmarks): the link is not pinned.
     pub fn attach(&mut self, iface: &str, mode: ConfigXdpMode) -> Result<Attachment, Error> {
-        let (link, mode) = self.attach_new(iface, mode)?;
-        let prog = xdp_mut(&mut self.ebpf)?;
+        let (link, mode, variant) = self.attach_new(iface, mode)?;
+        let prog = xdp_mut(&mut self.ebpf, variant)?;
         // Hand the link back to the program, which detaches it when dropped.
         let id = prog.attach_to_link(link).map_err(|e| Error::Program {
             what: format!("keeping the link of {iface}"),
@@ -414,6 +503,7 @@ impl Program {
         Ok(Attachment {
             iface: iface.to_string(),
             mode,
+            variant,
             origin: LinkOrigin::Created,
             pin: None,
             link: AttachedLink::Local(id),
@@ -423,14 +513,12 @@ impl Program {
     /// Detaches an attachment made by [`Program::attach`] (pinned ones: [`unpin_link`]).
     pub fn detach(&mut self, attachment: Attachment) -> Result<(), Error> {
         match attachment.link {
-            AttachedLink::Local(id) => {
-                xdp_mut(&mut self.ebpf)?
-                    .detach(id)
-                    .map_err(|e| Error::Program {
-                        what: format!("detaching from {}", attachment.iface),
-                        source: Box::new(e),
-                    })
-            }
+            AttachedLink::Local(id) => xdp_mut(&mut self.ebpf, attachment.variant)?
+                .detach(id)
+                .map_err(|e| Error::Program {
+                    what: format!("detaching from {}", attachment.iface),
+                    source: Box::new(e),
+                }),
             AttachedLink::Pinned(_) => unpin_link(attachment),
         }
     }
@@ -484,8 +572,29 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Vec<PathBuf>, Error> {
     Ok(removed)
 }
 
-fn xdp_mut(ebpf: &mut Ebpf) -> Result<&mut Xdp, Error> {
-    ebpf.program_mut(PROGRAM_NAME)
+fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {
+    ebpf.program_mut(variant.program_name())
         .and_then(|p| <&mut Xdp>::try_from(p).ok())
         .ok_or(Error::NoProgram)
+}
+
+/// Attaches one build to `iface` and takes the link out of the program's keeping.
+fn attach_one(
+    ebpf: &mut Ebpf,
+    variant: Variant,
+    iface: &str,
+    m: XdpMode,
+) -> Result<XdpLink, Error> {
+    let prog = xdp_mut(ebpf, variant)?;
+    let id = prog.attach(iface, m).map_err(|e| Error::Program {
+        what: format!(
+            "attaching {} to {iface} in {m:?} mode",
+            variant.program_name()
+        ),
+        source: Box::new(e),
+    })?;
+    prog.take_link(id).map_err(|e| Error::Program {
+        what: format!("taking the link of {iface}"),
+        source: Box::new(e),
+    })
 }

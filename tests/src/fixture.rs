@@ -10,7 +10,7 @@ use limiter_user::{
     config::Config,
     daemon::apply_rules,
     maps::Maps,
-    program::{LoadOptions, Program},
+    program::{LoadOptions, Program, Variant},
     ruleset::RuleTable,
 };
 
@@ -19,6 +19,8 @@ use crate::netns::require_root;
 /// The program with private (unpinned) maps and the rules of one config.
 pub struct Loaded {
     pub program: Program,
+    /// The build [`Loaded::run`] runs (the multi-buffer one unless chosen).
+    pub variant: Variant,
     pub maps: Maps,
     pub table: RuleTable,
     pub config: Config,
@@ -36,6 +38,7 @@ pub fn load(config_text: &str) -> Result<Loaded> {
     let table = apply_rules(&mut maps, &config)?;
     Ok(Loaded {
         program,
+        variant: Variant::MultiBuffer,
         maps,
         table,
         config,
@@ -73,7 +76,7 @@ impl Loaded {
         opts.repeat = repeat;
         let result = self
             .program
-            .xdp()?
+            .xdp_variant(self.variant)?
             .test_run(opts)
             .with_context(|| format!("BPF_PROG_TEST_RUN on a {}-byte frame", frame.len()))?;
         Ok((result.return_value, result.duration.as_nanos() as u64))

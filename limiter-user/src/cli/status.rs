@@ -41,9 +41,10 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
     }
     for i in s["interfaces"].as_array().into_iter().flatten() {
         println!(
-            "interface {}: {} XDP, link {} (pinned at {}), program id {}",
+            "interface {}: {} XDP, program {}, link {} (pinned at {}), program id {}",
             i["name"].as_str().unwrap_or("?"),
             i["mode"].as_str().unwrap_or("?"),
+            i["program"].as_str().unwrap_or("?"),
             i["link"].as_str().unwrap_or("?"),
             i["pin"].as_str().unwrap_or("-"),
             i["program_id"]

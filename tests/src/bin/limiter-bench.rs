@@ -44,7 +44,7 @@ use limiter_tests::{
 };
 use limiter_user::{
     config::MAX_MAX_SOURCES,
-    program::{LoadOptions, Program, BASELINE_OBJECT},
+    program::{LoadOptions, Program, Variant, BASELINE_OBJECT},
 };
 
 /// The BPF_PROG_TEST_RUN report, next to the end-to-end one.
@@ -80,6 +80,11 @@ const DST_UNMATCHED: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 200);
 const DST_HOT_PASS: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 1);
 const DST_HOT_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 2);
 const DST_PER_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 3);
+const DST_PRECISE_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 4);
+const DST_LINEAR_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 5);
+/// Rate of the `precise-drop` rule: its burst of 1 is 1 ms, below the tick clock's
+/// minimum tolerance, so it reads the precise clock.
+const PRECISE_RATE: u64 = 1000;
 const DST_PORT: u16 = 443;
 
 /// Rules of the program behind scenarios 2–5. Per-source limits are 1/s with a burst of
@@ -100,6 +105,22 @@ burst = 1_000_000_000
 [[rules]]
 name = "hot-drop"
 dst = "{DST_HOT_DROP}/32"
+dst_port = {DST_PORT}
+proto = "tcp"
+rate = 1
+burst = 1
+
+[[rules]]
+name = "precise-drop"
+dst = "{DST_PRECISE_DROP}/32"
+dst_port = {DST_PORT}
+proto = "tcp"
+rate = {PRECISE_RATE}
+burst = 1
+
+[[rules]]
+name = "linear-drop"
+dst = "{DST_LINEAR_DROP}/32"
 dst_port = {DST_PORT}
 proto = "tcp"
 rate = 1
@@ -380,6 +401,7 @@ struct RepeatCase<'a> {
 fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
     let src = Ipv4Addr::new(198, 18, 0, 1);
     let prog = limiter.program.xdp()?;
+    let linear = limiter.program.xdp_variant(Variant::Linear)?;
     let case = |scenario, prog, dst, want, hot_path| RepeatCase {
         scenario,
         prog,
@@ -397,6 +419,20 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
         case("no rule matched", prog, DST_UNMATCHED, XDP_PASS, false),
         case("hot path passing", prog, DST_HOT_PASS, XDP_PASS, true),
         case("hot path dropping", prog, DST_HOT_DROP, XDP_DROP, true),
+        case(
+            "hot path dropping, precise clock (burst < 33.6 ms)",
+            prog,
+            DST_PRECISE_DROP,
+            XDP_DROP,
+            true,
+        ),
+        case(
+            "hot path dropping, linear build",
+            linear,
+            DST_LINEAR_DROP,
+            XDP_DROP,
+            true,
+        ),
     ];
     // Exhaust the 1/s bucket, and warm everything up (JIT image, caches, map entries).
     for case in &cases {
@@ -443,6 +479,7 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
             .with_context(|| format!("no counters for rule {name}"))
     };
     let (pass, drop) = (rule("hot-pass")?, rule("hot-drop")?);
+    let (precise, linear) = (rule("precise-drop")?, rule("linear-drop")?);
     ensure!(
         delta.global.unmatched == runs,
         "no rule matched: {} of {runs} runs counted as unmatched",
@@ -461,6 +498,23 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
          (at most {refills} may pass)",
         drop.dropped_packets,
         drop.passed_packets
+    );
+    ensure!(
+        linear.dropped_packets + linear.passed_packets == runs && linear.passed_packets <= refills,
+        "hot path dropping, linear build: {} dropped, {} passed of {runs} runs in {elapsed:?} \
+         (at most {refills} may pass)",
+        linear.dropped_packets,
+        linear.passed_packets
+    );
+    let precise_refills = PRECISE_RATE * refills;
+    ensure!(
+        precise.dropped_packets + precise.passed_packets == runs
+            && precise.passed_packets <= precise_refills
+            && precise.dropped_packets >= runs / 2,
+        "hot path dropping, precise clock: {} dropped, {} passed of {runs} runs in \
+         {elapsed:?} (at most {precise_refills} may pass)",
+        precise.dropped_packets,
+        precise.passed_packets
     );
     ensure!(
         delta.global.contended == 0,
@@ -771,9 +825,15 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
                 .map_or_else(|| "none".to_string(), |c| c.to_string())
         ),
         format!("{FRAME_LEN}-byte IPv4 TCP frames, addresses in 198.18.0.0/15"),
-        "rules (unit packets, enforce): hot path passing = rate 1e9/s burst 1e9; \
-         hot path dropping = rate 1/s burst 1, exhausted; new source = per_source rate 1/s \
-         burst 1 per /32, no aggregate"
+        format!(
+            "rules (unit packets, enforce): hot path passing = rate 1e9/s burst 1e9; \
+             hot path dropping = rate 1/s burst 1, exhausted (both on the tick clock); \
+             precise clock = rate {PRECISE_RATE}/s burst 1 (1 ms, below the tick clock's \
+             minimum); new source = per_source rate 1/s burst 1 per /32, no aggregate"
+        ),
+        "builds: `limiter` (multi-buffer aware, reads the frame length with a helper) unless \
+         the row says `linear build` (`limiter_linear`, what native mode attaches where the \
+         MTU allows)"
             .to_string(),
         format!(
             "repeat: {REPEAT} runs per call, median of {REPEAT_ROUNDS} interleaved rounds \

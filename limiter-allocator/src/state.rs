@@ -85,13 +85,9 @@ impl State {
                 r.burst = q.burst;
             }
             None => {
-                // A new rule starts without learning: nobody can hold a share of it yet.
-                let r = RuleAllocator::new(
-                    q.rate,
-                    q.burst,
-                    self.lease_ttl,
-                    now.saturating_sub(self.lease_ttl.as_nanos() as u64),
-                );
+                // A new rule needs no learning: no host holds a share of it from this
+                // process (unless the process is in its own start-up learning period).
+                let r = RuleAllocator::added(q.rate, q.burst, self.lease_ttl, self.started, now);
                 self.rules.insert(q.rule.clone(), r);
             }
         }
@@ -264,5 +260,40 @@ mod tests {
         );
         let g = s.handle(&req("a", 10, 0), 10 * S);
         assert_eq!(g.grants[0].rate, 50);
+    }
+
+    #[test]
+    fn a_rule_added_by_quota_set_grants_at_its_first_reports() {
+        // The allocator has run for a minute; the rule is new: nobody holds a share of
+        // it, so the first reports get real shares, not a lease TTL of learning (which
+        // left every host in BOOTSTRAP for ~3 s).
+        let mut s = State::new(&[], Duration::from_secs(3), Duration::from_secs(1), 0);
+        let quota = Quota {
+            rule: "web".into(),
+            rate: 1000,
+            burst: 100,
+        };
+        s.set_quota(&quota, 60 * S);
+        let a = s.handle(&req("a", 900, 0), 60 * S + S / 2);
+        assert_eq!(a.grants.len(), 1, "no grant: the new rule is learning");
+        assert_eq!(a.grants[0].rate, 1000);
+        let b = s.handle(&req("b", 100, 0), 60 * S + S / 2 + 1);
+        assert_eq!(b.grants[0].rate, 0, "a holds the quota until it renews");
+        let a = s.handle(&req("a", 900, 0), 61 * S + S / 2);
+        assert_eq!(a.grants[0].rate, 900);
+        let b = s.handle(&req("b", 100, 0), 61 * S + S / 2 + 1);
+        assert_eq!(b.grants[0].rate, 100);
+        let m = s.metrics(61 * S + S / 2 + 1);
+        assert!(
+            m.contains("limiter_allocator_learning{rule=\"web\"} 0"),
+            "{m}"
+        );
+
+        // Added while the allocator itself is still learning (it restarted 1 s ago):
+        // hosts may hold shares an earlier process granted, so it learns with the rest.
+        let mut s = State::new(&[], Duration::from_secs(3), Duration::from_secs(1), 0);
+        s.set_quota(&quota, S);
+        assert!(s.handle(&req("a", 900, 0), 2 * S).grants.is_empty());
+        assert_eq!(s.handle(&req("a", 900, 0), 3 * S + 1).grants[0].rate, 1000);
     }
 }

@@ -17,24 +17,38 @@ pub struct Allocation {
     pub saturated: bool,
 }
 
+/// The rate a host enforces for a share: a share of 0 is enforced as 1 unit/s (a GCRA
+/// limit of 0 cannot be represented; [`crate::share::Share::on_grant`] floors it).
+pub const FLOOR: u64 = 1;
+
 /// Max-min fair allocation of `quota` over `demands` (units per second).
 ///
 /// Hosts are served in order of increasing demand; each gets its demand or an equal
 /// split of what is left, whichever is smaller. What remains when every demand is met is
 /// spread evenly over all hosts as headroom (so a host's growing demand is absorbed until
 /// its next report). The shares always sum to exactly `quota` (or 0 without hosts).
+///
+/// Every host enforces at least [`FLOOR`] whatever it is granted, so when the quota
+/// covers it (quota ≥ hosts × FLOOR) every share is at least the floor: a demand below
+/// it counts as the floor. Then the shares the hosts enforce sum to the quota too;
+/// below that (a quota smaller than the number of hosts) the floors alone exceed it.
 pub fn allocate(quota: u64, demands: &[u64]) -> Vec<Allocation> {
     let n = demands.len();
     let mut shares = vec![0u64; n];
     if n == 0 {
         return Vec::new();
     }
+    let floor = if quota >= FLOOR.saturating_mul(n as u64) {
+        FLOOR
+    } else {
+        0
+    };
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| demands[i]);
     let mut remaining = quota;
     for (served, &i) in order.iter().enumerate() {
         let fair = remaining / (n - served) as u64;
-        let give = demands[i].min(fair);
+        let give = demands[i].max(floor).min(fair);
         shares[i] = give;
         remaining -= give;
     }
@@ -92,8 +106,16 @@ struct HostState {
     reported: u64,
     held: u64,
     last_report: u64,
-    /// The share last granted to this host (outstanding until its lease lapses).
-    granted: u64,
+    /// The share last granted to this host (outstanding until its lease lapses); `None`
+    /// while it holds no grant (BOOTSTRAP, or no grant while learning).
+    granted: Option<u64>,
+}
+
+impl HostState {
+    /// What this host enforces under its grant: a zero grant still admits [`FLOOR`].
+    fn enforced(&self) -> u64 {
+        self.granted.map_or(0, |g| g.max(FLOOR))
+    }
 }
 
 /// One rule's allocation state in the allocator.
@@ -105,7 +127,9 @@ pub struct RuleAllocator {
     pub lease_ttl: Duration,
     /// Until this time (ns) the allocator only renews what hosts hold.
     learning_until: u64,
-    last_heard: u64,
+    /// The last report for the rule; `None` before the first one since the rule was
+    /// added to a running allocator (nobody can hold a share of it: no need to learn).
+    last_heard: Option<u64>,
     hosts: BTreeMap<String, HostState>,
 }
 
@@ -114,16 +138,37 @@ fn ns(d: Duration) -> u64 {
 }
 
 impl RuleAllocator {
-    /// A rule known to an allocator that started at `now`.
+    /// A rule known to an allocator that started at `now`: hosts may hold shares that an
+    /// earlier allocator process granted, so it learns for one lease TTL (and again
+    /// whenever it heard no report for a lease TTL).
     pub fn new(quota: u64, burst: u64, lease_ttl: Duration, now: u64) -> RuleAllocator {
         RuleAllocator {
             quota,
             burst,
             lease_ttl,
             learning_until: now.saturating_add(ns(lease_ttl)),
-            last_heard: now,
+            last_heard: Some(now),
             hosts: BTreeMap::new(),
         }
+    }
+
+    /// A rule added at `now` to an allocator that started at `started` (`quota set` for a
+    /// rule it did not have): no host holds a grant of it from this process, so it
+    /// allocates from its first report — unless the process itself is still within its
+    /// start-up lease TTL, when an earlier process's grants may still be in force.
+    pub fn added(
+        quota: u64,
+        burst: u64,
+        lease_ttl: Duration,
+        started: u64,
+        now: u64,
+    ) -> RuleAllocator {
+        let mut r = RuleAllocator::new(quota, burst, lease_ttl, started);
+        r.last_heard = None;
+        if !r.learning(now) {
+            r.learning_until = 0;
+        }
+        r
     }
 
     /// Whether the allocator is still learning what hosts hold.
@@ -135,16 +180,19 @@ impl RuleAllocator {
     /// never below the newest): growth is seen at once, a drop counts fully from the
     /// second report that shows it, and one noisy interval moves a share by half.
     pub fn report(&mut self, host: &str, report: Report, now: u64) {
-        if now.saturating_sub(self.last_heard) > ns(self.lease_ttl) {
+        if self
+            .last_heard
+            .is_some_and(|t| now.saturating_sub(t) > ns(self.lease_ttl))
+        {
             self.learning_until = now.saturating_add(ns(self.lease_ttl));
         }
-        self.last_heard = now;
+        self.last_heard = Some(now);
         let (demand, granted) = match self.hosts.get(host) {
             Some(h) => (
                 report.demand.max(h.reported / 2 + report.demand / 2),
                 h.granted,
             ),
-            None => (report.demand, 0),
+            None => (report.demand, None),
         };
         self.hosts.insert(
             host.to_string(),
@@ -182,10 +230,17 @@ impl RuleAllocator {
     /// The grant for `host` (which just reported), or `None` while it can have no share.
     ///
     /// Hosts get their grants one report at a time, so the target allocation is capped
-    /// by what the other hosts still hold: shares that were handed out and have not
-    /// lapsed never sum above the quota, even while a demand shift moves quota between
-    /// hosts (a growing host gets its full share once the shrinking ones have renewed
-    /// with theirs, within one report interval).
+    /// by what the other hosts still enforce (their grants, a zero grant counting as its
+    /// floor): a positive grant never takes the enforced shares above the quota, even
+    /// while a demand shift moves quota between hosts (a growing host gets its full share
+    /// once the shrinking ones have renewed with theirs, within one report interval).
+    ///
+    /// A host that arrives while the others hold the whole quota gets a zero grant: it
+    /// stays LEASED (an open rule does not fail open under a healthy allocator) and its
+    /// floor is counted from then on, so the others' next renewals make room for it. Until
+    /// they have (one report interval), the floors of such new hosts are the only excess;
+    /// the zero grant carries no token, so a floor admits its first frame only one floor
+    /// interval (1 s) after the grant — by then every other host has renewed.
     pub fn grant_for(&mut self, host: &str, now: u64) -> Option<Grant> {
         self.expire(now);
         let targets = self.targets(now);
@@ -213,25 +268,35 @@ impl RuleAllocator {
         targets: &[Allocation],
         learning: bool,
     ) -> Option<Grant> {
-        let own = self.hosts.get(host)?.granted;
+        let own = self.hosts.get(host)?.enforced();
         // The host's position in key order, without comparing every name.
         let index = self
             .hosts
             .range::<str, _>((Bound::Unbounded, Bound::Excluded(host)))
             .count();
         let target = targets.get(index).copied()?;
-        let others = self.hosts.values().map(|h| h.granted).sum::<u64>() - own;
+        let others = self.hosts.values().map(HostState::enforced).sum::<u64>() - own;
         let share = target.share.min(self.quota.saturating_sub(others));
+        let granted = (share > 0 || !learning).then_some(share);
         let h = self.hosts.get_mut(host)?;
-        h.granted = share;
+        // The token a grant takes over with: one for a host that held no grant (its
+        // bootstrap token, as section 11 has it), none after a zero grant (the host had
+        // its token in BOOTSTRAP already) and none for a zero grant.
+        let tokens = u64::from(h.granted.is_none() && share > 0);
+        h.granted = granted;
         let saturated = h.demand > share;
-        (share > 0 || !learning).then(|| self.grant(Allocation { share, saturated }))
+        granted.map(|share| Grant {
+            tokens,
+            ..self.grant(Allocation { share, saturated })
+        })
     }
 
-    /// Shares outstanding now (granted and not lapsed), summed: never above the quota.
+    /// Shares in force now (granted and not lapsed, a zero grant counting as its floor),
+    /// summed. Never above the quota once every host has renewed since the last new host
+    /// got a zero grant (and the quota covers every host's floor).
     pub fn outstanding(&mut self, now: u64) -> u64 {
         self.expire(now);
-        self.hosts.values().map(|h| h.granted).sum()
+        self.hosts.values().map(HostState::enforced).sum()
     }
 
     fn targets(&self, now: u64) -> Vec<Allocation> {
@@ -283,7 +348,9 @@ impl RuleAllocator {
         Grant {
             rate: a.share,
             burst: burst.max(1),
-            tokens: 1,
+            // A zero grant's floor is not in the others' grants until they renew: it
+            // takes over without a token.
+            tokens: u64::from(a.share > 0),
             ttl: self.lease_ttl,
             saturated: a.saturated,
         }
@@ -462,6 +529,38 @@ mod tests {
         let b = r.grant_for("b", t).expect("a grant");
         assert_eq!(b.rate, 0);
         assert!(!b.saturated);
+        // Its floor (1/s) is counted: over the quota until a renews, and without a
+        // token, so it admits nothing before a has.
+        assert_eq!(b.tokens, 0);
+        assert_eq!(r.outstanding(t), 1001);
+        r.report(
+            "a",
+            Report {
+                demand: 1000,
+                held: 1000,
+            },
+            t + 1,
+        );
+        assert_eq!(r.grant_for("a", t + 1).map(|g| g.rate), Some(999));
+        assert_eq!(r.outstanding(t + 1), 1000);
+        // b renews: its floor is now a real share of 1, which takes over from the zero
+        // grant without a token (b spent its one token in BOOTSTRAP).
+        r.report("b", Report { demand: 0, held: 1 }, t + 2);
+        let b = r.grant_for("b", t + 2).expect("a grant");
+        assert_eq!((b.rate, b.tokens), (1, 0));
+        assert_eq!(r.outstanding(t + 2), 1000);
+    }
+
+    #[test]
+    fn idle_hosts_get_the_floor_they_enforce_anyway() {
+        // A saturated rule: the idle hosts' shares used to be 0, enforced as 1/s each on
+        // top of the quota the busy host held.
+        let a = allocate(1000, &[5000, 0, 0]);
+        assert_eq!(a.iter().map(|a| a.share).collect::<Vec<_>>(), [998, 1, 1]);
+        assert!(a[0].saturated && !a[1].saturated);
+        // A quota below the number of hosts cannot cover their floors: plain max-min.
+        let a = allocate(2, &[5000, 0, 0]);
+        assert_eq!(a.iter().map(|a| a.share).collect::<Vec<_>>(), [2, 0, 0]);
     }
 
     #[test]
@@ -506,22 +605,66 @@ mod tests {
             }
         }
 
-        /// Hosts reporting one at a time, demands moving between them: the shares handed
-        /// out and still valid never sum above the quota.
+        /// Hosts reporting one at a time in any order, joining at any round, demands
+        /// moving between them; each host enforces max(grant, floor). A positive grant
+        /// never takes the enforced sum above the quota; the sum grows above it only by
+        /// the floor of a new host's zero grant (which carries no token); and once
+        /// demands hold still and every host has renewed, it is within the quota again.
         #[test]
-        fn outstanding_grants_never_exceed_the_quota(
+        fn enforced_shares_stay_within_the_quota(
             quota in 1u64..100_000,
-            rounds in prop::collection::vec(prop::collection::vec(0u64..50_000, 5), 1..30),
+            joins in prop::collection::vec(0usize..4, 1..8),
+            rounds in prop::collection::vec(
+                (prop::collection::vec(prop_oneof![Just(0u64), 0u64..50_000], 8), any::<u64>()),
+                1..20),
         ) {
             let mut r = RuleAllocator::new(quota, quota / 10 + 1, Duration::from_secs(3), 0);
             let mut now = 4_000_000_000u64;
-            for demands in &rounds {
-                for (i, d) in demands.iter().enumerate() {
+            let n = joins.len();
+            // The enforced rate of each host, as the hosts see it.
+            let mut enforced: Vec<Option<u64>> = vec![None; n];
+            let last = rounds.last().map(|(d, _)| d.clone()).unwrap_or_default();
+            let settle = (0..3).map(|i| (last.clone(), i as u64));
+            let all: Vec<(Vec<u64>, u64)> = rounds.iter().cloned().chain(settle).collect();
+            for (round, (demands, seed)) in all.iter().enumerate() {
+                let mut order: Vec<usize> = (0..n).filter(|&i| joins[i] <= round).collect();
+                // A permutation from the seed.
+                for i in (1..order.len()).rev() {
+                    order.swap(i, (seed.rotate_left(i as u32 * 7) % (i as u64 + 1)) as usize);
+                }
+                for &i in &order {
                     let host = format!("h{i}");
-                    r.report(&host, Report { demand: *d, held: 0 }, now);
-                    let _ = r.grant_for(&host, now);
-                    prop_assert!(r.outstanding(now) <= quota);
+                    let held = enforced[i].unwrap_or(0);
+                    r.report(&host, Report { demand: demands[i], held }, now);
+                    let before = r.outstanding(now);
+                    let new = enforced[i].is_none();
+                    let g = r.grant_for(&host, now);
+                    let after = r.outstanding(now);
+                    prop_assert_eq!(
+                        after,
+                        enforced.iter().enumerate()
+                            .map(|(j, e)| if j == i {
+                                g.map_or(0, |g| g.rate.max(FLOOR))
+                            } else {
+                                e.unwrap_or(0)
+                            })
+                            .sum::<u64>()
+                    );
+                    if let Some(g) = g {
+                        if g.rate > 0 {
+                            prop_assert!(after <= quota, "{} > {}", after, quota);
+                            prop_assert_eq!(g.tokens, u64::from(new));
+                        } else {
+                            prop_assert_eq!(g.tokens, 0);
+                            prop_assert!(after <= before.max(quota) + u64::from(new));
+                        }
+                        enforced[i] = Some(g.rate.max(FLOOR));
+                    }
                     now += 60_000_000;
+                }
+                if round + 1 == all.len() && quota >= n as u64 * FLOOR {
+                    prop_assert!(r.outstanding(now) <= quota, "settled: {} > {}",
+                        r.outstanding(now), quota);
                 }
             }
         }

@@ -104,6 +104,8 @@ pub struct Share {
     rate: u64,
     burst: u64,
     saturated: bool,
+    /// The last grant was a zero share (enforced at the floor of 1/s).
+    zero: bool,
     /// When the current lease (or the bootstrap period) lapses, ns.
     lease_expires: u64,
     /// When an `open` rule fails open, ns; `None` for static rules.
@@ -126,6 +128,7 @@ impl Share {
             rate: Self::bootstrap_rate(quota, params.fleet_size),
             burst: 1,
             saturated: false,
+            zero: false,
             lease_expires,
             fail_open_at: None,
         };
@@ -151,8 +154,31 @@ impl Share {
         self.rate = grant.rate.max(1);
         self.burst = grant.burst.max(1);
         self.saturated = grant.saturated;
+        self.zero = grant.rate == 0;
         self.lease_expires = now.saturating_add(ns(grant.ttl));
         self.fail_open_at = self.fail_open_deadline(self.lease_expires);
+    }
+
+    /// Whether `grant`, arriving at `now`, takes over the rule's bucket with the grant's
+    /// token count (≤ 1) instead of keeping its state (the TAT): the bucket was not
+    /// metering a granted share (BOOTSTRAP, FAIL_OPEN) or only the floor of a zero grant,
+    /// or the grant lifts a share out of a burst of 1. A grant never hands out a fresh
+    /// burst, and a zero grant (no token) admits nothing until its floor refills: the
+    /// allocator counts that floor only from the zero grant on.
+    ///
+    /// Why a burst of 1: GCRA keeps a bucket's fill as time (TAT − now), and a renewal
+    /// keeps the TAT. A saturated bucket of burst 1 swings between empty and full (each
+    /// frame costs its whole tolerance), so under a larger rate and burst the same TAT is
+    /// on average half the new burst: a share grown from the 1/s floor to 88/s would get
+    /// up to 88 tokens at once. It held at most one token, so resetting it to the grant's
+    /// count loses at most one.
+    pub fn takes_over(&self, grant: &Grant, now: u64) -> bool {
+        match self.state(now) {
+            ShareState::Bootstrap | ShareState::FailOpen => true,
+            ShareState::Leased | ShareState::Sticky => {
+                self.zero || (self.burst <= 1 && grant.burst > 1)
+            }
+        }
     }
 
     /// The global quota changed (config reload): bootstrap rate follows it; a lease
@@ -304,6 +330,29 @@ mod tests {
             2,
         );
         assert!(!s.wants_early_report(5, 3));
+    }
+
+    #[test]
+    fn grants_take_over_from_bootstrap_fail_open_zero_grants_and_a_burst_of_one() {
+        let mut s = Share::bootstrap(10_000, FailMode::Open, ShareParams::default(), 0);
+        let g = grant(250);
+        assert!(s.takes_over(&g, 0));
+        s.on_grant(&grant(0), 0);
+        assert_eq!(s.rate(), 1, "a zero grant is enforced at the floor");
+        assert!(
+            s.takes_over(&g, 1),
+            "the floor of a zero grant is not a share"
+        );
+        s.on_grant(&g, S);
+        assert!(!s.takes_over(&g, S + 1), "a renewal keeps the bucket");
+        assert!(!s.takes_over(&g, S + 3 * S), "STICKY keeps it too");
+        assert!(s.takes_over(&g, S + 303 * S), "FAIL_OPEN did not meter");
+        // A share of burst 1 (rate 5 → burst 0, floored) growing to burst 25 takes over;
+        // a renewal at burst 1 keeps the bucket.
+        s.on_grant(&grant(5), 400 * S);
+        assert_eq!(s.burst(), 1);
+        assert!(!s.takes_over(&grant(9), 400 * S + 1));
+        assert!(s.takes_over(&g, 400 * S + 1));
     }
 
     #[test]

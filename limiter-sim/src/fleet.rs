@@ -57,6 +57,8 @@ struct Pair {
     last_report: u64,
     tick: Counts,
     tick_bootstrap: u64,
+    /// The share started in the current tick.
+    tick_joined: bool,
 }
 
 impl Pair {
@@ -194,6 +196,7 @@ impl Fleet {
                     last_report: EPOCH,
                     tick: Counts::default(),
                     tick_bootstrap: 0,
+                    tick_joined: false,
                 });
             }
             rules.push(Rule {
@@ -250,6 +253,7 @@ impl Fleet {
                 .with_context(|| format!("bootstrap bucket of {}", t.name))?,
         );
         pair.share = Some(share);
+        pair.tick_joined = true;
         pair.t = at;
         pair.last_report = at;
         pair.since_report = Counts::default();
@@ -441,9 +445,11 @@ impl Fleet {
     }
 
     /// Grants that reached their host: the share is LEASED; the bucket takes the new
-    /// rate and burst and keeps its TAT, except out of BOOTSTRAP or FAIL_OPEN (the
-    /// bucket was not metering the share), where the grant's token count (≤ 1) is set:
-    /// a grant never hands out a fresh burst. This is what limiter-user does.
+    /// rate and burst and keeps its TAT, except when the grant takes over
+    /// ([`Share::takes_over`]: out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of
+    /// 1), where the grant's token count (≤ 1; 0 for a
+    /// zero grant) is set: a grant never hands out a fresh burst. This is what
+    /// limiter-user does.
     fn deliver_grants(&mut self, now: u64) -> Result<()> {
         while let Some(m) = self.grants.front().filter(|m| m.at <= now) {
             let (r, p, grant) = (m.rule, m.pair, m.msg);
@@ -453,10 +459,7 @@ impl Fleet {
             let (Some(share), Some(bucket)) = (&mut pair.share, &mut pair.bucket) else {
                 continue;
             };
-            let takes_over = matches!(
-                share.state(now),
-                ShareState::Bootstrap | ShareState::FailOpen
-            );
+            let takes_over = share.takes_over(&grant, now);
             share.on_grant(&grant, now);
             bucket
                 .set_limit(share.rate(), share.burst())
@@ -484,8 +487,10 @@ impl Fleet {
                 tick.offered += pair.tick.offered;
                 tick.admitted += pair.tick.admitted;
                 tick.bootstrap_admitted += pair.tick_bootstrap;
+                tick.joins += u32::from(pair.tick_joined);
                 pair.tick = Counts::default();
                 pair.tick_bootstrap = 0;
+                pair.tick_joined = false;
                 let Some(share) = &pair.share else { continue };
                 let state = share.state(now);
                 let i = state_index(state);

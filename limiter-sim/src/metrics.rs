@@ -30,6 +30,8 @@ pub struct Tick {
     pub admitted: u64,
     /// Admitted by hosts that never had a grant (BOOTSTRAP, or FAIL_OPEN after it).
     pub bootstrap_admitted: u64,
+    /// Shares that started (BOOTSTRAP: a rule's first frame on a host) in the tick.
+    pub joins: u32,
     /// Hosts in each state (indexed by [`state_index`]) at the end of the tick.
     pub hosts: [u32; 4],
     /// Sum of the shares hosts in each state hold (for FAIL_OPEN: the share kept, not

@@ -367,6 +367,39 @@ pub fn join(k: &Knobs) -> Scenario {
         .finish(at + k.tail.min(60 * S))
 }
 
+/// Like [`join`], but the 460 hosts start seeing Contoso one after another, `per_s` a
+/// second (rolling joins: how a key reaches new LBs in practice), with a 50 ms round trip.
+pub fn join_rolling(k: &Knobs, per_s: u32) -> Scenario {
+    let at = k.lead / 2;
+    let per_s = per_s.max(1);
+    let gap = S / u64::from(per_s);
+    let mut s = Scenario::new(
+        k,
+        "join-rolling",
+        &format!("460 rolling joiners, {per_s} a second, allocator up"),
+        &format!(
+            "Contoso on hosts 0–39 (300/s offered each, 250/s granted), then hosts 40–499 \
+             start receiving 200/s each, one every {:.1} ms ({per_s} a second): each \
+             bootstraps at 20/s with 1 token and asks for a grant at once.",
+            gap as f64 / MS as f64
+        ),
+    );
+    s.name = format!("join-rolling-{per_s}");
+    s.events.push(demand(0, CONTOSO, 0..40, 300.0));
+    for (i, h) in (40..500u32).enumerate() {
+        let e = demand(at + i as u64 * gap, CONTOSO, h..h + 1, 200.0);
+        s.events.push(if i == 0 {
+            labelled(e, &format!("joins begin ({per_s}/s)"))
+        } else {
+            e
+        });
+    }
+    s.weight_spread = 0.0;
+    s.shifts = vec![at];
+    s.with_background(k, 0..500, 3_200.0)
+        .finish(at + 460 * gap + k.tail.min(60 * S))
+}
+
 /// Section 11's worst case: the allocator dies, then 460 hosts that never saw Contoso
 /// start receiving its traffic; Directory (static) gets 50 joiners too.
 pub fn outage(k: &Knobs) -> Scenario {
@@ -492,7 +525,11 @@ pub fn idle(k: &Knobs) -> Scenario {
 /// `base` for Contoso alone (no background), with a global burst of `burst`: how much
 /// of the quota a per-host bucket's burst decides.
 pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scenario {
-    base.name = format!("{}-burst{}k", base.name, burst / 1000);
+    base.name = if burst.is_multiple_of(1000) {
+        format!("{}-burst{}k", base.name, burst / 1000)
+    } else {
+        format!("{}-burst{burst}", base.name)
+    };
     base.title = format!("{} (Contoso burst {burst})", base.title);
     base.about = format!(
         "{} Here Contoso's global burst is {burst} (per host: burst × share ÷ quota), and \
@@ -509,6 +546,23 @@ pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scen
     base
 }
 
+/// Global bursts of the `steady` burst sweep (Contoso alone): 1 to 100 tokens per host.
+pub const BURST_SWEEP: [u64; 7] = [500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000];
+
+/// Rolling join rates run (joins per second): the most that keeps section 11's ~0.9 %
+/// by the bootstrap bound with a 50 ms grant ([`crate::claims::joins_per_s_for`]), and
+/// twice that.
+pub fn rolling_joins(k: &Knobs) -> [u32; 2] {
+    let contoso = &base_tenants()[CONTOSO];
+    let r = crate::claims::joins_per_s_for(
+        crate::claims::BOOTSTRAP_CLAIM_PCT,
+        contoso.quota,
+        k.params.fleet_size,
+        50 * MS,
+    );
+    [r, 2 * r]
+}
+
 /// Every built-in scenario, in report order.
 pub fn all(k: &Knobs) -> Vec<Scenario> {
     let mut v = vec![steady(k), shift(k), flash(k)];
@@ -517,9 +571,14 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
         kk.rtt = rtt;
         v.push(join(&kk));
     }
+    for per_s in rolling_joins(k) {
+        v.push(join_rolling(k, per_s));
+    }
     v.extend([outage(k), partition(k), restart(k), idle(k)]);
     let short = 600 * S;
-    v.push(with_contoso_burst(steady(k), 10_000, short));
+    for burst in BURST_SWEEP {
+        v.push(with_contoso_burst(steady(k), burst, short));
+    }
     v.push(with_contoso_burst(flash(k), 10_000, short));
     v
 }

@@ -193,24 +193,20 @@ impl FleetState {
             let Some(share) = self.shares.get_mut(&g.rule) else {
                 continue;
             };
-            // Out of BOOTSTRAP or FAIL_OPEN the bucket has not been metering this share:
-            // the grant takes over with its token count (≤ 1), never a fresh burst.
-            if matches!(
-                share.state(now),
-                ShareState::Bootstrap | ShareState::FailOpen
-            ) {
+            let grant = Grant {
+                rate: g.rate,
+                burst: g.burst,
+                tokens: g.tokens,
+                ttl: Duration::from_millis(g.ttl_ms),
+                saturated: g.saturated,
+            };
+            // Out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of 1 the bucket's TAT
+            // means no share's fill: the grant takes over with its token count (≤ 1; 0
+            // for a zero grant), never a fresh burst (`Share::takes_over`).
+            if share.takes_over(&grant, now) {
                 self.pending_tokens.insert(g.rule.clone(), g.tokens.min(1));
             }
-            share.on_grant(
-                &Grant {
-                    rate: g.rate,
-                    burst: g.burst,
-                    tokens: g.tokens,
-                    ttl: Duration::from_millis(g.ttl_ms),
-                    saturated: g.saturated,
-                },
-                now,
-            );
+            share.on_grant(&grant, now);
         }
     }
 }

@@ -52,6 +52,16 @@ impl Allocator {
     }
 
     fn with_metrics(dir: &Path, pki: &Pki, metrics: Option<u16>) -> Allocator {
+        Self::timed(dir, pki, metrics, LEASE_MS, REPORT_MS)
+    }
+
+    fn timed(
+        dir: &Path,
+        pki: &Pki,
+        metrics: Option<u16>,
+        lease_ms: u64,
+        report_ms: u64,
+    ) -> Allocator {
         let port = free_port();
         let metrics = metrics.map_or(String::new(), |p| format!("127.0.0.1:{p}"));
         let server = pki.pair("allocator");
@@ -60,7 +70,7 @@ impl Allocator {
             &config,
             format!(
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
-                 lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\n\
+                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\n\
                  [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
                  [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n",
@@ -109,13 +119,24 @@ impl Drop for Allocator {
 }
 
 fn daemon_config(host: &str, pki: &Pki, port: u16, cert: &str) -> String {
+    daemon_config_timed(host, pki, port, cert, LEASE_MS, REPORT_MS)
+}
+
+fn daemon_config_timed(
+    host: &str,
+    pki: &Pki,
+    port: u16,
+    cert: &str,
+    lease_ms: u64,
+    report_ms: u64,
+) -> String {
     let pair = pki.pair(cert);
     format!(
         "fleet_size = 3\n\
          [[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"open\"\n\
          [[rules]]\nname = \"cap\"\ndst = \"198.18.0.3/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"static\"\n\
          [fleet]\nallocator = \"127.0.0.1:{port}\"\nhost_id = \"{host}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-         lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\nsticky_max_s = {STICKY_S}\n",
+         lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nsticky_max_s = {STICKY_S}\n",
         pki.ca().display(),
         pair.cert.display(),
         pair.key.display()
@@ -668,4 +689,77 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
     for d in daemons {
         d.stop();
     }
+}
+
+#[test]
+fn refusals_on_an_unsaturated_share_send_a_report_at_once() {
+    // One host, reporting every 2 s: alone, its share is the whole quota, and the grant
+    // says `saturated: false` (it offers nothing). Offered twice the quota, it refuses
+    // frames, so it reports at once instead of at its next report, up to 2 s later.
+    const LEASE: u64 = 4500;
+    const INTERVAL: u64 = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let metrics_port = free_port();
+    let allocator = Allocator::timed(dir.path(), &pki, Some(metrics_port), LEASE, INTERVAL);
+    let lab = Lab::new(&daemon_config_timed(
+        "lb-1",
+        &pki,
+        allocator.port,
+        "lb-1",
+        LEASE,
+        INTERVAL,
+    ));
+    let daemon = lab.start();
+    // The allocator learns for a lease TTL after its start, then grants at a report.
+    wait_state(&[&lab], "web", "leased", Duration::from_secs(15));
+    assert_eq!(web_share(&lab), QUOTA);
+    let reports = || scrape(metrics_port)["limiter_allocator_reports_total"];
+    let saturated = || scrape(metrics_port)["limiter_allocator_saturated_hosts{rule=\"web\"}"];
+    assert_eq!(saturated(), 0.0);
+    // The phase of the regular reports: wait for one to land.
+    let before = reports();
+    let waiting = Instant::now();
+    while reports() == before {
+        assert!(waiting.elapsed() < Duration::from_millis(INTERVAL + 1000));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let regular = Instant::now();
+    let after_regular = reports();
+    // Without refusals nothing comes between two regular reports.
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(reports(), after_regular, "a report without refusals");
+    let mut plan = traffic(&lab, 2 * QUOTA, Duration::from_secs(3));
+    plan.frames.truncate(1);
+    plan.rate = Some(2 * QUOTA);
+    plan.count = 2 * QUOTA * 3;
+    let sender = lab.send_in_background(plan);
+    // The next regular report is due INTERVAL after the last one; the early one comes
+    // within the daemon's 200 ms gap and its 50 ms loop of the first refusals.
+    while reports() == after_regular {
+        assert!(
+            regular.elapsed() < Duration::from_millis(INTERVAL - 300),
+            "no report before the regular one, {:?} after it",
+            regular.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let early = regular.elapsed();
+    // The allocator knows the demand now: the host is saturated at the whole quota.
+    while saturated() != 1.0 {
+        assert!(
+            regular.elapsed() < Duration::from_millis(INTERVAL - 100),
+            "the allocator did not learn the demand before the regular report"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "early report {early:?} after the last regular one (traffic from 400 ms); \
+         saturated at {:?}",
+        regular.elapsed()
+    );
+    assert_eq!(web_share(&lab), QUOTA);
+    join(sender);
+    daemon.stop();
+    drop(allocator);
 }

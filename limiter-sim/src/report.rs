@@ -583,8 +583,8 @@ limiter-fleet `RuleAllocator` per rule; buckets are limiter-common GCRA (`Limit:
 `conform`, `tat_with_tokens`) exactly as the kernel calls them, with the kernel's \
 FAIL_OPEN check on the `fail_open_at` deadline. The daemon-side glue follows \
 limiter-user's `fleet.rs`: `held` is the share in LEASED/STICKY and 0 otherwise; a grant \
-that takes a share out of BOOTSTRAP, FAIL_OPEN or a zero grant (`Share::takes_over`) sets \
-the bucket's token count (≤ 1; 0 for a zero grant), a renewal keeps the TAT; out-of-cycle reports when `wants_early_report` (checked every \
+that takes a share out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of 1 \
+(`Share::takes_over`) sets the bucket's token count (≤ 1; 0 for a zero grant), a renewal keeps the TAT; out-of-cycle reports when `wants_early_report` (checked every \
 100 ms, at most one per 200 ms).
 - **Time.** Virtual nanoseconds in 1 ms steps; reports, grants and allocator events \
 happen on steps. Hosts report on 10 phases of the 1 s interval (their daemons started at \

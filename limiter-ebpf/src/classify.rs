@@ -1,14 +1,20 @@
-//! Most specific rule for a packet: one longest-prefix lookup in the live generation's
-//! table, then the first of its candidates (already ordered most specific first by the
-//! daemon) whose port and protocol fit.
+//! Most specific rule for a packet: the candidates of its destination — from the
+//! exact-address table when the destination is itself a rule prefix (/32, /128), else
+//! from one longest-prefix lookup in the live generation's trie — then the first of them
+//! (already ordered most specific first by the daemon) whose port and protocol fit.
 
 use aya_ebpf::maps::lpm_trie::Key;
-use limiter_common::abi::{PrefixRules, MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES};
+use limiter_common::abi::{
+    host_home, host_index, PrefixRules, HOST_PROBES, MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES,
+};
 
 use crate::{maps, parse::Packet};
 
 #[inline(always)]
 pub fn classify(generation: u32, pkt: &Packet) -> Option<u32> {
+    if let Some(rules) = exact(generation, pkt) {
+        return first_match(rules, pkt);
+    }
     let rules = if pkt.family == 4 {
         let key = Key::new(32, [pkt.dst[0], pkt.dst[1], pkt.dst[2], pkt.dst[3]]);
         if generation & 1 == 0 {
@@ -25,6 +31,42 @@ pub fn classify(generation: u32, pkt: &Packet) -> Option<u32> {
         }
     }?;
     first_match(rules, pkt)
+}
+
+/// The exact-address table's entry for the destination: array reads the verifier
+/// inlines, no helper call. `None` sends the lookup to the trie.
+#[inline(always)]
+fn exact(generation: u32, pkt: &Packet) -> Option<&'static PrefixRules> {
+    let home = host_home(pkt.family, &pkt.dst);
+    let words = if pkt.family == 4 { 1 } else { 4 };
+    for probe in 0..HOST_PROBES {
+        let entry = maps::HOSTS.get(host_index(generation, home, probe))?;
+        if entry.family == 0 {
+            return None;
+        }
+        if entry.family == pkt.family && same_words(&entry.addr, &pkt.dst, words) {
+            return Some(&entry.rules);
+        }
+    }
+    None
+}
+
+/// The first `words` 32-bit words of two addresses are equal (word loads, not a byte
+/// loop or a memcmp call).
+#[inline(always)]
+fn same_words(a: &[u8; 16], b: &[u8; 16], words: usize) -> bool {
+    for w in 0..4 {
+        if w >= words {
+            break;
+        }
+        let i = w * 4;
+        if u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]])
+            != u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+        {
+            return false;
+        }
+    }
+    true
 }
 
 #[inline(always)]

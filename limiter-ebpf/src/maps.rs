@@ -7,14 +7,15 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters, SourceKey,
-        DEFAULT_MAX_SOURCES, GENERATIONS, MAX_PREFIXES, MAX_RULES,
+        Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCounters,
+        SourceKey, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
     },
     clock::TickClock,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
 const SLOTS: usize = MAX_RULES as usize;
+const HOST_ENTRIES: usize = (GENERATIONS * HOST_SLOTS) as usize;
 const PREFIXES: usize = MAX_PREFIXES as usize;
 /// Overridden at load time with the config's `max_sources`.
 const SOURCES: usize = DEFAULT_MAX_SOURCES as usize;
@@ -53,3 +54,7 @@ pub static GLOBAL_COUNTERS: PerCpuArray<GlobalCounters, 1> = PerCpuArray::new();
 /// Each CPU's cached clock reading (limiter_common::clock).
 #[btf_map]
 pub static CLOCK: PerCpuArray<TickClock, 1> = PerCpuArray::new();
+
+/// Exact-address tables, one per generation (limiter_common::abi::HostEntry).
+#[btf_map]
+pub static HOSTS: Array<HostEntry, HOST_ENTRIES> = Array::new();

@@ -210,16 +210,24 @@ fn parse_ipv4(cur: &mut Cursor) -> Result<Packet, ParseError> {
         has_ports: false,
         syn: false,
         dst_port: 0,
-        src: [0; 16],
-        dst: [0; 16],
+        src: v4_in_16(src4),
+        dst: v4_in_16(dst4),
     };
-    pkt.src[..4].copy_from_slice(&src4);
-    pkt.dst[..4].copy_from_slice(&dst4);
     let non_first_fragment = frag_off & 0x1fff != 0;
     if !non_first_fragment {
         parse_l4(cur, &mut pkt)?;
     }
     Ok(pkt)
+}
+
+/// An IPv4 address in the first 4 bytes of 16, the rest zero. Built from words: a zeroed
+/// array with 4 bytes copied in compiles to a call of the object's `memset` (a BPF-to-BPF
+/// call, ≈ 10 ns each here).
+#[inline(always)]
+fn v4_in_16(addr: [u8; 4]) -> [u8; 16] {
+    let words = [u32::from_ne_bytes(addr), 0, 0, 0];
+    // SAFETY: [u32; 4] and [u8; 16] have the same size; every bit pattern is valid.
+    unsafe { core::mem::transmute::<[u32; 4], [u8; 16]>(words) }
 }
 
 #[inline(always)]

@@ -2,7 +2,7 @@
 //! rule table writes the idle generation, then flips `CONTROL.generation`.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     os::fd::{AsFd as _, AsRawFd as _},
     path::Path,
 };
@@ -15,13 +15,13 @@ use aya::{
     Ebpf,
 };
 use limiter_common::abi::{
-    map_name, rule_index, Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters,
-    SourceKey, MAX_RULES, RULE_IN_USE,
+    map_name, rule_index, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
+    RuleCounters, SourceKey, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
     error::Error,
-    ruleset::{PrefixEntry, RuleTable},
+    ruleset::{HostTable, PrefixEntry, RuleTable},
 };
 
 type Trie<const N: usize> = LpmTrie<MapData, [u8; N], PrefixRules>;
@@ -38,6 +38,10 @@ pub struct Maps {
     src_buckets_raw: MapData,
     rule_counters: PerCpuArray<MapData, RuleCounters>,
     global_counters: PerCpuArray<MapData, GlobalCounters>,
+    hosts: Array<MapData, HostEntry>,
+    /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
+    /// process has written the generation (pins adopted from an earlier daemon).
+    hosts_used: [Option<BTreeSet<u32>>; 2],
 }
 
 fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> Error {
@@ -100,6 +104,8 @@ impl Maps {
             src_buckets_raw,
             rule_counters: typed(take(map_name::RULE_COUNTERS)?, map_name::RULE_COUNTERS)?,
             global_counters: typed(take(map_name::GLOBAL_COUNTERS)?, map_name::GLOBAL_COUNTERS)?,
+            hosts: typed(take(map_name::HOSTS)?, map_name::HOSTS)?,
+            hosts_used: [None, None],
         })
     }
 
@@ -166,6 +172,7 @@ impl Maps {
 
         replace_trie(&mut self.v4[next as usize], &table.v4, "IPv4")?;
         replace_trie(&mut self.v6[next as usize], &table.v6, "IPv6")?;
+        self.replace_hosts(next, &HostTable::build(table))?;
         let wanted: BTreeMap<u32, &RuleConfig> = table
             .rules
             .iter()
@@ -185,6 +192,35 @@ impl Maps {
             generation: next,
             ..control
         })
+    }
+
+    /// Writes generation `generation` of `HOSTS`: the slots `hosts` uses, and the ones
+    /// the generation used before (every slot the first time, when that is unknown).
+    fn replace_hosts(&mut self, generation: u32, hosts: &HostTable) -> Result<(), Error> {
+        let used: BTreeSet<u32> = (0..HOST_SLOTS)
+            .filter(|&i| hosts.slots[i as usize].family != 0)
+            .collect();
+        let stale: Vec<u32> = match &self.hosts_used[generation as usize] {
+            Some(before) => before.union(&used).copied().collect(),
+            None => (0..HOST_SLOTS).collect(),
+        };
+        // Forget the old set first: if a write fails half way, the next install rewrites
+        // the whole generation.
+        self.hosts_used[generation as usize] = None;
+        for i in stale {
+            self.hosts
+                .set(generation * HOST_SLOTS + i, hosts.slots[i as usize], 0)
+                .map_err(map_err(format!("writing HOSTS slot {i}")))?;
+        }
+        self.hosts_used[generation as usize] = Some(used);
+        if hosts.unplaced > 0 {
+            tracing::warn!(
+                unplaced = hosts.unplaced,
+                "host prefixes without a slot in the exact-address table; the prefix trie \
+                 matches them (slower path)"
+            );
+        }
+        Ok(())
     }
 
     fn reset_slot(&mut self, slot: u32) -> Result<(), Error> {

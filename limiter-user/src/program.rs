@@ -19,8 +19,9 @@ use aya::{
 };
 use limiter_common::{
     abi::{
-        map_name, Bucket, Control, GlobalCounters, PrefixRules, RuleConfig, RuleCounters,
-        SourceKey, GENERATIONS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME, PROGRAM_NAME_LINEAR,
+        map_name, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
+        RuleCounters, SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
+        PROGRAM_NAME_LINEAR,
     },
     clock::TickClock,
 };
@@ -155,7 +156,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 12] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -210,6 +211,12 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
             1,
         ),
         (map_name::CLOCK, 4, sz(size_of::<TickClock>()), 1),
+        (
+            map_name::HOSTS,
+            4,
+            sz(size_of::<HostEntry>()),
+            GENERATIONS * HOST_SLOTS,
+        ),
     ]
 }
 

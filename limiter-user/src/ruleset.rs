@@ -92,6 +92,71 @@ impl RuleTable {
     }
 }
 
+/// The exact-address table of one generation (`HOSTS`), built from a rule table's host
+/// prefixes (/32, /128): each sits within [`abi::HOST_PROBES`] slots of its home slot,
+/// the probe sequence the program follows (`limiter_common::abi::host_index`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostTable {
+    /// One entry per slot of a generation; `family == 0` is empty.
+    pub slots: Vec<abi::HostEntry>,
+    /// Host prefixes with no free slot within reach: only the prefix tries hold them
+    /// (the program consults the trie on every miss, so they still match).
+    pub unplaced: usize,
+}
+
+impl HostTable {
+    /// Places every host prefix of `table`, in table order.
+    pub fn build(table: &RuleTable) -> HostTable {
+        let mut t = HostTable {
+            slots: vec![abi::HostEntry::default(); abi::HOST_SLOTS as usize],
+            unplaced: 0,
+        };
+        let v4 = table.v4.iter().filter(|e| e.prefix_len == 32).map(|e| {
+            let mut addr = [0u8; 16];
+            addr[..4].copy_from_slice(&e.addr);
+            (4, addr, e.rules)
+        });
+        let v6 = table
+            .v6
+            .iter()
+            .filter(|e| e.prefix_len == 128)
+            .map(|e| (6, e.addr, e.rules));
+        for (family, addr, rules) in v4.chain(v6) {
+            let home = abi::host_home(family, &addr);
+            let free = (0..abi::HOST_PROBES)
+                .map(|probe| abi::host_index(0, home, probe) as usize)
+                .find(|&i| t.slots[i].family == 0);
+            match free {
+                Some(i) => {
+                    t.slots[i] = abi::HostEntry {
+                        family,
+                        addr,
+                        rules,
+                    }
+                }
+                None => t.unplaced += 1,
+            }
+        }
+        t
+    }
+
+    /// What the program finds for a destination: the entry's candidates, or `None` (a
+    /// miss, answered by the prefix trie). Follows the program's probe sequence.
+    pub fn lookup(&self, family: u32, addr: &[u8; 16]) -> Option<&PrefixRules> {
+        let home = abi::host_home(family, addr);
+        for probe in 0..abi::HOST_PROBES {
+            let entry = &self.slots[abi::host_index(0, home, probe) as usize];
+            if entry.family == 0 {
+                return None;
+            }
+            if entry.family == family && entry.addr == *addr {
+                return Some(&entry.rules);
+            }
+        }
+        None
+    }
+}
+
 /// Why a rule set cannot be compiled. Config validation rules most of these out; they
 /// guard callers that build [`RuleSpec`]s by hand.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -922,8 +987,119 @@ mod tests {
         ]
     }
 
+    /// Addresses in 198.18.0.0/15 whose exact-address home slot is the same.
+    fn colliding_v4(count: usize) -> Vec<Ipv4Addr> {
+        let home = |a: Ipv4Addr| {
+            let mut addr = [0u8; 16];
+            addr[..4].copy_from_slice(&a.octets());
+            abi::host_home(4, &addr)
+        };
+        let base = u32::from(Ipv4Addr::new(198, 18, 0, 1));
+        let target = home(Ipv4Addr::from(base));
+        (0..1 << 17)
+            .map(|i| Ipv4Addr::from(base + i))
+            .filter(|&a| home(a) == target)
+            .take(count)
+            .collect()
+    }
+
+    #[test]
+    fn host_table_overflow_is_left_to_the_trie() {
+        let addrs = colliding_v4(abi::HOST_PROBES as usize + 1);
+        assert_eq!(addrs.len(), abi::HOST_PROBES as usize + 1);
+        let rules: Vec<RuleSpec> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| spec(&format!("h{i}"), &format!("{a}/32"), None, Proto::Any))
+            .collect();
+        let t = build(&rules);
+        let hosts = HostTable::build(&t);
+        assert_eq!(hosts.unplaced, 1);
+        for (i, a) in addrs.iter().enumerate() {
+            let mut addr = [0u8; 16];
+            addr[..4].copy_from_slice(&a.octets());
+            let found = hosts.lookup(4, &addr);
+            if i < abi::HOST_PROBES as usize {
+                let slot = found.expect("placed within reach").candidates[0].slot;
+                assert_eq!(t.name_of(u32::from(slot)), Some(format!("h{i}").as_str()));
+            } else {
+                assert!(found.is_none(), "the last one does not fit");
+            }
+            // The program's fallback still classifies it.
+            assert_eq!(
+                which(&t, &a.to_string(), None, UDP).as_deref(),
+                Some(format!("h{i}").as_str())
+            );
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The program's lookup order (exact-address table, then the trie on a miss) gives
+        /// every destination the candidates the trie alone would: a hit is always the
+        /// destination's own host prefix, whose trie entry is the longest match.
+        #[test]
+        fn host_table_agrees_with_the_trie(
+            hosts in prop::collection::vec((any::<bool>(), 0u32..(1 << 17), any::<u128>()), 1..300),
+            wide in prop::collection::vec((0u32..(1 << 17), 8u8..31), 0..20),
+            probes in prop::collection::vec((any::<bool>(), 0usize..300, any::<bool>(), 0u32..(1 << 17)), 64),
+        ) {
+            let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
+            let host_addr = |&(v6, v4, v6a): &(bool, u32, u128)| -> IpAddr {
+                if v6 {
+                    IpAddr::V6(Ipv6Addr::from((0x2001_0db8u128 << 96) | (v6a >> 32)))
+                } else {
+                    IpAddr::V4(Ipv4Addr::from(base + v4))
+                }
+            };
+            let mut seen = BTreeSet::new();
+            let mut rules = Vec::new();
+            for (i, h) in hosts.iter().enumerate() {
+                let a = host_addr(h);
+                if seen.insert(a) {
+                    let len = if a.is_ipv4() { 32 } else { 128 };
+                    rules.push(spec(&format!("h{i}"), &format!("{a}/{len}"), None, Proto::Any));
+                }
+            }
+            for (i, &(v4, len)) in wide.iter().enumerate() {
+                let net = IpNet::new(IpAddr::V4(Ipv4Addr::from(base + v4)), len).unwrap().trunc();
+                if rules.iter().all(|r| r.dst != net) {
+                    let mut rule = spec(&format!("w{i}"), "198.18.0.0/15", None, Proto::Any);
+                    rule.dst = net;
+                    rules.push(rule);
+                }
+            }
+            let t = build(&rules);
+            let table = HostTable::build(&t);
+            let placed = table.slots.iter().filter(|e| e.family != 0).count();
+            prop_assert_eq!(placed + table.unplaced, seen.len());
+            for &(use_host, i, v6, v4) in &probes {
+                let dst = if use_host {
+                    host_addr(&hosts[i % hosts.len()])
+                } else if v6 {
+                    IpAddr::V6(Ipv6Addr::from((0x2001_0db8u128 << 96) | u128::from(v4)))
+                } else {
+                    IpAddr::V4(Ipv4Addr::from(base + v4))
+                };
+                let (family, addr, trie) = match dst {
+                    IpAddr::V4(a) => {
+                        let mut addr = [0u8; 16];
+                        addr[..4].copy_from_slice(&a.octets());
+                        (4, addr, longest(&t.v4, &a.octets()).map(|e| e.rules))
+                    }
+                    IpAddr::V6(a) => (6, a.octets(), longest(&t.v6, &a.octets()).map(|e| e.rules)),
+                };
+                if let Some(hit) = table.lookup(family, &addr) {
+                    prop_assert_eq!(Some(*hit), trie, "{}", dst);
+                } else {
+                    // A miss is right unless the destination was placed.
+                    let placed_here =
+                        table.slots.iter().any(|e| e.family == family && e.addr == addr);
+                    prop_assert!(!placed_here, "{} placed but not found", dst);
+                }
+            }
+        }
 
         #[test]
         fn classify_matches_oracle(

@@ -626,6 +626,58 @@ fn truncation_sweep_never_aborts() {
     assert!(ran > 1000, "only {ran} prefixes ran");
 }
 
+/// Destinations that are rule prefixes are found in the exact-address table; one that
+/// found no slot there (nine addresses crafted to share a home slot, one more than a
+/// lookup probes) is still classified, by the prefix trie — on both builds.
+#[test]
+fn exact_table_overflow_falls_back_to_the_trie() {
+    let home = |a: [u8; 4]| {
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&a);
+        limiter_common::abi::host_home(4, &addr)
+    };
+    let base = u32::from(Ipv4Addr::new(198, 18, 0, 1));
+    let target = home(Ipv4Addr::from(base).octets());
+    let addrs: Vec<[u8; 4]> = (0..1u32 << 17)
+        .map(|i| Ipv4Addr::from(base + i).octets())
+        .filter(|&a| home(a) == target)
+        .take(limiter_common::abi::HOST_PROBES as usize + 1)
+        .collect();
+    let config: String = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            format!(
+                "[[rules]]\nname = \"h{i}\"\ndst = \"{}/32\"\nrate = 1\nburst = {}\n",
+                Ipv4Addr::from(*a),
+                i + 1
+            )
+        })
+        .collect();
+    for variant in [Variant::MultiBuffer, Variant::Linear] {
+        let mut loaded = fixture::load(&config).expect("loading the program");
+        loaded.variant = variant;
+        let before = loaded.snapshot().unwrap();
+        for (i, a) in addrs.iter().enumerate() {
+            // Rule h{i} has a burst of i + 1: i + 2 frames pass i + 1 and drop one.
+            for _ in 0..i + 2 {
+                loaded.run(&v4(*a).udp(1, 53).build()).unwrap();
+            }
+        }
+        let d = delta(&before, &loaded.snapshot().unwrap());
+        assert_eq!(d.global.unmatched, 0, "{} build", variant.as_str());
+        for i in 0..addrs.len() {
+            let c = d.rules[&format!("h{i}")];
+            assert_eq!(
+                (c.passed_packets, c.dropped_packets),
+                (i as u64 + 1, 1),
+                "rule h{i}, {} build",
+                variant.as_str()
+            );
+        }
+    }
+}
+
 /// With a rate too low to refill during the run, exactly `burst` frames pass out of
 /// burst + 1000.
 #[test]

@@ -89,6 +89,18 @@ impl Limit {
         tolerance: 0,
     };
 
+    /// A share of zero: nothing conforms (every frame costs a tick, and the bucket
+    /// tolerates none). A fleet grant of rate 0 compiles to this.
+    pub const CLOSED: Limit = Limit {
+        interval: 1 << FRAC_BITS,
+        tolerance: 0,
+    };
+
+    /// Whether this is [`Limit::CLOSED`] (admits nothing).
+    pub const fn is_closed(&self) -> bool {
+        self.tolerance == 0 && self.interval != 0
+    }
+
     /// Compiles `rate` units per second with a bucket of `burst` units.
     pub fn new(granularity: Granularity, rate: u64, burst: u64) -> Result<Limit, LimitError> {
         if rate == 0 {
@@ -133,7 +145,8 @@ impl Limit {
     /// [`TICK_CLOCK_MIN_TOLERANCE`]).
     #[inline(always)]
     pub const fn tick_clock_ok(&self) -> bool {
-        self.tolerance >= TICK_CLOCK_MIN_TOLERANCE
+        // A closed limit admits nothing at any time: it needs no precise clock.
+        self.tolerance >= TICK_CLOCK_MIN_TOLERANCE || self.is_closed()
     }
 }
 
@@ -320,6 +333,28 @@ mod tests {
         m.tat = tat_with_tokens(&limit, now, 1);
         assert!(m.offer(now, 1));
         assert!(!m.offer(now, 1));
+    }
+
+    #[test]
+    fn closed_admits_nothing_whatever_the_bucket_held() {
+        let open = Limit::new(Granularity::Event, 1000, 100).unwrap();
+        let now = ticks_from_ns(77_000_000_000);
+        // A fresh bucket, one that was idle, one that was full, one far ahead (a cut).
+        for tat in [
+            0,
+            now - ticks_from_ns(5_000_000_000),
+            now + open.tolerance,
+            now + ticks_from_ns(60_000_000_000),
+        ] {
+            let mut m = Meter::new(Limit::CLOSED);
+            m.tat = tat;
+            for i in 0..10_000u64 {
+                let t = now + i * ticks_from_ns(1_000_000);
+                assert!(!m.offer(t, 1), "tat {tat}: frame {i} admitted");
+                assert!(!m.offer(t, 1500), "tat {tat}: a 1500-unit frame admitted");
+            }
+        }
+        assert!(Limit::CLOSED.is_closed() && !open.is_closed() && !Limit::NONE.is_closed());
     }
 
     #[test]

@@ -238,10 +238,11 @@ pub struct HostEntry {
 
 /// Home slot (0..HOST_SLOTS) of a destination in the exact-address table. A
 /// multiplicative hash over the address words: cheap in the kernel, and the daemon
-/// places entries with this same function.
+/// places entries with this same function. Native byte order (no swaps in the kernel):
+/// the daemon and the program always run on the same machine.
 #[inline(always)]
 pub fn host_home(family: u32, addr: &[u8; 16]) -> u32 {
-    let w = |i: usize| u32::from_be_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
     let folded = if family == 4 {
         w(0)
     } else {

@@ -27,11 +27,12 @@ pub struct TickClock {
 }
 
 impl TickClock {
-    /// The cached reading, refreshed with `read_ns` when jiffies has moved since (or on
-    /// first use).
+    /// The cached reading, refreshed with `read_ns` when jiffies has moved since. A zeroed
+    /// entry refreshes on first use too: jiffies is never 0 (it starts at
+    /// INITIAL_JIFFIES, 2^32 − 300 s of ticks, and a 64-bit count never wraps).
     #[inline(always)]
     pub fn now(&mut self, jiffies: u64, read_ns: impl FnOnce() -> u64) -> u64 {
-        if self.jiffies != jiffies || self.ns == 0 {
+        if self.jiffies != jiffies {
             self.ns = read_ns();
             self.jiffies = jiffies;
         }
@@ -53,8 +54,10 @@ mod tests {
     }
 
     impl Machine {
+        /// As the kernel counts them: from INITIAL_JIFFIES (2^32 − 300 s of ticks), never 0.
         fn jiffies(&self) -> u64 {
-            self.ns / self.tick_ns
+            let initial = (1u64 << 32) - 300 * (1_000_000_000 / self.tick_ns);
+            initial + self.ns / self.tick_ns
         }
     }
 

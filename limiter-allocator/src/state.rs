@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
-use limiter_fleet::alloc::{self, Allocation, Report, RuleAllocator};
+use limiter_fleet::alloc::{self, Report, RuleAllocator};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant};
 
 use crate::config::Quota;
@@ -115,7 +115,7 @@ impl State {
             ),
             (
                 "limiter_allocator_granted",
-                "Sum of the shares granted and not lapsed, per second (never above the quota).",
+                "Sum of the shares granted and not lapsed, per second (never above the quota; a zero share is closed and counts 0).",
             ),
             (
                 "limiter_allocator_hosts",
@@ -137,24 +137,8 @@ impl State {
         let mut rows: Vec<[f64; 6]> = Vec::new();
         let names: Vec<String> = self.rules.keys().cloned().collect();
         for r in self.rules.values_mut() {
-            let grants = r.grants(now);
+            let allocations = r.allocations(now);
             let demands = r.demands();
-            let allocations: Vec<Allocation> = r
-                .host_names()
-                .iter()
-                .map(|h| {
-                    grants.get(h).map_or(
-                        Allocation {
-                            share: 0,
-                            saturated: true,
-                        },
-                        |g| Allocation {
-                            share: g.rate,
-                            saturated: g.saturated,
-                        },
-                    )
-                })
-                .collect();
             rows.push([
                 r.quota as f64,
                 r.outstanding(now) as f64,
@@ -232,6 +216,18 @@ mod tests {
         // stays leased) until a renews.
         assert_eq!(s.handle(&req("a", 900, 0), t).grants[0].rate, 1000);
         assert_eq!(s.handle(&req("b", 100, 0), t).grants[0].rate, 0);
+        // The zero share is closed: the grants in force are the quota, not above it. An
+        // idle host c gets a share of 0 too, and is not saturated (demand 0).
+        assert_eq!(s.handle(&req("c", 0, 0), t).grants[0].rate, 0);
+        let m = s.metrics(t);
+        assert!(
+            m.contains("limiter_allocator_granted{rule=\"web\"} 1000\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("limiter_allocator_saturated_hosts{rule=\"web\"} 0\n"),
+            "{m}"
+        );
         // a renews at its fair share, which frees b's.
         let a = s.handle(&req("a", 900, 0), t);
         let b = s.handle(&req("b", 100, 0), t);
@@ -243,7 +239,7 @@ mod tests {
             m.contains("limiter_allocator_granted{rule=\"web\"} 1000"),
             "{m}"
         );
-        assert!(m.contains("limiter_allocator_hosts{rule=\"web\"} 2"));
+        assert!(m.contains("limiter_allocator_hosts{rule=\"web\"} 3"), "{m}");
     }
 
     #[test]

@@ -17,10 +17,6 @@ pub struct Allocation {
     pub saturated: bool,
 }
 
-/// The rate a host enforces for a share: a share of 0 is enforced as 1 unit/s (a GCRA
-/// limit of 0 cannot be represented; [`crate::share::Share::on_grant`] floors it).
-pub const FLOOR: u64 = 1;
-
 /// Max-min fair allocation of `quota` over `demands` (units per second).
 ///
 /// Hosts are served in order of increasing demand; each gets its demand or an equal
@@ -28,27 +24,21 @@ pub const FLOOR: u64 = 1;
 /// spread evenly over all hosts as headroom (so a host's growing demand is absorbed until
 /// its next report). The shares always sum to exactly `quota` (or 0 without hosts).
 ///
-/// Every host enforces at least [`FLOOR`] whatever it is granted, so when the quota
-/// covers it (quota ≥ hosts × FLOOR) every share is at least the floor: a demand below
-/// it counts as the floor. Then the shares the hosts enforce sum to the quota too;
-/// below that (a quota smaller than the number of hosts) the floors alone exceed it.
+/// A share may be 0 (a host without demand while the others' demand exceeds the quota):
+/// the host enforces it as a closed limit (`Limit::CLOSED`, nothing passes), so what
+/// the hosts enforce sums to the quota exactly.
 pub fn allocate(quota: u64, demands: &[u64]) -> Vec<Allocation> {
     let n = demands.len();
     let mut shares = vec![0u64; n];
     if n == 0 {
         return Vec::new();
     }
-    let floor = if quota >= FLOOR.saturating_mul(n as u64) {
-        FLOOR
-    } else {
-        0
-    };
     let mut order: Vec<usize> = (0..n).collect();
     order.sort_by_key(|&i| demands[i]);
     let mut remaining = quota;
     for (served, &i) in order.iter().enumerate() {
         let fair = remaining / (n - served) as u64;
-        let give = demands[i].max(floor).min(fair);
+        let give = demands[i].min(fair);
         shares[i] = give;
         remaining -= give;
     }
@@ -112,9 +102,9 @@ struct HostState {
 }
 
 impl HostState {
-    /// What this host enforces under its grant: a zero grant still admits [`FLOOR`].
+    /// What this host enforces under its grant (a zero grant is closed: nothing).
     fn enforced(&self) -> u64 {
-        self.granted.map_or(0, |g| g.max(FLOOR))
+        self.granted.unwrap_or(0)
     }
 }
 
@@ -230,17 +220,17 @@ impl RuleAllocator {
     /// The grant for `host` (which just reported), or `None` while it can have no share.
     ///
     /// Hosts get their grants one report at a time, so the target allocation is capped
-    /// by what the other hosts still enforce (their grants, a zero grant counting as its
-    /// floor): a positive grant never takes the enforced shares above the quota, even
-    /// while a demand shift moves quota between hosts (a growing host gets its full share
-    /// once the shrinking ones have renewed with theirs, within one report interval).
+    /// by what the other hosts still hold: the shares in force never sum above the
+    /// quota, even while a demand shift moves quota between hosts (a growing host gets
+    /// its full share once the shrinking ones have renewed with theirs, within one report
+    /// interval).
     ///
-    /// A host that arrives while the others hold the whole quota gets a zero grant: it
-    /// stays LEASED (an open rule does not fail open under a healthy allocator) and its
-    /// floor is counted from then on, so the others' next renewals make room for it. Until
-    /// they have (one report interval), the floors of such new hosts are the only excess;
-    /// the zero grant carries no token, so a floor admits its first frame only one floor
-    /// interval (1 s) after the grant — by then every other host has renewed.
+    /// A host that arrives while the others hold the whole quota, or whose demand is 0
+    /// while theirs exceeds it, gets a zero grant: it stays LEASED (an open rule does not
+    /// fail open under a healthy allocator) and enforces a closed limit (nothing passes).
+    /// Such a grant says `saturated: false` when the host reported no demand, so its
+    /// first refusals send a report at once; it says `saturated: true` when the host has
+    /// demand and merely waits for the others' renewals to make room.
     pub fn grant_for(&mut self, host: &str, now: u64) -> Option<Grant> {
         self.expire(now);
         let targets = self.targets(now);
@@ -281,7 +271,7 @@ impl RuleAllocator {
         let h = self.hosts.get_mut(host)?;
         // The token a grant takes over with: one for a host that held no grant (its
         // bootstrap token, as section 11 has it), none after a zero grant (the host had
-        // its token in BOOTSTRAP already) and none for a zero grant.
+        // its token in BOOTSTRAP already) and none for a zero grant (closed).
         let tokens = u64::from(h.granted.is_none() && share > 0);
         h.granted = granted;
         let saturated = h.demand > share;
@@ -291,9 +281,8 @@ impl RuleAllocator {
         })
     }
 
-    /// Shares in force now (granted and not lapsed, a zero grant counting as its floor),
-    /// summed. Never above the quota once every host has renewed since the last new host
-    /// got a zero grant (and the quota covers every host's floor).
+    /// Shares in force now (granted and not lapsed), summed: never above the quota (a
+    /// zero grant is closed and counts 0).
     pub fn outstanding(&mut self, now: u64) -> u64 {
         self.expire(now);
         self.hosts.values().map(HostState::enforced).sum()
@@ -306,6 +295,14 @@ impl RuleAllocator {
             let demands: Vec<u64> = self.hosts.values().map(|h| h.demand).collect();
             allocate(self.quota, &demands)
         }
+    }
+
+    /// The target allocation of every live host, in the order of
+    /// [`RuleAllocator::host_names`] (shares of 0 included: an idle host's is not
+    /// saturated).
+    pub fn allocations(&mut self, now: u64) -> Vec<Allocation> {
+        self.expire(now);
+        self.targets(now)
     }
 
     /// The target grants for every live host, by host name (before the outstanding
@@ -348,8 +345,7 @@ impl RuleAllocator {
         Grant {
             rate: a.share,
             burst: burst.max(1),
-            // A zero grant's floor is not in the others' grants until they renew: it
-            // takes over without a token.
+            // A zero grant is closed: no token.
             tokens: u64::from(a.share > 0),
             ttl: self.lease_ttl,
             saturated: a.saturated,
@@ -513,7 +509,7 @@ mod tests {
     #[test]
     fn a_host_with_no_room_gets_a_zero_grant_not_silence() {
         // Without a grant its lease would lapse and an open rule fail open while the
-        // allocator is healthy; a zero share keeps it leased (at 1/s) until others shrink.
+        // allocator is healthy; a zero share keeps it leased, closed, until others shrink.
         let mut r = RuleAllocator::new(1000, 100, Duration::from_secs(3), 0);
         let t = 3_000_000_000;
         r.report(
@@ -527,38 +523,54 @@ mod tests {
         assert_eq!(r.grant_for("a", t).map(|g| g.rate), Some(1000));
         r.report("b", Report { demand: 0, held: 0 }, t);
         let b = r.grant_for("b", t).expect("a grant");
-        assert_eq!(b.rate, 0);
+        assert_eq!((b.rate, b.tokens), (0, 0));
+        // No demand: not saturated, so its first refusals send a report at once.
         assert!(!b.saturated);
-        // Its floor (1/s) is counted: over the quota until a renews, and without a
-        // token, so it admits nothing before a has.
-        assert_eq!(b.tokens, 0);
-        assert_eq!(r.outstanding(t), 1001);
+        // Closed counts nothing: the quota exactly.
+        assert_eq!(r.outstanding(t), 1000);
+        // b's demand appears (its early report): no room until a renews, so another zero
+        // grant, saturated this time (it waits for a, no need to report again).
+        r.report(
+            "b",
+            Report {
+                demand: 400,
+                held: 0,
+            },
+            t + 1,
+        );
+        let b = r.grant_for("b", t + 1).expect("a grant");
+        assert_eq!((b.rate, b.saturated), (0, true));
+        assert_eq!(r.outstanding(t + 1), 1000);
+        // a renews down to its fair share; b's next report gets the room a left, with
+        // no token (it had its token in BOOTSTRAP).
         r.report(
             "a",
             Report {
                 demand: 1000,
                 held: 1000,
             },
-            t + 1,
+            t + 2,
         );
-        assert_eq!(r.grant_for("a", t + 1).map(|g| g.rate), Some(999));
-        assert_eq!(r.outstanding(t + 1), 1000);
-        // b renews: its floor is now a real share of 1, which takes over from the zero
-        // grant without a token (b spent its one token in BOOTSTRAP).
-        r.report("b", Report { demand: 0, held: 1 }, t + 2);
-        let b = r.grant_for("b", t + 2).expect("a grant");
-        assert_eq!((b.rate, b.tokens), (1, 0));
-        assert_eq!(r.outstanding(t + 2), 1000);
+        assert_eq!(r.grant_for("a", t + 2).map(|g| g.rate), Some(600));
+        r.report(
+            "b",
+            Report {
+                demand: 400,
+                held: 0,
+            },
+            t + 3,
+        );
+        let b = r.grant_for("b", t + 3).expect("a grant");
+        assert_eq!((b.rate, b.tokens, b.saturated), (400, 0, false));
+        assert_eq!(r.outstanding(t + 3), 1000);
     }
 
     #[test]
-    fn idle_hosts_get_the_floor_they_enforce_anyway() {
-        // A saturated rule: the idle hosts' shares used to be 0, enforced as 1/s each on
-        // top of the quota the busy host held.
+    fn idle_hosts_of_a_saturated_rule_get_nothing() {
+        // The idle hosts' shares are 0 (closed), none of the quota goes to them.
         let a = allocate(1000, &[5000, 0, 0]);
-        assert_eq!(a.iter().map(|a| a.share).collect::<Vec<_>>(), [998, 1, 1]);
-        assert!(a[0].saturated && !a[1].saturated);
-        // A quota below the number of hosts cannot cover their floors: plain max-min.
+        assert_eq!(a.iter().map(|a| a.share).collect::<Vec<_>>(), [1000, 0, 0]);
+        assert!(a[0].saturated && !a[1].saturated && !a[2].saturated);
         let a = allocate(2, &[5000, 0, 0]);
         assert_eq!(a.iter().map(|a| a.share).collect::<Vec<_>>(), [2, 0, 0]);
     }
@@ -606,10 +618,11 @@ mod tests {
         }
 
         /// Hosts reporting one at a time in any order, joining at any round, demands
-        /// moving between them; each host enforces max(grant, floor). A positive grant
-        /// never takes the enforced sum above the quota; the sum grows above it only by
-        /// the floor of a new host's zero grant (which carries no token); and once
-        /// demands hold still and every host has renewed, it is within the quota again.
+        /// moving between them (many of them 0); each host enforces its grant, a zero
+        /// grant as a closed limit (0). The enforced shares never sum above the quota,
+        /// whatever the order; a token comes only with a host's first positive grant;
+        /// a zero grant to a host without demand says `saturated: false` (so its first
+        /// refusals report at once); and `outstanding()` is the hosts' own sum.
         #[test]
         fn enforced_shares_stay_within_the_quota(
             quota in 1u64..100_000,
@@ -621,8 +634,9 @@ mod tests {
             let mut r = RuleAllocator::new(quota, quota / 10 + 1, Duration::from_secs(3), 0);
             let mut now = 4_000_000_000u64;
             let n = joins.len();
-            // The enforced rate of each host, as the hosts see it.
+            // The rate each host enforces, as the hosts see it (None: BOOTSTRAP).
             let mut enforced: Vec<Option<u64>> = vec![None; n];
+            let mut had_token = vec![false; n];
             let last = rounds.last().map(|(d, _)| d.clone()).unwrap_or_default();
             let settle = (0..3).map(|i| (last.clone(), i as u64));
             let all: Vec<(Vec<u64>, u64)> = rounds.iter().cloned().chain(settle).collect();
@@ -635,36 +649,24 @@ mod tests {
                 for &i in &order {
                     let host = format!("h{i}");
                     let held = enforced[i].unwrap_or(0);
-                    r.report(&host, Report { demand: demands[i], held }, now);
-                    let before = r.outstanding(now);
-                    let new = enforced[i].is_none();
+                    let demand = demands[i];
+                    r.report(&host, Report { demand, held }, now);
                     let g = r.grant_for(&host, now);
-                    let after = r.outstanding(now);
-                    prop_assert_eq!(
-                        after,
-                        enforced.iter().enumerate()
-                            .map(|(j, e)| if j == i {
-                                g.map_or(0, |g| g.rate.max(FLOOR))
-                            } else {
-                                e.unwrap_or(0)
-                            })
-                            .sum::<u64>()
-                    );
                     if let Some(g) = g {
-                        if g.rate > 0 {
-                            prop_assert!(after <= quota, "{} > {}", after, quota);
-                            prop_assert_eq!(g.tokens, u64::from(new));
-                        } else {
-                            prop_assert_eq!(g.tokens, 0);
-                            prop_assert!(after <= before.max(quota) + u64::from(new));
+                        enforced[i] = Some(g.rate);
+                        if g.tokens > 0 {
+                            prop_assert!(!had_token[i], "a second token for h{}", i);
+                            prop_assert!(g.rate > 0 && g.tokens == 1);
+                            had_token[i] = true;
                         }
-                        enforced[i] = Some(g.rate.max(FLOOR));
+                        if g.rate == 0 && r.hosts.get(&host).is_some_and(|h| h.demand == 0) {
+                            prop_assert!(!g.saturated, "a zero grant without demand is saturated");
+                        }
                     }
+                    let sum: u64 = enforced.iter().map(|e| e.unwrap_or(0)).sum();
+                    prop_assert!(sum <= quota, "{} > {}", sum, quota);
+                    prop_assert_eq!(r.outstanding(now), sum);
                     now += 60_000_000;
-                }
-                if round + 1 == all.len() && quota >= n as u64 * FLOOR {
-                    prop_assert!(r.outstanding(now) <= quota, "settled: {} > {}",
-                        r.outstanding(now), quota);
                 }
             }
         }

@@ -9,7 +9,14 @@
 //! ```
 //!
 //! `fail_mode = "static"` rules never reach FAIL_OPEN: they keep their last share (or the
-//! bootstrap share) for the whole outage. Deadlines are absolute times on the host's
+//! bootstrap share) for the whole outage.
+//!
+//! A share of 0 (a zero grant: the host had no demand, or no room, when it reported) is
+//! closed: the rule's aggregate becomes `Limit::CLOSED` and nothing passes. Once its
+//! lease has lapsed (STICKY), a closed share that refuses frames rejoins: it runs at the
+//! bootstrap rate (quota ÷ fleet_size, burst 1, one token) and asks for a grant, exactly
+//! like a host that sees the rule for the first time mid-outage ([`Share::rejoin`]). It
+//! keeps its fail-open deadline: the outage's time box does not restart. Deadlines are absolute times on the host's
 //! monotonic clock, computed from relative TTLs on the wire, so wall-clock skew between
 //! hosts and the allocator does not matter; the daemon writes them into the rule's map
 //! entry, so the kernel fails open on time even when the daemon is dead.
@@ -85,10 +92,18 @@ pub struct Grant {
     pub saturated: bool,
 }
 
+impl Grant {
+    /// A share of 0: the host enforces a closed limit (nothing passes).
+    pub fn closed(&self) -> bool {
+        self.rate == 0
+    }
+}
+
 /// What the host enforces for the rule right now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Enforcement {
-    /// A GCRA limit of `rate` per second with `burst`.
+    /// A GCRA limit of `rate` per second with `burst`; `rate` 0 is closed (nothing
+    /// passes: `Limit::CLOSED`).
     Limit { rate: u64, burst: u64 },
     /// Everything passes (FAIL_OPEN).
     Open,
@@ -104,8 +119,6 @@ pub struct Share {
     rate: u64,
     burst: u64,
     saturated: bool,
-    /// The last grant was a zero share (enforced at the floor of 1/s).
-    zero: bool,
     /// When the current lease (or the bootstrap period) lapses, ns.
     lease_expires: u64,
     /// When an `open` rule fails open, ns; `None` for static rules.
@@ -128,7 +141,6 @@ impl Share {
             rate: Self::bootstrap_rate(quota, params.fleet_size),
             burst: 1,
             saturated: false,
-            zero: false,
             lease_expires,
             fail_open_at: None,
         };
@@ -136,7 +148,7 @@ impl Share {
         share
     }
 
-    /// quota ÷ fleet_size, at least 1/s (a share of zero would block the rule).
+    /// quota ÷ fleet_size, at least 1/s (a bootstrap share of zero would block the rule).
     pub fn bootstrap_rate(quota: u64, fleet_size: u32) -> u64 {
         (quota / u64::from(fleet_size.max(1))).max(1)
     }
@@ -151,32 +163,29 @@ impl Share {
     /// A grant arrived at `now`: LEASED until now + ttl.
     pub fn on_grant(&mut self, grant: &Grant, now: u64) {
         self.state = ShareState::Leased;
-        self.rate = grant.rate.max(1);
+        self.rate = grant.rate;
         self.burst = grant.burst.max(1);
         self.saturated = grant.saturated;
-        self.zero = grant.rate == 0;
         self.lease_expires = now.saturating_add(ns(grant.ttl));
         self.fail_open_at = self.fail_open_deadline(self.lease_expires);
     }
 
     /// Whether `grant`, arriving at `now`, takes over the rule's bucket with the grant's
     /// token count (≤ 1) instead of keeping its state (the TAT): the bucket was not
-    /// metering a granted share (BOOTSTRAP, FAIL_OPEN) or only the floor of a zero grant,
-    /// or the grant lifts a share out of a burst of 1. A grant never hands out a fresh
-    /// burst, and a zero grant (no token) admits nothing until its floor refills: the
-    /// allocator counts that floor only from the zero grant on.
+    /// metering a granted share (BOOTSTRAP, FAIL_OPEN, a closed share), or the grant
+    /// lifts a share out of a burst of 1. A grant never hands out a fresh burst.
     ///
     /// Why a burst of 1: GCRA keeps a bucket's fill as time (TAT − now), and a renewal
     /// keeps the TAT. A saturated bucket of burst 1 swings between empty and full (each
     /// frame costs its whole tolerance), so under a larger rate and burst the same TAT is
-    /// on average half the new burst: a share grown from the 1/s floor to 88/s would get
-    /// up to 88 tokens at once. It held at most one token, so resetting it to the grant's
-    /// count loses at most one.
+    /// on average half the new burst: a share grown from 1/s to 88/s would get up to 88
+    /// tokens at once. It held at most one token, so resetting it to the grant's count
+    /// loses at most one.
     pub fn takes_over(&self, grant: &Grant, now: u64) -> bool {
         match self.state(now) {
             ShareState::Bootstrap | ShareState::FailOpen => true,
             ShareState::Leased | ShareState::Sticky => {
-                self.zero || (self.burst <= 1 && grant.burst > 1)
+                self.rate == 0 || (self.burst <= 1 && grant.burst > 1)
             }
         }
     }
@@ -217,9 +226,39 @@ impl Share {
     }
 
     /// Whether denials since the last report call for a report now, out of cycle: the
-    /// grant said the share covers demand, yet frames are being refused.
+    /// grant said the share covers demand, yet frames are being refused. A zero grant to
+    /// a host without demand says `saturated: false`, so a closed share's first
+    /// refusals ask for a real share at once.
     pub fn wants_early_report(&self, denials: u64, now: u64) -> bool {
         denials > 0 && !self.saturated && self.state(now) == ShareState::Leased
+    }
+
+    /// Whether the host enforces a closed limit now (a zero grant, LEASED or STICKY).
+    pub fn closed(&self, now: u64) -> bool {
+        self.rate == 0 && matches!(self.state(now), ShareState::Leased | ShareState::Sticky)
+    }
+
+    /// Refusals (`denials` since the last report) on a closed share whose lease has
+    /// lapsed: the host sees demand for a rule it holds no share of, with no allocator
+    /// to ask — the position of a host that joins the rule mid-outage. Section 11 counts
+    /// each such host as adding quota ÷ fleet_size for at most the sticky period (STATIC
+    /// rules: until recovery), so it runs as a joiner does: BOOTSTRAP at quota ÷
+    /// fleet_size with a burst of 1 (the caller sets one token) and a grant request at
+    /// once. Its fail-open deadline stays (the outage's time box does not restart); a
+    /// grant takes over from BOOTSTRAP as usual. Returns whether it rejoined.
+    ///
+    /// Keeping it closed instead (pure STICKY) would refuse all of the rule's traffic
+    /// on this host until FAIL_OPEN — for the whole outage on a STATIC rule: a limiter
+    /// outage turned into an outage of the service behind it.
+    pub fn rejoin(&mut self, denials: u64, now: u64) -> bool {
+        if denials == 0 || self.rate != 0 || self.state(now) != ShareState::Sticky {
+            return false;
+        }
+        self.state = ShareState::Bootstrap;
+        self.rate = Self::bootstrap_rate(self.quota, self.params.fleet_size);
+        self.burst = 1;
+        self.saturated = false;
+        true
     }
 
     pub fn rate(&self) -> u64 {
@@ -338,10 +377,12 @@ mod tests {
         let g = grant(250);
         assert!(s.takes_over(&g, 0));
         s.on_grant(&grant(0), 0);
-        assert_eq!(s.rate(), 1, "a zero grant is enforced at the floor");
+        assert_eq!(s.rate(), 0, "a zero grant is closed");
+        assert_eq!(s.enforcement(1), Enforcement::Limit { rate: 0, burst: 1 });
+        assert!(s.closed(1));
         assert!(
             s.takes_over(&g, 1),
-            "the floor of a zero grant is not a share"
+            "a closed share is not metering a share"
         );
         s.on_grant(&g, S);
         assert!(!s.takes_over(&g, S + 1), "a renewal keeps the bucket");
@@ -353,6 +394,78 @@ mod tests {
         assert_eq!(s.burst(), 1);
         assert!(!s.takes_over(&grant(9), 400 * S + 1));
         assert!(s.takes_over(&g, 400 * S + 1));
+    }
+
+    #[test]
+    fn a_closed_share_asks_at_its_first_refusal() {
+        let mut s = Share::bootstrap(10_000, FailMode::Open, ShareParams::default(), 0);
+        // A zero grant to a host without demand: not saturated.
+        s.on_grant(&grant(0), 0);
+        assert!(!s.wants_early_report(0, 1));
+        assert!(s.wants_early_report(1, 1));
+        // A zero grant to a host with demand (no room yet) is saturated: no early report.
+        s.on_grant(
+            &Grant {
+                saturated: true,
+                ..grant(0)
+            },
+            2,
+        );
+        assert!(!s.wants_early_report(1, 3));
+    }
+
+    #[test]
+    fn a_lapsed_closed_share_rejoins_like_a_joiner_on_refusals() {
+        let p = ShareParams::default();
+        let mut s = Share::bootstrap(10_000, FailMode::Open, p, 0);
+        s.on_grant(&grant(0), S);
+        let (_, fail_open_at) = s.deadlines();
+        assert_eq!(fail_open_at, S + 303 * S);
+        // LEASED: the allocator is there to ask (an early report), no rejoin.
+        assert!(!s.rejoin(5, 2 * S));
+        // STICKY without refusals: stays closed.
+        assert!(!s.rejoin(0, 5 * S));
+        assert!(s.closed(5 * S));
+        // STICKY with refusals: BOOTSTRAP at quota ÷ fleet_size, burst 1.
+        assert!(s.rejoin(5, 5 * S));
+        assert_eq!(s.state(5 * S), ShareState::Bootstrap);
+        assert!(!s.closed(5 * S));
+        assert_eq!(
+            s.enforcement(5 * S),
+            Enforcement::Limit { rate: 20, burst: 1 }
+        );
+        assert!(!s.rejoin(5, 6 * S), "only once");
+        // The outage's time box does not restart.
+        assert_eq!(s.deadlines().1, fail_open_at);
+        assert_eq!(s.state(fail_open_at), ShareState::FailOpen);
+        // A grant takes over from it as from any BOOTSTRAP.
+        assert!(s.takes_over(&grant(250), 10 * S));
+        s.on_grant(&grant(250), 10 * S);
+        assert_eq!(s.state(10 * S), ShareState::Leased);
+
+        // A positive STICKY share keeps its share (pure STICKY); FAIL_OPEN stays open.
+        let mut s = Share::bootstrap(10_000, FailMode::Open, p, 0);
+        s.on_grant(&grant(250), 0);
+        assert!(!s.rejoin(5, 4 * S));
+        assert_eq!(s.state(4 * S), ShareState::Sticky);
+        let mut s = Share::bootstrap(10_000, FailMode::Open, p, 0);
+        s.on_grant(&grant(0), 0);
+        assert!(!s.rejoin(5, 303 * S));
+        assert_eq!(s.state(303 * S), ShareState::FailOpen);
+
+        // STATIC: rejoins, and holds the bootstrap share until the allocator is back.
+        let mut s = Share::bootstrap(2_000_000, FailMode::Static, p, 0);
+        s.on_grant(&grant(0), 0);
+        assert!(s.rejoin(1, 10 * S));
+        let years = 10 * 365 * 24 * 3600 * S;
+        assert_eq!(s.state(years), ShareState::Bootstrap);
+        assert_eq!(
+            s.enforcement(years),
+            Enforcement::Limit {
+                rate: 4000,
+                burst: 1
+            }
+        );
     }
 
     #[test]

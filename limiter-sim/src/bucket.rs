@@ -48,7 +48,11 @@ pub struct Bucket {
     pub tat: u64,
 }
 
+/// A share of 0 is closed ([`Limit::CLOSED`]), as limiter-user compiles a zero grant.
 fn compile(rate: u64, burst: u64) -> Result<Limit> {
+    if rate == 0 {
+        return Ok(Limit::CLOSED);
+    }
     Limit::new(Granularity::Event, rate, burst)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("compiling a limit of {rate}/s with burst {burst}"))
@@ -109,7 +113,8 @@ impl Bucket {
     /// bound "admitted ≤ rate × time + burst" holds exactly as in the kernel. A TAT
     /// beyond the tolerance (a lowered limit) is pulled back as [`conform`] does.
     pub fn offer_even(&mut self, start_ns: u64, end_ns: u64, n: u64) -> u64 {
-        if n == 0 || end_ns <= start_ns {
+        if n == 0 || end_ns <= start_ns || self.limit.is_closed() {
+            // Closed: nothing conforms and the TAT stays (as `conform` leaves it).
             return 0;
         }
         let gap = (end_ns - start_ns) / n;
@@ -298,6 +303,26 @@ mod tests {
                 "r {r} λ {lambda}: {got} vs {want}"
             );
         }
+    }
+
+    #[test]
+    fn a_share_of_zero_is_closed_in_both_forms() {
+        // A bucket that was full, then closed (a zero grant keeps the TAT).
+        let mut b = Bucket::new(250, 50).unwrap();
+        b.set_limit(0, 1).unwrap();
+        assert!(b.limit.is_closed());
+        assert_eq!(b.tokens(NS_PER_S), 0);
+        assert!(!b.offer(NS_PER_S));
+        assert_eq!(b.offer_even(NS_PER_S, 2 * NS_PER_S, 100_000), 0);
+        let mut a = Arrivals::new(Rng::new(3), 1e9);
+        a.set_rate(300.0, 2 * NS_PER_S);
+        let c = a.run(2 * NS_PER_S, 12 * NS_PER_S, Verdict::Meter(&mut b));
+        assert!(c.offered > 2000 && c.admitted == 0, "{c:?}");
+        // A grant after it takes over with its token count.
+        b.set_limit(250, 50).unwrap();
+        b.set_tokens(12 * NS_PER_S, 0);
+        assert!(!b.offer(12 * NS_PER_S));
+        assert!(b.offer(12 * NS_PER_S + 4 * 1_000_000));
     }
 
     #[test]

@@ -164,8 +164,8 @@ pub fn grant_latency(rtt: u64) -> u64 {
 /// The most frames a joiner admits in BOOTSTRAP: its one token, then one frame per
 /// bootstrap interval (quota ÷ fleet_size per second, burst 1) until its grant arrives
 /// `grant_latency(rtt)` later: `1 + ⌊r_b × L⌋`. A first grant of 0 (the old leases hold
-/// the quota) takes over without a token, so nothing follows it until the allocator has
-/// counted the host's floor and the others have renewed.
+/// the quota) is closed, so nothing follows it until the others have renewed and the
+/// host's next report gets it a share.
 pub fn bootstrap_frames_per_joiner(quota: u64, fleet_size: u32, rtt: u64) -> u64 {
     let rate = Share::bootstrap_rate(quota, fleet_size);
     1 + u64::try_from(u128::from(rate) * u128::from(grant_latency(rtt)) / u128::from(NS_PER_S))
@@ -206,8 +206,8 @@ pub struct JoinFigures {
     pub secs_over: usize,
     /// Largest sum of enforced shares ÷ quota in the window, percent.
     pub enforced_peak_pct: f64,
-    /// Largest sum of LEASED and STICKY shares (grants in force, a zero grant at its
-    /// floor) ÷ quota in the window, percent.
+    /// Largest sum of LEASED and STICKY shares (grants in force, a zero grant closed:
+    /// 0) ÷ quota in the window, percent.
     pub granted_peak_pct: f64,
     /// Largest admitted over a 100 ms tick, as a rate, over the quota, percent.
     pub tick_peak_pct: f64,
@@ -442,15 +442,28 @@ together exceed ~0.9 % as soon as J × (1 + ⌊r_b × L⌋) > 0.9 % of the quota
 allocator does (their single tokens alone are J ÷ quota). The ~0.9 % holds for joins spread \
 over time (rolling joins, as a key reaches new LBs) at up to the rate shown.";
 
+const WHY_REJOIN: &str = "A zero grant is a closed limit (nothing passes). When its lease lapses \
+the host holds no part of the quota, exactly like a host that has not seen the rule, and section \
+11 budgets such hosts: each may add quota ÷ fleet_size while the allocator is away (time-boxed \
+for open rules, until recovery for STATIC ones). So a lapsed closed share that refuses frames \
+rejoins as a joiner (BOOTSTRAP at quota ÷ fleet_size, burst 1, one token, its fail-open \
+deadline unchanged). Sticky shares still sum to at most the quota (closed ones count 0), and \
+the hosts that add quota ÷ fleet_size are at most the hosts holding no share, which is what \
+the +92 % worst case counts. Pure STICKY would refuse all of the rule's traffic on those \
+hosts until FAIL_OPEN, and for the whole outage on a STATIC rule: a limiter outage turned \
+into an outage of the service.";
+
 const WHY_PARTITION: &str = "An allocator that expired every host while cut off would hand the \
 first reporters their full targets while the other hosts still enforce STICKY shares it no \
 longer counts; it learns again (renews what hosts hold) after a lease TTL without any \
 report, as a restarted one does.";
 
-const WHY_ZERO_SHARE: &str = "A host with no room gets a grant of rate 0 (enforced at the 1/s \
-floor, which the allocator counts) so it stays LEASED; without a grant its lease would lapse \
-with the allocator up, keep its old share as STICKY (uncounted by the allocator) and then \
-fail open.";
+const WHY_ZERO_SHARE: &str = "A host with no room gets a grant of rate 0, enforced as a closed \
+limit (nothing passes; none of the quota), so it stays LEASED; without a grant its lease would \
+lapse with the allocator up, keep its old share as STICKY (uncounted by the allocator) and then \
+fail open. A zero grant to a host without demand says saturated: false, so its first refusals \
+send a report at once; it gets a real share as soon as the hosts holding the quota have \
+renewed (their next reports).";
 
 const WHY_ACCURACY: &str = "Each host's bucket gets burst × share ÷ quota tokens. At ≈ 20 \
 frames/s per host Poisson arrivals overflow a bucket of a few tokens (a host whose share \
@@ -577,7 +590,10 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             });
         }
     }
-    if let Some((run, r)) = find(runs, "outage") {
+    for (run, r) in ["outage", "outage-idle", "outage-move"]
+        .into_iter()
+        .filter_map(|n| find(runs, n))
+    {
         let sc = &run.scenario;
         let (down, up) = outages(sc).first().copied().unwrap_or((0, sc.duration));
         let joiners = first_change(sc);
@@ -657,6 +673,53 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
                     && f.after_peak_pct <= TOLERANCE_PCT,
             ),
             why: "",
+        });
+    }
+    for (with, without) in [
+        ("outage-idle", "outage-idle-sticky"),
+        ("outage-move", "outage-move-sticky"),
+    ] {
+        let (Some(a), Some(b)) = (
+            runs.iter().find(|r| r.scenario.name == with),
+            runs.iter().find(|r| r.scenario.name == without),
+        ) else {
+            continue;
+        };
+        let (Some(w), Some(o)) = (outage_window(a), outage_window(b)) else {
+            continue;
+        };
+        let bound = 460.0 * 20.0 / 10_000.0 * 100.0;
+        v.push(Claim {
+            source: "§11 (closed shares)",
+            claim: "A closed share that sees demand mid-outage adds at most what a joiner adds \
+                    (quota ÷ fleet_size), instead of refusing everything until FAIL_OPEN \
+                    (STATIC: until recovery)"
+                .into(),
+            scenario: format!("{with} vs {without}"),
+            expected: format!(
+                "Contoso ≤ +{bound:.0} % over the quota; fewer false drops than pure STICKY"
+            ),
+            simulated: format!(
+                "Contoso admitted {:.1} % of quota (peak {:+.1} %), false drops {:.1} % of \
+                 offered, vs {:.1} % ({:+.1} %), {:.1} %; Directory {:.1} % of quota, false \
+                 drops {:.1} %, vs {:.1} %, {:.1} %",
+                w.contoso.0,
+                w.contoso.1,
+                w.contoso.2,
+                o.contoso.0,
+                o.contoso.1,
+                o.contoso.2,
+                w.directory.0,
+                w.directory.2,
+                o.directory.0,
+                o.directory.2
+            ),
+            verdict: verdict(
+                w.contoso.1 <= bound + 1.0
+                    && w.contoso.2 <= o.contoso.2
+                    && w.directory.2 <= o.directory.2,
+            ),
+            why: WHY_REJOIN,
         });
     }
     for (name, what) in [("partition", "partitioned"), ("restart", "restarted")] {
@@ -771,6 +834,49 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
         }
     }
     v
+}
+
+/// One rule during an outage with traffic on closed shares: (mean admitted ÷ quota %,
+/// largest 1 s overshoot %, false drops % of offered).
+pub type OutageWindow = (f64, f64, f64);
+
+/// Contoso and Directory from the traffic's arrival on the closed shares until the first
+/// FAIL_OPEN or the allocator's return (whole seconds, the first one skipped).
+#[derive(Clone, Copy, Debug)]
+pub struct OutageWindows {
+    pub contoso: OutageWindow,
+    pub directory: OutageWindow,
+}
+
+pub fn outage_window(run: &Run) -> Option<OutageWindows> {
+    let sc = &run.scenario;
+    let (_, up) = outages(sc).first().copied()?;
+    let at = first_change(sc)?;
+    let c = run.rule("contoso")?;
+    let d = run.rule("directory")?;
+    let tps = ticks_per_s(run);
+    let fo = state_index(ShareState::FailOpen);
+    let first_fail_open = c
+        .ticks
+        .iter()
+        .enumerate()
+        .skip((at / run.tick_ns) as usize)
+        .find(|(_, x)| x.hosts[fo] > 0)
+        .map(|(i, _)| i / tps);
+    let end = first_fail_open.unwrap_or(secs(up)).min(secs(up));
+    let range = secs(at) + 1..end;
+    let figures = |r: &RuleSeries| -> OutageWindow {
+        let sel = r.seconds.get(range.clone()).unwrap_or_default();
+        let admitted: u64 = sel.iter().map(|c| c.admitted).sum();
+        let mean = admitted as f64 / sel.len().max(1) as f64 / r.quota as f64 * 100.0;
+        let o = overshoot(&r.seconds, r.quota, range.clone(), TOLERANCE_PCT);
+        let dr = drops(&r.seconds, r.quota, range.clone());
+        (mean, o.max_pct, dr.false_pct_of_offered())
+    };
+    Some(OutageWindows {
+        contoso: figures(c),
+        directory: figures(d),
+    })
 }
 
 /// One point of the burst sweep: `steady` with Contoso alone at one global burst.

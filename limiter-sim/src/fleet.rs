@@ -293,7 +293,7 @@ impl Fleet {
             }
             self.allocator(now);
             if elapsed > 0 && elapsed.is_multiple_of(TICK) {
-                self.flush(now, elapsed.is_multiple_of(NS_PER_S));
+                self.flush(now, elapsed.is_multiple_of(NS_PER_S))?;
             }
             now += STEP;
         }
@@ -474,9 +474,15 @@ impl Fleet {
 
     /// A metrics tick: every tracked rule's pairs are brought up to `now` and summed
     /// (and the others' too on whole seconds); out-of-cycle reports go out.
-    fn flush(&mut self, now: u64, whole_second: bool) {
+    ///
+    /// A closed share whose lease lapsed and that refused frames since its last report
+    /// rejoins ([`Share::rejoin`]: BOOTSTRAP, one token) and asks for a grant at once, as
+    /// the daemon does on its 50 ms poll (here at the metrics tick).
+    fn flush(&mut self, now: u64, whole_second: bool) -> Result<()> {
         let gap = self.sc.early_report_gap;
+        let rejoin = self.sc.rejoin;
         let mut early = Vec::new();
+        let mut rejoined = Vec::new();
         for (ri, rule) in self.rules.iter_mut().enumerate() {
             if !rule.tenant.tracked && !whole_second {
                 continue;
@@ -502,6 +508,19 @@ impl Fleet {
                 {
                     early.push((ri as u32, pi as u32));
                 }
+                let denials = pair.since_report.dropped();
+                if rejoin && state == ShareState::Sticky && share.rate() == 0 && denials > 0 {
+                    if let (Some(share), Some(bucket)) = (&mut pair.share, &mut pair.bucket) {
+                        if share.rejoin(denials, now) {
+                            rejoined.push((ri as u32, pi as u32));
+                            bucket.set_limit(share.rate(), share.burst())?;
+                            bucket.set_tokens(now, 1);
+                            // From here it is a joiner: what it admits is bootstrap.
+                            pair.granted = false;
+                            pair.tick_joined = true;
+                        }
+                    }
+                }
             }
             self.frames += tick.offered;
             rule.second.add(Counts {
@@ -524,6 +543,11 @@ impl Fleet {
         for (r, p) in early {
             self.send_report(r, p, now, false);
         }
+        self.stats.rejoins += rejoined.len() as u64;
+        for (r, p) in rejoined {
+            self.send_report(r, p, now, true);
+        }
+        Ok(())
     }
 }
 

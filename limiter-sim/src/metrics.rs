@@ -69,6 +69,8 @@ pub struct AllocatorStats {
     /// Reports that reached the allocator, per second.
     pub reports: Vec<u64>,
     pub early_reports: u64,
+    /// Closed shares that rejoined (BOOTSTRAP) on refusals after their lease lapsed.
+    pub rejoins: u64,
     pub lost_reports: u64,
     pub grants: u64,
     /// Grant computations (one per rule per batch of reports).

@@ -36,6 +36,8 @@ pub struct Row {
     pub contoso_up: String,
     pub contoso_outage: String,
     pub contoso_false: String,
+    /// Mean admitted ÷ quota over the seconds offered ≥ 105 % of it (allocator up).
+    pub contoso_admitted: String,
     pub converge: String,
     pub directory: String,
     pub background_false: String,
@@ -86,6 +88,10 @@ pub fn rows(runs: &[Run]) -> Vec<Row> {
                 contoso_false: contoso.as_ref().map_or("–".into(), |(_, f)| {
                     format!("{:.1} %", f.drops_up.false_pct_of_offered())
                 }),
+                contoso_admitted: contoso
+                    .as_ref()
+                    .and_then(|(_, f)| f.saturated_admitted_pct)
+                    .map_or("–".into(), |p| format!("{p:.1} %")),
                 converge: if converge.is_empty() {
                     "–".into()
                 } else {
@@ -109,7 +115,7 @@ pub fn rows(runs: &[Run]) -> Vec<Row> {
         .collect()
 }
 
-const HEADER: [&str; 11] = [
+const HEADER: [&str; 12] = [
     "scenario",
     "simulated",
     "wall",
@@ -117,13 +123,14 @@ const HEADER: [&str; 11] = [
     "Contoso max 1 s overshoot / s > 2 % (allocator up)",
     "(outage)",
     "Contoso false drops",
+    "Contoso admitted ÷ quota when offered > 105 %",
     "shares settle (intervals)",
     "Directory max overshoot / s > 2 %",
     "background false drops",
     "reports/s",
 ];
 
-fn cells(r: &Row) -> [String; 11] {
+fn cells(r: &Row) -> [String; 12] {
     [
         r.scenario.clone(),
         r.simulated.clone(),
@@ -132,6 +139,7 @@ fn cells(r: &Row) -> [String; 11] {
         r.contoso_up.clone(),
         r.contoso_outage.clone(),
         r.contoso_false.clone(),
+        r.contoso_admitted.clone(),
         r.converge.clone(),
         r.directory.clone(),
         r.background_false.clone(),
@@ -149,12 +157,13 @@ pub fn text_table(rows: &[Row]) -> String {
         "contoso up",
         "outage",
         "false",
+        "admitted",
         "converge",
         "directory",
         "bg false",
         "rep/s",
     ];
-    let all: Vec<[String; 11]> = rows.iter().map(cells).collect();
+    let all: Vec<[String; 12]> = rows.iter().map(cells).collect();
     let mut w = short.map(|h| h.chars().count());
     for c in &all {
         for (i, s) in c.iter().enumerate() {
@@ -632,12 +641,10 @@ fn derivations(o: &mut String, runs: &[Run]) {
              grant at once; the grant arrives L later (the round trip, plus up to one 1 ms \
              simulation step). Meanwhile its bucket admits at most `1 + ⌊r_b × L⌋` frames \
              (the token, then one per 1/r_b). A first grant of 0 (the old leases still hold \
-             the quota) takes over without a token and its 1/s floor is counted by the \
-             allocator, so nothing else comes on top: J joiners within a second add at most \
-             `J × (1 + ⌊r_b × L⌋) ÷ quota` of a second of quota. The joiners' zero-grant floors \
-             do show in the grants in force (over the quota by one unit per joiner until the \
-             old hosts renew, within a report interval), but they hold no token meanwhile. \
-             Per run (Contoso, quota \
+             the quota) is closed (nothing passes) until the old hosts have renewed and the \
+             joiner's next report gets it a share, so nothing else comes on top: J joiners \
+             within a second add at most `J × (1 + ⌊r_b × L⌋) ÷ quota` of a second of quota, \
+             and the grants in force never exceed the quota. Per run (Contoso, quota \
              {} /s, r_b = {}/s):\n",
             joins[0].rule("contoso").map_or(0, |r| r.quota),
             joins[0].rule("contoso").map_or(0, |r| {

@@ -77,6 +77,9 @@ pub struct Scenario {
     /// report (denials on an unsaturated lease).
     pub early_report_gap: u64,
     pub share_start: ShareStart,
+    /// A closed share whose lease lapsed rejoins on refusals (`Share::rejoin`, what
+    /// limiter-user does); `false` models pure STICKY (it stays closed), for comparison.
+    pub rejoin: bool,
     /// Per-host rates above this are simulated as dense streams (closed form).
     pub dense_above: f64,
     /// Host weights are uniform in [1 - spread, 1 + spread]: hosts see unequal traffic.
@@ -240,6 +243,7 @@ impl Scenario {
             phase_groups: 10,
             early_report_gap: 200 * MS,
             share_start: ShareStart::FirstFrame,
+            rejoin: true,
             dense_above: 250.0,
             weight_spread: 0.5,
             tenants: base_tenants(),
@@ -522,6 +526,84 @@ pub fn idle(k: &Knobs) -> Scenario {
     s.finish(at + k.tail.min(60 * S))
 }
 
+/// Section 11's outage worst case in the daemon model: Contoso and Directory are
+/// configured on all 500 hosts from time 0, so the hosts without traffic hold zero
+/// grants (closed shares) when the allocator dies; later the traffic reaches them (and,
+/// with `moves`, Contoso's leaves hosts 0–39). With `rejoin` (what limiter-user does)
+/// each lapsed closed share that refuses frames runs at the bootstrap rate, as a joiner
+/// would; without it (pure STICKY) it stays closed.
+pub fn outage_idle(k: &Knobs, rejoin: bool, moves: bool) -> Scenario {
+    let down = k.lead;
+    let joiners = down + k.sticky() / 5;
+    let up = down + k.sticky() * 12 / 5;
+    let name = match (moves, rejoin) {
+        (false, true) => "outage-idle",
+        (false, false) => "outage-idle-sticky",
+        (true, true) => "outage-move",
+        (true, false) => "outage-move-sticky",
+    };
+    let what = if moves {
+        "Contoso's traffic moves from hosts 0–39 to 40–499"
+    } else {
+        "traffic reaches the closed shares"
+    };
+    let how = if rejoin {
+        "closed shares rejoin (bootstrap rate)"
+    } else {
+        "closed shares stay closed (pure STICKY, for comparison)"
+    };
+    let mut s = Scenario::new(
+        k,
+        name,
+        &format!("Allocator outage, {what}; {how}"),
+        &format!(
+            "Daemon model: Contoso and Directory configured on all 500 hosts from the \
+             start; Contoso's traffic on hosts 0–39 (300/s each), Directory's on hosts \
+             0–449 (4,800/s each), so the other hosts hold zero grants (closed). The \
+             allocator dies; later hosts 40–499 start receiving Contoso (200/s each){} and \
+             hosts 450–499 Directory; the allocator comes back (restarted) after longer \
+             than the sticky period. {}.",
+            if moves {
+                ", which hosts 0–39 no longer get"
+            } else {
+                ""
+            },
+            if rejoin {
+                "A lapsed closed share that refuses frames runs at quota ÷ fleet_size with \
+                 a burst of 1, as a joiner does"
+            } else {
+                "Closed shares stay closed until FAIL_OPEN (Directory: until the allocator \
+                 is back)"
+            }
+        ),
+    );
+    s.name = name.into();
+    s.rejoin = rejoin;
+    s.share_start = ShareStart::DaemonStart;
+    s.events.push(demand(0, CONTOSO, 0..40, 300.0));
+    s.events.push(demand(0, CONTOSO, 40..500, 0.0));
+    s.events.push(demand(0, DIRECTORY, 0..450, 4_800.0));
+    s.events.push(demand(0, DIRECTORY, 450..500, 0.0));
+    s.events
+        .push(allocator(down, Action::AllocatorDown, "allocator down"));
+    s.events.push(labelled(
+        demand(joiners, CONTOSO, 40..500, 200.0),
+        "traffic reaches the closed shares: 460 Contoso, 50 Directory",
+    ));
+    if moves {
+        s.events.push(demand(joiners, CONTOSO, 0..40, 0.0));
+    }
+    s.events.push(demand(joiners, DIRECTORY, 450..500, 4_800.0));
+    s.events.push(allocator(
+        up,
+        Action::AllocatorUp { restart: true },
+        "allocator back (restarted)",
+    ));
+    s.weight_spread = 0.0;
+    s.shifts = vec![up];
+    s.finish(up + k.tail)
+}
+
 /// `base` for Contoso alone (no background), with a global burst of `burst`: how much
 /// of the quota a per-host bucket's burst decides.
 pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scenario {
@@ -574,7 +656,16 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
     for per_s in rolling_joins(k) {
         v.push(join_rolling(k, per_s));
     }
-    v.extend([outage(k), partition(k), restart(k), idle(k)]);
+    v.extend([
+        outage(k),
+        outage_idle(k, true, false),
+        outage_idle(k, false, false),
+        outage_idle(k, true, true),
+        outage_idle(k, false, true),
+        partition(k),
+        restart(k),
+        idle(k),
+    ]);
     let short = 600 * S;
     for burst in BURST_SWEEP {
         v.push(with_contoso_burst(steady(k), burst, short));

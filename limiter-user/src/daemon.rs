@@ -359,14 +359,21 @@ impl Daemon {
         Ok(())
     }
 
-    /// Reinstalls when a share changed state on its own (lease lapsed, fail open), so the
-    /// map entries and everything reading them show it.
+    /// Reinstalls when a share changed state on its own (lease lapsed, fail open) or a
+    /// lapsed closed share rejoined on refusals (`FleetState::rejoin`), so the map
+    /// entries and everything reading them show it.
     pub fn fleet_tick(&mut self) -> Result<(), Error> {
+        if self.fleet.is_none() {
+            return Ok(());
+        }
+        let totals = self.fleet_totals()?;
+        let now = monotonic_ns();
+        let rejoined = self.fleet.as_mut().is_some_and(|f| f.rejoin(&totals, now));
         let changed = self
             .fleet
             .as_ref()
-            .is_some_and(|f| f.states(monotonic_ns()) != self.installed_states);
-        if changed {
+            .is_some_and(|f| f.states(now) != self.installed_states);
+        if rejoined || changed {
             self.reinstall()?;
         }
         Ok(())

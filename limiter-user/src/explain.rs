@@ -48,6 +48,9 @@ pub struct BucketView {
     pub refill_ms: u64,
     /// Would the frame conform to this bucket now?
     pub conforms: bool,
+    /// A closed limit (a fleet share of 0): nothing passes until a grant opens it.
+    #[serde(default)]
+    pub closed: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -84,6 +87,17 @@ pub fn bucket_view(
     now: u64,
     units: u64,
 ) -> BucketView {
+    if limit.is_closed() {
+        return BucketView {
+            key,
+            rate: 0,
+            burst: 0,
+            available: 0,
+            refill_ms: 0,
+            conforms: false,
+            closed: true,
+        };
+    }
     let ahead = tat.wrapping_sub(now);
     let used = if tat == 0 || (ahead as i64) <= 0 {
         0
@@ -99,6 +113,7 @@ pub fn bucket_view(
         available,
         refill_ms: gcra::ns_from_ticks(used) / 1_000_000,
         conforms: gcra::conform(tat, now, limit.cost(units), limit.tolerance).admit,
+        closed: false,
     }
 }
 
@@ -182,7 +197,9 @@ pub fn explain(
         }
         .into(),
     );
-    out.share_state = Some(share_state_name(rule.share_state).into());
+    let now_ns = limiter_fleet::clock::monotonic_ns();
+    // As of now: a lapsed lease reads STICKY, as `limiter stats` shows it.
+    out.share_state = Some(share_state_name(crate::stats::share_state_at(rule, now_ns)).into());
     out.dropped_total = counters.dropped_packets;
     out.dropped_last_10s = last10;
     out.dropped_last_60s = last60;
@@ -191,7 +208,6 @@ pub fn explain(
         out.reason = "the rule meters only TCP SYNs (new connections); this frame is not one and passes unmetered".into();
         return Ok(out);
     }
-    let now_ns = limiter_fleet::clock::monotonic_ns();
     if rule.fail_open_at_ns != 0
         && rule.flags & RULE_FAIL_STATIC == 0
         && now_ns.wrapping_sub(rule.fail_open_at_ns) as i64 >= 0
@@ -265,6 +281,15 @@ pub fn explain(
         ),
         (false, false) => ("drop", format!("over the {} limit", refused_by.join(" and "))),
     };
+    let reason = if out.aggregate.as_ref().is_some_and(|b| b.closed) {
+        format!(
+            "{reason}: this host's share of the rule's global quota is 0 (closed: the \
+             allocator had no room for it, or it had no demand, at its last report); \
+             refusals on it ask the allocator for a share"
+        )
+    } else {
+        reason
+    };
     out.verdict = verdict.into();
     out.reason = reason;
     Ok(out)
@@ -291,7 +316,13 @@ pub fn render(e: &Explanation) -> String {
         e.share_state.as_deref().unwrap_or("?")
     );
     for (what, b) in [("per-source", &e.per_source), ("aggregate", &e.aggregate)] {
-        if let Some(b) = b {
+        if let Some(b) = b.as_ref().filter(|b| b.closed) {
+            out += &format!(
+                "{what} bucket {}: closed (share 0/s: nothing passes until a grant), {}\n",
+                b.key,
+                if b.conforms { "conforms" } else { "EXCEEDED" }
+            );
+        } else if let Some(b) = b {
             out += &format!(
                 "{what} bucket {}: rate {}/s burst {}, {} available now, full again in {} ms, {}\n",
                 b.key,
@@ -342,5 +373,44 @@ mod tests {
             (two_used.available, two_used.refill_ms, two_used.conforms),
             (3, 200, true)
         );
+    }
+
+    #[test]
+    fn a_closed_share_reads_closed_not_about_to_refill() {
+        let now = 1 << 50;
+        // Whatever the bucket held (fresh, idle, full under an earlier share).
+        for tat in [0, now - (1 << 40), now + (1 << 30)] {
+            let b = bucket_view("rule".into(), 0, 0, &Limit::CLOSED, tat, now, 1);
+            assert!(b.closed && !b.conforms, "{b:?}");
+            assert_eq!((b.rate, b.available, b.refill_ms), (0, 0, 0));
+        }
+        let e = Explanation {
+            query: ExplainQuery {
+                src: "198.18.0.1".parse().unwrap(),
+                dst: "198.18.0.10".parse().unwrap(),
+                dst_port: None,
+                proto: Proto::Udp,
+                frame_len: 64,
+                syn: false,
+            },
+            rule: Some("contoso".into()),
+            slot: Some(0),
+            mode: Some("enforce".into()),
+            unit: Some("packets".into()),
+            share_state: Some("leased".into()),
+            aggregate: Some(bucket_view("rule".into(), 0, 0, &Limit::CLOSED, 0, now, 1)),
+            per_source: None,
+            dropped_total: 0,
+            dropped_last_10s: 0,
+            dropped_last_60s: 0,
+            verdict: "drop".into(),
+            reason: "over the aggregate limit".into(),
+        };
+        let text = render(&e);
+        assert!(
+            text.contains("aggregate bucket rule: closed (share 0/s"),
+            "{text}"
+        );
+        assert!(!text.contains("full again"), "{text}");
     }
 }

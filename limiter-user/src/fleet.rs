@@ -6,11 +6,19 @@
 //! granted share. The share state and its deadlines go into the rule's map entry; the
 //! kernel applies FAIL_OPEN on its own clock, so it happens on time even if this daemon
 //! is dead.
+//!
+//! A grant of rate 0 compiles to `Limit::CLOSED` (nothing passes), shown as rate 0. A
+//! closed share whose lease lapsed and that refuses frames rejoins as a joiner would
+//! (`Share::rejoin`): this daemon notices the refusals on its 50 ms poll, rewrites the
+//! rule at the bootstrap rate with one token and asks for a grant at once. The kernel
+//! does nothing of this on its own: with this daemon dead, a closed share stays closed
+//! until FAIL_OPEN (open rules) or until a daemon runs again (static rules).
 
 use std::{collections::BTreeMap, time::Duration};
 
-use limiter_common::abi::{
-    SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE, SHARE_STICKY,
+use limiter_common::{
+    abi::{SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE, SHARE_STICKY},
+    gcra::Limit,
 };
 use limiter_fleet::share::{FailMode, Grant, Share, ShareParams, ShareState};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleReport};
@@ -62,6 +70,8 @@ pub struct FleetState {
     last_at: u64,
     /// Rules that left BOOTSTRAP or FAIL_OPEN, with the grant's token count, for the bucket.
     pub pending_tokens: BTreeMap<String, u64>,
+    /// A closed share rejoined: report at once (its grant request).
+    asking: bool,
 }
 
 impl FleetState {
@@ -73,6 +83,7 @@ impl FleetState {
             last: BTreeMap::new(),
             last_at: now,
             pending_tokens: BTreeMap::new(),
+            asking: false,
         };
         fleet.sync_rules(rules, now);
         fleet
@@ -102,6 +113,8 @@ impl FleetState {
     }
 
     /// The rules as this host enforces them: each fleet rule's aggregate is its share.
+    /// A closed share (rate 0) is compiled as 1/s here, since a config rate cannot be 0;
+    /// [`FleetState::annotate`] replaces it with `Limit::CLOSED` before it is installed.
     pub fn shape(&self, rules: &[RuleSpec]) -> Vec<RuleSpec> {
         rules
             .iter()
@@ -109,7 +122,7 @@ impl FleetState {
                 let mut r = r.clone();
                 if let Some(share) = self.shares.get(&r.name) {
                     r.aggregate = Some(RateSpec {
-                        rate: share.rate(),
+                        rate: share.rate().max(1),
                         burst: share.burst(),
                     });
                 }
@@ -130,6 +143,13 @@ impl FleetState {
                 Some(share) => {
                     rule.share_state = abi_state(share.state(now));
                     (rule.lease_expires_ns, rule.fail_open_at_ns) = share.deadlines();
+                    if share.rate() == 0 {
+                        // A zero grant: nothing passes (FAIL_OPEN still overrides it in
+                        // the kernel on its deadline). Shown as rate 0, burst 0.
+                        rule.aggregate = Limit::CLOSED;
+                        rule.rate = 0;
+                        rule.burst = 0;
+                    }
                 }
                 None => {
                     rule.share_state = SHARE_STANDALONE;
@@ -171,6 +191,7 @@ impl FleetState {
             self.last.insert(name.clone(), Sample { offered, dropped });
         }
         self.last_at = now;
+        self.asking = false;
         ReportRequest {
             version: limiter_proto::VERSION,
             host: self.spec.host_id.clone(),
@@ -178,13 +199,47 @@ impl FleetState {
         }
     }
 
-    /// Whether refusals since the last report call for an early one.
+    /// Refusals since the last report, per the counter totals.
+    fn denials(&self, name: &str, totals: &BTreeMap<String, (u64, u64)>) -> u64 {
+        let dropped = totals.get(name).map_or(0, |t| t.1);
+        let last = self.last.get(name).map_or(dropped, |s| s.dropped);
+        dropped.saturating_sub(last)
+    }
+
+    /// Whether refusals since the last report call for an early one, or a closed share
+    /// rejoined and asks for its grant.
     pub fn wants_early_report(&self, totals: &BTreeMap<String, (u64, u64)>, now: u64) -> bool {
-        self.shares.iter().any(|(name, share)| {
-            let dropped = totals.get(name).map_or(0, |t| t.1);
-            let last = self.last.get(name).map_or(dropped, |s| s.dropped);
-            share.wants_early_report(dropped.saturating_sub(last), now)
-        })
+        self.asking
+            || self
+                .shares
+                .iter()
+                .any(|(name, share)| share.wants_early_report(self.denials(name, totals), now))
+    }
+
+    /// Lapsed closed shares that refused frames since the last report rejoin
+    /// (`Share::rejoin`: BOOTSTRAP at quota ÷ fleet_size, burst 1) with one token, and
+    /// the next report goes out at once. Returns whether any did (the rules need a
+    /// reinstall).
+    pub fn rejoin(&mut self, totals: &BTreeMap<String, (u64, u64)>, now: u64) -> bool {
+        let denials: Vec<(String, u64)> = self
+            .shares
+            .keys()
+            .map(|name| (name.clone(), self.denials(name, totals)))
+            .collect();
+        let mut any = false;
+        for (name, d) in denials {
+            if self.shares.get_mut(&name).is_some_and(|s| s.rejoin(d, now)) {
+                tracing::info!(
+                    rule = %name,
+                    "closed share refusing frames with its lease lapsed: bootstrap rate until \
+                     a grant"
+                );
+                self.pending_tokens.insert(name, 1);
+                any = true;
+            }
+        }
+        self.asking |= any;
+        any
     }
 
     /// Applies the allocator's grants.
@@ -293,5 +348,152 @@ pub async fn report_loop(
             }
         }
         lock(&daemon)?.fleet_tick()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use limiter_proto::pb::RuleGrant;
+
+    use super::*;
+    use crate::{
+        config::{FailMode as ConfigFailMode, Mode, Proto, Unit},
+        ruleset,
+    };
+
+    const S: u64 = 1_000_000_000;
+
+    fn rule(fail_mode: ConfigFailMode) -> RuleSpec {
+        RuleSpec {
+            name: "contoso".into(),
+            dst: crate::config::parse_dst("198.18.0.10/32").unwrap(),
+            dst_port: None,
+            proto: Proto::Any,
+            unit: Unit::Packets,
+            aggregate: Some(RateSpec {
+                rate: 10_000,
+                burst: 2_000,
+            }),
+            mode: Mode::Enforce,
+            fail_mode,
+            per_source: None,
+        }
+    }
+
+    fn spec() -> FleetSpec {
+        FleetSpec {
+            allocator: "127.0.0.1:1".parse().unwrap(),
+            server_name: "allocator".into(),
+            host_id: "lb001".into(),
+            ca: "ca.pem".into(),
+            cert: "cert.pem".into(),
+            key: "key.pem".into(),
+            bind: None,
+            lease_ttl_ms: 3_000,
+            sticky_max_s: 300,
+            report_interval_ms: 1_000,
+        }
+    }
+
+    fn reply(rate: u64, saturated: bool) -> ReportReply {
+        ReportReply {
+            grants: vec![RuleGrant {
+                rule: "contoso".into(),
+                rate,
+                burst: rate / 10,
+                tokens: 0,
+                ttl_ms: 3_000,
+                saturated,
+            }],
+            report_interval_ms: 1_000,
+        }
+    }
+
+    /// What the daemon installs: shape, compile, annotate.
+    fn installed(fleet: &FleetState, rules: &[RuleSpec], now: u64) -> RuleTable {
+        let shaped = fleet.shape(rules);
+        let slots = ruleset::assign_slots(&BTreeMap::new(), &shaped).unwrap();
+        let mut table = ruleset::compile(&shaped, &slots).unwrap();
+        fleet.annotate(&mut table, now);
+        table
+    }
+
+    #[test]
+    fn a_zero_grant_installs_a_closed_limit_shown_as_rate_0() {
+        let rules = [rule(ConfigFailMode::Open)];
+        let mut fleet = FleetState::new(spec(), 500, &rules, 0);
+        let t = installed(&fleet, &rules, 0);
+        let (_, c) = t.rules[0];
+        assert_eq!((c.rate, c.burst, c.share_state), (20, 1, SHARE_BOOTSTRAP));
+        assert!(!c.aggregate.is_closed());
+
+        fleet.apply(&reply(0, false), S);
+        let t = installed(&fleet, &rules, S);
+        let (_, c) = t.rules[0];
+        assert_eq!(c.aggregate, Limit::CLOSED);
+        assert_eq!((c.rate, c.burst, c.share_state), (0, 0, SHARE_LEASED));
+        assert_ne!(c.flags & limiter_common::abi::RULE_HAS_AGGREGATE, 0);
+        // Out of BOOTSTRAP: no token.
+        assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
+        // Reported as holding 0.
+        let r = fleet.report(&BTreeMap::new(), S + S / 2);
+        assert_eq!(r.rules[0].held, 0);
+
+        // A real grant afterwards takes over (its token count) and opens the limit.
+        fleet.pending_tokens.clear();
+        fleet.apply(&reply(250, true), 2 * S);
+        assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
+        let t = installed(&fleet, &rules, 2 * S);
+        let (_, c) = t.rules[0];
+        assert!(!c.aggregate.is_closed());
+        assert_eq!((c.rate, c.burst), (250, 25));
+    }
+
+    #[test]
+    fn refusals_on_a_closed_unsaturated_share_report_at_once() {
+        let rules = [rule(ConfigFailMode::Open)];
+        let mut fleet = FleetState::new(spec(), 500, &rules, 0);
+        fleet.apply(&reply(0, false), S);
+        let totals = |dropped: u64| BTreeMap::from([("contoso".to_string(), (dropped, dropped))]);
+        let _ = fleet.report(&totals(0), S);
+        assert!(!fleet.wants_early_report(&totals(0), S + 1));
+        assert!(fleet.wants_early_report(&totals(3), S + 1));
+        // Leased: the allocator is there to ask, no rejoin.
+        assert!(!fleet.rejoin(&totals(3), S + 1));
+    }
+
+    #[test]
+    fn a_lapsed_closed_share_rejoins_at_the_bootstrap_rate_on_refusals() {
+        for fail_mode in [ConfigFailMode::Open, ConfigFailMode::Static] {
+            let rules = [rule(fail_mode)];
+            let mut fleet = FleetState::new(spec(), 500, &rules, 0);
+            fleet.apply(&reply(0, false), S);
+            fleet.pending_tokens.clear();
+            let totals =
+                |dropped: u64| BTreeMap::from([("contoso".to_string(), (dropped, dropped))]);
+            let _ = fleet.report(&totals(0), 4 * S);
+            // STICKY (lease lapsed at 4 s), no refusals: stays closed.
+            assert!(!fleet.rejoin(&totals(0), 5 * S));
+            let t = installed(&fleet, &rules, 5 * S);
+            assert_eq!(t.rules[0].1.aggregate, Limit::CLOSED);
+            // Refusals: BOOTSTRAP at 10,000 ÷ 500 with one token, and a report at once.
+            assert!(fleet.rejoin(&totals(7), 5 * S));
+            assert_eq!(fleet.pending_tokens.get("contoso"), Some(&1));
+            assert!(fleet.wants_early_report(&totals(7), 5 * S));
+            let t = installed(&fleet, &rules, 5 * S);
+            let (_, c) = t.rules[0];
+            assert_eq!((c.rate, c.burst, c.share_state), (20, 1, SHARE_BOOTSTRAP));
+            // The fail-open deadline did not move (static: none).
+            let want = match fail_mode {
+                ConfigFailMode::Open => S + 303 * S,
+                ConfigFailMode::Static => 0,
+            };
+            assert_eq!(c.fail_open_at_ns, want);
+            let r = fleet.report(&totals(7), 5 * S);
+            assert_eq!(r.rules[0].held, 0, "held like a joiner");
+            assert!(!fleet.wants_early_report(&totals(7), 5 * S + 1));
+        }
     }
 }

@@ -763,3 +763,132 @@ fn refusals_on_an_unsaturated_share_send_a_report_at_once() {
     daemon.stop();
     drop(allocator);
 }
+
+#[test]
+fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
+    // Two hosts reporting every 2 s. lb-1 offers three times the quota, lb-2 nothing: lb-2's
+    // share is 0, enforced as a closed limit (nothing passes), shown as rate 0, leased.
+    // Its grant says `saturated: false` (no demand), so when traffic reaches it, its
+    // first refusals send a report at once; it gets a real share once lb-1 has renewed.
+    const LEASE: u64 = 4500;
+    const INTERVAL: u64 = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let metrics_port = free_port();
+    let allocator = Allocator::timed(dir.path(), &pki, Some(metrics_port), LEASE, INTERVAL);
+    let labs: Vec<Lab> = (1..=2)
+        .map(|i| {
+            let host = format!("lb-{i}");
+            Lab::new(&daemon_config_timed(
+                &host,
+                &pki,
+                allocator.port,
+                &host,
+                LEASE,
+                INTERVAL,
+            ))
+        })
+        .collect();
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    wait_state(&all, "web", "leased", Duration::from_secs(15));
+    let web = |lab: &Lab, rate: u64, secs: u64| {
+        let mut p = traffic(lab, rate, Duration::from_secs(secs));
+        p.frames.truncate(1);
+        p.rate = Some(rate);
+        p.count = rate * secs;
+        p
+    };
+    let busy = labs[0].send_in_background(web(&labs[0], 3 * QUOTA, 16));
+    // lb-2 closed: the whole quota on lb-1.
+    let start = Instant::now();
+    while !(web_share(&labs[1]) == 0 && web_share(&labs[0]) == QUOTA) {
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "shares {:?}",
+            labs.iter().map(web_share).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stats = labs[1].rule_stats("web");
+    assert_eq!(
+        (&stats["state"], &stats["rate"], &stats["burst"]),
+        (
+            &serde_json::json!("leased"),
+            &serde_json::json!(0),
+            &serde_json::json!(0)
+        ),
+        "{stats}"
+    );
+    let explain = labs[1].json(&[
+        "explain",
+        "--src",
+        "198.18.0.1",
+        "--dst",
+        "198.18.0.2:9",
+        "--proto",
+        "udp",
+        "--json",
+    ]);
+    assert_eq!(explain["verdict"], "drop", "{explain}");
+    assert_eq!(explain["aggregate"]["closed"], true, "{explain}");
+    assert!(
+        explain["reason"].as_str().unwrap().contains("share"),
+        "{explain}"
+    );
+    let metric = |name: &str| scrape(metrics_port)[name];
+    let granted = || metric("limiter_allocator_granted{rule=\"web\"}");
+    // The fairness index counts hosts with demand: 1 while only lb-1 has any.
+    let fairness = || metric("limiter_allocator_fairness{rule=\"web\"}");
+    assert_eq!(granted(), QUOTA as f64, "a zero share counts nothing");
+    assert_eq!(
+        metric("limiter_allocator_saturated_hosts{rule=\"web\"}"),
+        1.0
+    );
+    assert_eq!(fairness(), 1.0);
+    let reports_before = metric("limiter_allocator_reports_total");
+    let passed_before = counters(&[&labs[1]], "web")[0].0;
+    let sent = Instant::now();
+    let light = labs[1].send_in_background(web(&labs[1], 500, 6));
+    let mut closed_refused = 0;
+    let mut asked = None;
+    let share = loop {
+        let s1 = web_share(&labs[1]);
+        let (passed, dropped) = counters(&[&labs[1]], "web")[0];
+        let s2 = web_share(&labs[1]);
+        if s1 == 0 && s2 == 0 {
+            // Closed: nothing passes.
+            assert_eq!(passed, passed_before, "a closed share let frames through");
+            closed_refused = dropped;
+        }
+        if asked.is_none() && fairness() < 1.0 {
+            asked = Some(sent.elapsed());
+        }
+        if s2 > 0 {
+            break s2;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_millis(2 * INTERVAL + 1000),
+            "no share for lb-2 {:?} after its traffic began",
+            sent.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let opened = sent.elapsed();
+    let asked = asked.expect("the allocator never saw lb-2's demand before its share");
+    eprintln!(
+        "closed share: {closed_refused} frames refused while closed; the allocator saw the \
+         demand {asked:?} after the traffic began ({} reports since), a share of {share}/s \
+         after {opened:?}; granted {} of {QUOTA}",
+        metric("limiter_allocator_reports_total") - reports_before,
+        granted()
+    );
+    assert!(closed_refused > 0, "lb-2 never refused while closed");
+    assert!(granted() <= QUOTA as f64);
+    join(light);
+    join(busy);
+    for d in daemons {
+        d.stop();
+    }
+    drop(allocator);
+}

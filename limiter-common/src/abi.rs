@@ -94,6 +94,12 @@ pub const RULE_HAS_AGGREGATE: u32 = 1 << 2;
 pub const RULE_HAS_PER_SOURCE: u32 = 1 << 3;
 /// fail_mode = "static": keep the last share for the whole allocator outage.
 pub const RULE_FAIL_STATIC: u32 = 1 << 4;
+/// A fleet share of zero: nothing passes until `lease_expires_ns`. After it (the lease
+/// lapsed: the allocator, or this host's daemon, is gone) `aggregate` applies, which the
+/// daemon sets to the bootstrap share (quota ÷ fleet_size, burst 1): the host then runs as
+/// one joining the rule mid-outage (§11), on the kernel's clock, daemon or no daemon.
+/// FAIL_OPEN still overrides it on its deadline.
+pub const RULE_CLOSED_UNTIL_LAPSE: u32 = 1 << 5;
 
 /// Fleet share state of a rule (DESIGN.md "Fleet behaviour"). Standalone rules are
 /// `SHARE_STANDALONE` and their deadlines are zero.

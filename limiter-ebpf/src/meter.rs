@@ -10,8 +10,8 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        rule_index, Bucket, RuleCounters, SourceKey, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE,
-        RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
+        rule_index, Bucket, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
+        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
     },
     gcra::{self, Limit},
 };
@@ -60,6 +60,13 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     {
         return Ok(pass(counters, frame_len));
     }
+    // A zero share refuses everything until its lease lapses, without touching a bucket;
+    // then the aggregate (the bootstrap share) meters, as for a host joining mid-outage.
+    if flags & RULE_CLOSED_UNTIL_LAPSE != 0
+        && (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0
+    {
+        return Ok(refuse(counters, frame_len, flags));
+    }
     let now = gcra::ticks_from_ns(now_ns);
 
     let mut source_charge: Option<(*mut u64, u64)> = None;
@@ -104,14 +111,20 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     if conforms {
         return Ok(pass(counters, frame_len));
     }
+    Ok(refuse(counters, frame_len, flags))
+}
+
+/// A frame over the rule's limits: dropped, or passed and counted in shadow mode.
+#[inline(always)]
+fn refuse(counters: &mut RuleCounters, frame_len: u64, flags: u32) -> u32 {
     if flags & RULE_SHADOW != 0 {
         counters.would_drop_packets = counters.would_drop_packets.wrapping_add(1);
         counters.would_drop_bytes = counters.would_drop_bytes.wrapping_add(frame_len);
-        return Ok(pass(counters, frame_len));
+        return pass(counters, frame_len);
     }
     counters.dropped_packets = counters.dropped_packets.wrapping_add(1);
     counters.dropped_bytes = counters.dropped_bytes.wrapping_add(frame_len);
-    Ok(xdp_action::XDP_DROP)
+    xdp_action::XDP_DROP
 }
 
 /// CLOCK_MONOTONIC in ns, precisely: a helper call (≈ 35 ns here).

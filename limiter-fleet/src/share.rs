@@ -265,6 +265,12 @@ impl Share {
         self.rate
     }
 
+    /// The bootstrap rate this share runs at when it rejoins (quota ÷ fleet_size): what
+    /// a closed share's rule entry carries for the kernel to apply once the lease lapses.
+    pub fn rejoin_rate(&self) -> u64 {
+        Self::bootstrap_rate(self.quota, self.params.fleet_size)
+    }
+
     pub fn burst(&self) -> u64 {
         self.burst
     }

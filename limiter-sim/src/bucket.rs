@@ -48,7 +48,10 @@ pub struct Bucket {
     pub tat: u64,
 }
 
-/// A share of 0 is closed ([`Limit::CLOSED`]), as limiter-user compiles a zero grant.
+/// A share of 0 is closed ([`Limit::CLOSED`]): the kernel refuses everything on a zero
+/// grant until the lease lapses (`RULE_CLOSED_UNTIL_LAPSE`). After the lapse the kernel
+/// meters the bootstrap share on its own; the simulator models the daemon's rejoin on
+/// refusals instead (its 50 ms poll), which is at most one poll later.
 fn compile(rate: u64, burst: u64) -> Result<Limit> {
     if rate == 0 {
         return Ok(Limit::CLOSED);

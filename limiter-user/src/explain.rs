@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use limiter_common::{
     abi::{
-        RuleConfig, SourceKey, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE,
-        RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
+        RuleConfig, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE,
+        RULE_HAS_PER_SOURCE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
     },
     gcra::{self, Limit},
 };
@@ -251,11 +251,19 @@ pub fn explain(
     }
     if rule.flags & RULE_HAS_AGGREGATE != 0 {
         let tat = maps.aggregate_bucket(slot)?.tat;
+        // A zero share is closed until its lease lapses (then the kernel meters the
+        // bootstrap share the entry carries).
+        let closed = rule.flags & RULE_CLOSED_UNTIL_LAPSE != 0
+            && (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0;
         out.aggregate = Some(bucket_view(
             "rule".into(),
             rule.rate,
             rule.burst,
-            &rule.aggregate,
+            if closed {
+                &Limit::CLOSED
+            } else {
+                &rule.aggregate
+            },
             tat,
             now,
             units,

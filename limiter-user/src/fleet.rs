@@ -7,18 +7,19 @@
 //! kernel applies FAIL_OPEN on its own clock, so it happens on time even if this daemon
 //! is dead.
 //!
-//! A grant of rate 0 compiles to `Limit::CLOSED` (nothing passes), shown as rate 0. A
-//! closed share whose lease lapsed and that refuses frames rejoins as a joiner would
+//! A grant of rate 0 is a closed share, shown as rate 0: its entry carries
+//! `RULE_CLOSED_UNTIL_LAPSE` and, as its aggregate, the bootstrap share (quota ÷
+//! fleet_size, burst 1). The kernel refuses everything until the lease lapses and then
+//! meters the bootstrap share, as for a host joining mid-outage, on its own clock even
+//! with this daemon dead. A lapsed closed share that refuses frames also rejoins here
 //! (`Share::rejoin`): this daemon notices the refusals on its 50 ms poll, rewrites the
-//! rule at the bootstrap rate with one token and asks for a grant at once. The kernel
-//! does nothing of this on its own: with this daemon dead, a closed share stays closed
-//! until FAIL_OPEN (open rules) or until a daemon runs again (static rules).
+//! rule in BOOTSTRAP with one token and asks for a grant at once.
 
 use std::{collections::BTreeMap, time::Duration};
 
-use limiter_common::{
-    abi::{SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE, SHARE_STICKY},
-    gcra::Limit,
+use limiter_common::abi::{
+    RULE_CLOSED_UNTIL_LAPSE, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE,
+    SHARE_STICKY,
 };
 use limiter_fleet::share::{FailMode, Grant, Share, ShareParams, ShareState};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleReport};
@@ -113,17 +114,25 @@ impl FleetState {
     }
 
     /// The rules as this host enforces them: each fleet rule's aggregate is its share.
-    /// A closed share (rate 0) is compiled as 1/s here, since a config rate cannot be 0;
-    /// [`FleetState::annotate`] replaces it with `Limit::CLOSED` before it is installed.
+    /// A closed share (rate 0) is compiled as the bootstrap share it rejoins at (quota ÷
+    /// fleet_size, burst 1); [`FleetState::annotate`] marks it closed until its lease
+    /// lapses, so the kernel refuses everything until then and runs it as a joiner after.
     pub fn shape(&self, rules: &[RuleSpec]) -> Vec<RuleSpec> {
         rules
             .iter()
             .map(|r| {
                 let mut r = r.clone();
                 if let Some(share) = self.shares.get(&r.name) {
-                    r.aggregate = Some(RateSpec {
-                        rate: share.rate().max(1),
-                        burst: share.burst(),
+                    r.aggregate = Some(if share.rate() == 0 {
+                        RateSpec {
+                            rate: share.rejoin_rate(),
+                            burst: 1,
+                        }
+                    } else {
+                        RateSpec {
+                            rate: share.rate(),
+                            burst: share.burst(),
+                        }
                     });
                 }
                 r
@@ -144,9 +153,10 @@ impl FleetState {
                     rule.share_state = abi_state(share.state(now));
                     (rule.lease_expires_ns, rule.fail_open_at_ns) = share.deadlines();
                     if share.rate() == 0 {
-                        // A zero grant: nothing passes (FAIL_OPEN still overrides it in
-                        // the kernel on its deadline). Shown as rate 0, burst 0.
-                        rule.aggregate = Limit::CLOSED;
+                        // A zero grant: nothing passes until the lease lapses, then the
+                        // bootstrap share `shape` compiled (FAIL_OPEN still overrides it
+                        // on its deadline). Shown as rate 0, burst 0.
+                        rule.flags |= RULE_CLOSED_UNTIL_LAPSE;
                         rule.rate = 0;
                         rule.burst = 0;
                     }
@@ -427,12 +437,16 @@ mod tests {
         let t = installed(&fleet, &rules, 0);
         let (_, c) = t.rules[0];
         assert_eq!((c.rate, c.burst, c.share_state), (20, 1, SHARE_BOOTSTRAP));
-        assert!(!c.aggregate.is_closed());
+        assert_eq!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
+        let bootstrap = c.aggregate;
 
         fleet.apply(&reply(0, false), S);
         let t = installed(&fleet, &rules, S);
         let (_, c) = t.rules[0];
-        assert_eq!(c.aggregate, Limit::CLOSED);
+        // Closed until the lease lapses; then the bootstrap share applies.
+        assert_ne!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
+        assert_eq!(c.aggregate, bootstrap);
+        assert!(c.lease_expires_ns > S);
         assert_eq!((c.rate, c.burst, c.share_state), (0, 0, SHARE_LEASED));
         assert_ne!(c.flags & limiter_common::abi::RULE_HAS_AGGREGATE, 0);
         // Out of BOOTSTRAP: no token.
@@ -447,7 +461,7 @@ mod tests {
         assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
         let t = installed(&fleet, &rules, 2 * S);
         let (_, c) = t.rules[0];
-        assert!(!c.aggregate.is_closed());
+        assert_eq!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
         assert_eq!((c.rate, c.burst), (250, 25));
     }
 
@@ -477,7 +491,7 @@ mod tests {
             // STICKY (lease lapsed at 4 s), no refusals: stays closed.
             assert!(!fleet.rejoin(&totals(0), 5 * S));
             let t = installed(&fleet, &rules, 5 * S);
-            assert_eq!(t.rules[0].1.aggregate, Limit::CLOSED);
+            assert_ne!(t.rules[0].1.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
             // Refusals: BOOTSTRAP at 10,000 ÷ 500 with one token, and a report at once.
             assert!(fleet.rejoin(&totals(7), 5 * S));
             assert_eq!(fleet.pending_tokens.get("contoso"), Some(&1));

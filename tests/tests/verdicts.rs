@@ -678,6 +678,68 @@ fn exact_table_overflow_falls_back_to_the_trie() {
     }
 }
 
+/// CLOCK_MONOTONIC in ns, the kernel's clock for deadlines.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A fleet share of zero (`RULE_CLOSED_UNTIL_LAPSE`): everything is refused while the
+/// lease runs; after it lapses the entry's aggregate (the bootstrap share, burst 1)
+/// meters, daemon or no daemon; FAIL_OPEN overrides both on its deadline.
+#[test]
+fn a_closed_share_refuses_until_its_lease_lapses_then_meters_as_a_joiner() {
+    use limiter_common::abi::RULE_CLOSED_UNTIL_LAPSE;
+    const HOUR: u64 = 3_600_000_000_000;
+    let config = "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.10/32\"\nrate = 20\nburst = 1\n";
+    let frame = v4([198, 18, 9, 10]).udp(1, 53).build();
+    for variant in [Variant::MultiBuffer, Variant::Linear] {
+        let mut loaded = fixture::load(config).expect("loading the program");
+        loaded.variant = variant;
+        let run = |loaded: &mut Loaded, lease_expires_ns: u64, fail_open_at_ns: u64| {
+            let mut table = loaded.table.clone();
+            let rule = &mut table.rules[0].1;
+            rule.flags |= RULE_CLOSED_UNTIL_LAPSE;
+            rule.lease_expires_ns = lease_expires_ns;
+            rule.fail_open_at_ns = fail_open_at_ns;
+            loaded.maps.install(&table).unwrap();
+            let before = loaded.snapshot().unwrap();
+            for _ in 0..100 {
+                loaded.run(&frame).unwrap();
+            }
+            let c = delta(&before, &loaded.snapshot().unwrap()).rules["fleet"];
+            (c.passed_packets, c.dropped_packets)
+        };
+        let now = monotonic_ns();
+        let v = variant.as_str();
+        assert_eq!(
+            run(&mut loaded, now + HOUR, 0),
+            (0, 100),
+            "{v}: leased, closed"
+        );
+        assert_eq!(
+            run(&mut loaded, now + HOUR, now - 1),
+            (100, 0),
+            "{v}: FAIL_OPEN"
+        );
+        // Lapsed: the bootstrap share's one token (the bucket was never touched while
+        // closed), then 20/s, which 100 back-to-back frames do not reach.
+        assert_eq!(
+            run(&mut loaded, now - 1, 0),
+            (1, 99),
+            "{v}: lapsed, a joiner"
+        );
+    }
+}
+
 /// With a rate too low to refill during the run, exactly `burst` frames pass out of
 /// burst + 1000.
 #[test]

@@ -50,7 +50,13 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     };
     let precise = (flags & RULE_HAS_AGGREGATE != 0 && !rule.aggregate.tick_clock_ok())
         || (flags & RULE_HAS_PER_SOURCE != 0 && !rule.per_source.tick_clock_ok());
-    let now_ns = if precise { precise_ns() } else { tick_ns() };
+    // A closed share refuses everything: its lease deadline needs no precise clock.
+    let closed = flags & RULE_CLOSED_UNTIL_LAPSE != 0;
+    let mut now_ns = if precise && !closed {
+        precise_ns()
+    } else {
+        tick_ns()
+    };
     // FAIL_OPEN is applied here, on the kernel's clock, so it happens on time even when
     // the daemon is dead.
     let fail_open_at = rule.fail_open_at_ns;
@@ -62,10 +68,13 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     }
     // A zero share refuses everything until its lease lapses, without touching a bucket;
     // then the aggregate (the bootstrap share) meters, as for a host joining mid-outage.
-    if flags & RULE_CLOSED_UNTIL_LAPSE != 0
-        && (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0
-    {
-        return Ok(refuse(counters, frame_len, flags));
+    if closed {
+        if (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0 {
+            return Ok(refuse(counters, frame_len, flags));
+        }
+        if precise {
+            now_ns = precise_ns();
+        }
     }
     let now = gcra::ticks_from_ns(now_ns);
 

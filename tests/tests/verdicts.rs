@@ -699,44 +699,47 @@ fn monotonic_ns() -> u64 {
 fn a_closed_share_refuses_until_its_lease_lapses_then_meters_as_a_joiner() {
     use limiter_common::abi::RULE_CLOSED_UNTIL_LAPSE;
     const HOUR: u64 = 3_600_000_000_000;
-    let config = "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.10/32\"\nrate = 20\nburst = 1\n";
     let frame = v4([198, 18, 9, 10]).udp(1, 53).build();
-    for variant in [Variant::MultiBuffer, Variant::Linear] {
-        let mut loaded = fixture::load(config).expect("loading the program");
-        loaded.variant = variant;
-        let run = |loaded: &mut Loaded, lease_expires_ns: u64, fail_open_at_ns: u64| {
-            let mut table = loaded.table.clone();
-            let rule = &mut table.rules[0].1;
-            rule.flags |= RULE_CLOSED_UNTIL_LAPSE;
-            rule.lease_expires_ns = lease_expires_ns;
-            rule.fail_open_at_ns = fail_open_at_ns;
-            loaded.maps.install(&table).unwrap();
-            let before = loaded.snapshot().unwrap();
-            for _ in 0..100 {
-                loaded.run(&frame).unwrap();
-            }
-            let c = delta(&before, &loaded.snapshot().unwrap()).rules["fleet"];
-            (c.passed_packets, c.dropped_packets)
-        };
-        let now = monotonic_ns();
-        let v = variant.as_str();
-        assert_eq!(
-            run(&mut loaded, now + HOUR, 0),
-            (0, 100),
-            "{v}: leased, closed"
+    // 20/s, burst 1 (50 ms) meters on the tick clock once lapsed; 1000/s, burst 1 (1 ms)
+    // on the precise one.
+    for rate in [20u64, 1000] {
+        let config = format!(
+            "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.10/32\"\nrate = {rate}\nburst = 1\n"
         );
-        assert_eq!(
-            run(&mut loaded, now + HOUR, now - 1),
-            (100, 0),
-            "{v}: FAIL_OPEN"
-        );
-        // Lapsed: the bootstrap share's one token (the bucket was never touched while
-        // closed), then 20/s, which 100 back-to-back frames do not reach.
-        assert_eq!(
-            run(&mut loaded, now - 1, 0),
-            (1, 99),
-            "{v}: lapsed, a joiner"
-        );
+        for variant in [Variant::MultiBuffer, Variant::Linear] {
+            let mut loaded = fixture::load(&config).expect("loading the program");
+            loaded.variant = variant;
+            let run = |loaded: &mut Loaded, lease_expires_ns: u64, fail_open_at_ns: u64| {
+                let mut table = loaded.table.clone();
+                let rule = &mut table.rules[0].1;
+                rule.flags |= RULE_CLOSED_UNTIL_LAPSE;
+                rule.lease_expires_ns = lease_expires_ns;
+                rule.fail_open_at_ns = fail_open_at_ns;
+                loaded.maps.install(&table).unwrap();
+                let before = loaded.snapshot().unwrap();
+                let started = std::time::Instant::now();
+                for _ in 0..100 {
+                    loaded.run(&frame).unwrap();
+                }
+                let elapsed = started.elapsed();
+                let c = delta(&before, &loaded.snapshot().unwrap()).rules["fleet"];
+                (c.passed_packets, c.dropped_packets, elapsed)
+            };
+            let now = monotonic_ns();
+            let v = format!("{}, {rate}/s", variant.as_str());
+            let (passed, dropped, _) = run(&mut loaded, now + HOUR, 0);
+            assert_eq!((passed, dropped), (0, 100), "{v}: leased, closed");
+            let (passed, dropped, _) = run(&mut loaded, now + HOUR, now - 1);
+            assert_eq!((passed, dropped), (100, 0), "{v}: FAIL_OPEN");
+            // Lapsed: the bootstrap share's one token (the bucket was never touched while
+            // closed), then the rate over the run's duration.
+            let (passed, dropped, elapsed) = run(&mut loaded, now - 1, 0);
+            let most = 1 + (rate as f64 * elapsed.as_secs_f64()).ceil() as u64;
+            assert!(
+                passed >= 1 && passed <= most && passed + dropped == 100,
+                "{v}: lapsed, a joiner: {passed} passed (at most {most}), {dropped} dropped"
+            );
+        }
     }
 }
 

@@ -77,6 +77,16 @@ fn proto_number(proto: Proto, v6: bool) -> u8 {
     ruleset::ip_proto(proto, v6).unwrap_or(253)
 }
 
+/// The rate (units per second, rounded) a compiled limit enforces, for display.
+fn rate_of(limit: &Limit) -> u64 {
+    if limit.interval == 0 {
+        return 0;
+    }
+    let scaled = u128::from(gcra::TICKS_PER_SECOND) << gcra::FRAC_BITS;
+    let interval = u128::from(limit.interval);
+    u64::try_from((scaled + interval / 2) / interval).unwrap_or(u64::MAX)
+}
+
 /// A bucket's state at `now` (ticks), pure.
 pub fn bucket_view(
     key: String,
@@ -253,12 +263,19 @@ pub fn explain(
         let tat = maps.aggregate_bucket(slot)?.tat;
         // A zero share is closed until its lease lapses (then the kernel meters the
         // bootstrap share the entry carries).
-        let closed = rule.flags & RULE_CLOSED_UNTIL_LAPSE != 0
-            && (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0;
+        let zero_share = rule.flags & RULE_CLOSED_UNTIL_LAPSE != 0;
+        let closed = zero_share && (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0;
+        // Lapsed, it meters the bootstrap share its entry carries (burst 1); the entry's
+        // display rate is the share's 0.
+        let (rate, burst) = if zero_share && !closed {
+            (rate_of(&rule.aggregate), 1)
+        } else {
+            (rule.rate, rule.burst)
+        };
         out.aggregate = Some(bucket_view(
             "rule".into(),
-            rule.rate,
-            rule.burst,
+            rate,
+            burst,
             if closed {
                 &Limit::CLOSED
             } else {
@@ -381,6 +398,16 @@ mod tests {
             (two_used.available, two_used.refill_ms, two_used.conforms),
             (3, 200, true)
         );
+    }
+
+    #[test]
+    fn compiled_limits_read_back_as_their_rate() {
+        for rate in [1, 20, 999, 10_000, 2_000_000] {
+            let l = Limit::new(gcra::Granularity::Event, rate, 1).unwrap();
+            assert_eq!(rate_of(&l), rate);
+        }
+        let bytes = Limit::new(gcra::Granularity::Byte, 12_500_000, 1518).unwrap();
+        assert_eq!(rate_of(&bytes), 12_500_000);
     }
 
     #[test]

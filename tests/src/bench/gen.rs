@@ -37,9 +37,8 @@ impl Backend {
     }
 }
 
-/// Unpaced live senders send this many frames per call (one template only). Each call
-/// with more than one frame also sleeps about 24 ms in the kernel, whatever its size
-/// (measured here; idle, not busy), so only large calls keep the CPU busy.
+/// Unpaced live senders send this many frames per call (one template only): large calls
+/// amortise the per-call setup (a page pool).
 const LIVE_UNPACED_CHUNK: u64 = 1 << 20;
 /// Unpaced live senders with several templates send this many of each per call.
 const LIVE_MULTI_CHUNK: u64 = 1 << 16;
@@ -52,9 +51,9 @@ pub struct Offer {
     pub frames: Vec<Vec<u8>>,
     /// Frames per second per sender; `None` = as fast as possible.
     pub rate_per_sender: Option<u64>,
-    /// A paced AF_PACKET sender sleeps until this much of its rate is due, then sends
-    /// it (in sendmmsg batches of up to 64): short lumps make a smooth offer, long ones
-    /// cost fewer wake-ups. (A paced live-frames sender sends whatever is due per call.)
+    /// A paced sender sleeps until this much of its rate is due, then sends it (AF_PACKET
+    /// in sendmmsg batches of up to 64, live frames in one call): short lumps make a
+    /// smooth offer, long ones cost fewer wake-ups.
     pub lump: Duration,
     pub duration: Duration,
     /// One sender per entry, pinned to that CPU.
@@ -137,8 +136,11 @@ trait Sink {
     fn send(&mut self, frames: &[Vec<u8>], index: usize, count: u64) -> Result<(u64, usize)>;
     /// Frames per call when sending as fast as possible.
     fn unpaced_chunk(&self, templates: usize) -> u64;
-    /// Frames to let fall due before sending, when paced at `rate` frames/s.
-    fn paced_lump(&self, rate: u64, lump: Duration) -> u64;
+}
+
+/// Frames to let fall due before sending, when paced at `rate` frames/s.
+fn paced_lump(rate: u64, lump: Duration) -> u64 {
+    ((rate as f64 * lump.as_secs_f64()) as u64).max(1)
 }
 
 struct PacketSink {
@@ -157,10 +159,6 @@ impl Sink for PacketSink {
 
     fn unpaced_chunk(&self, _templates: usize) -> u64 {
         BATCH as u64
-    }
-
-    fn paced_lump(&self, rate: u64, lump: Duration) -> u64 {
-        ((rate as f64 * lump.as_secs_f64()) as u64).max(1)
     }
 }
 
@@ -182,11 +180,6 @@ impl Sink for LiveSink {
             // Several templates go in turn, one call each.
             LIVE_MULTI_CHUNK
         }
-    }
-
-    fn paced_lump(&self, _rate: u64, _lump: Duration) -> u64 {
-        // Every call sleeps ~24 ms anyway: send whatever is due.
-        1
     }
 }
 
@@ -210,7 +203,7 @@ fn send_loop(sink: &mut dyn Sink, offer: &Offer) -> Result<Sent> {
     let lump = match offer.rate_per_sender {
         None => sink.unpaced_chunk(offer.frames.len()),
         Some(0) => bail!("a paced offer of 0 frames/s"),
-        Some(rate) => sink.paced_lump(rate, offer.lump),
+        Some(rate) => paced_lump(rate, offer.lump),
     };
     let start = Instant::now();
     let mut progress = Progress {

@@ -149,7 +149,7 @@ impl Doc {
         }
         self.line("Generators (both from the project's harness, two senders pinned to CPUs 0 and 1, a two-queue pair):\n");
         self.line("- **AF_PACKET** (`sendmmsg`, qdisc bypass): frames arrive as socket buffers; veth copies each into a page before XDP runs.");
-        self.line("- **live frames** (`BPF_PROG_TEST_RUN` with `BPF_F_TEST_XDP_LIVE_FRAMES`, an XDP_TX program on the peer): frames arrive as XDP frames, the path a NIC driver gives. Each call also sleeps ≈ 24 ms in the kernel whatever its size (measured here), so the generator sends in large calls: 2^20 frames unpaced, everything due per call when paced.\n");
+        self.line("- **live frames** (`BPF_PROG_TEST_RUN` with `BPF_F_TEST_XDP_LIVE_FRAMES`, an XDP_TX program on the peer): frames arrive as XDP frames, the path a NIC driver gives. Each sender keeps its program attached (generic mode) to an idle veth pair of its own, so that a call does not add it to the kernel's XDP dispatcher and remove it again (each change waits ≈ 24 ms for RCU, idle); 2^20 frames per call unpaced, one lump per call when paced.\n");
         self.line("<!-- targets -->");
     }
 

@@ -4,7 +4,7 @@
 //! Size assertions at the bottom of the file pin every layout; the daemon additionally
 //! refuses pinned maps whose key/value sizes differ from these.
 
-use crate::gcra::Limit;
+use crate::{clock::TickClock, gcra::Limit};
 
 /// Rule slots. A slot is stable for a rule name across reloads, so its bucket and
 /// counters continue.
@@ -30,11 +30,10 @@ pub mod map_name {
     pub const SRC_BUCKETS: &str = "SRC_BUCKETS";
     pub const RULE_COUNTERS: &str = "RULE_COUNTERS";
     pub const GLOBAL_COUNTERS: &str = "GLOBAL_COUNTERS";
-    pub const CLOCK: &str = "CLOCK";
     pub const HOSTS: &str = "HOSTS";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 11] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -45,7 +44,6 @@ pub mod map_name {
         SRC_BUCKETS,
         RULE_COUNTERS,
         GLOBAL_COUNTERS,
-        CLOCK,
         HOSTS,
     ];
 }
@@ -100,6 +98,10 @@ pub const RULE_FAIL_STATIC: u32 = 1 << 4;
 /// one joining the rule mid-outage (§11), on the kernel's clock, daemon or no daemon.
 /// FAIL_OPEN still overrides it on its deadline.
 pub const RULE_CLOSED_UNTIL_LAPSE: u32 = 1 << 5;
+/// Every limit of the rule may be metered on the per-tick cached clock
+/// ([`RuleConfig::tick_clock_ok`], set by the daemon when it compiles the rule). Without
+/// it the program reads the precise clock: the safe default, never the wrong one.
+pub const RULE_TICK_CLOCK: u32 = 1 << 6;
 
 /// Fleet share state of a rule (DESIGN.md "Fleet behaviour"). Standalone rules are
 /// `SHARE_STANDALONE` and their deadlines are zero.
@@ -113,6 +115,10 @@ pub const SHARE_FAIL_OPEN: u32 = 4;
 pub const RULE_NAME_LEN: usize = 64;
 
 /// One rule of one generation (`RULES[rule_index(gen, slot)]`).
+///
+/// Everything a frame reads sits in the first 64 bytes, and entries are 192 bytes in a
+/// page-aligned (`BPF_F_MMAPABLE`) array: metering a frame touches one cache line of
+/// its rule, not two or three (the fields used for display follow).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuleConfig {
@@ -128,14 +134,14 @@ pub struct RuleConfig {
     pub source_prefix_v4: u32,
     /// Source prefix length that keys a per-source bucket, IPv6 (0..=128).
     pub source_prefix_v6: u32,
-    /// `SHARE_*` as last written by the daemon.
-    pub share_state: u32,
-    pub _reserved: u32,
     /// CLOCK_MONOTONIC ns after which the lease has lapsed (STICKY); 0 = no lease.
     pub lease_expires_ns: u64,
     /// CLOCK_MONOTONIC ns after which a fail_mode=open rule passes everything
     /// (FAIL_OPEN); 0 = never.
     pub fail_open_at_ns: u64,
+    /// `SHARE_*` as last written by the daemon.
+    pub share_state: u32,
+    pub _reserved: u32,
     /// Configured aggregate rate and burst, in units per second / units (for display).
     pub rate: u64,
     pub burst: u64,
@@ -144,9 +150,18 @@ pub struct RuleConfig {
     pub source_burst: u64,
     /// Rule name, UTF-8, NUL padded.
     pub name: [u8; RULE_NAME_LEN],
+    /// Pads the entry to three cache lines (no implicit padding: the type is `Pod`).
+    pub _pad: [u8; 24],
 }
 
 impl RuleConfig {
+    /// Whether each of the rule's limits may be metered on the per-tick cached clock
+    /// (limiter_common::clock): the condition for [`RULE_TICK_CLOCK`].
+    pub const fn tick_clock_ok(&self) -> bool {
+        (self.flags & RULE_HAS_AGGREGATE == 0 || self.aggregate.tick_clock_ok())
+            && (self.flags & RULE_HAS_PER_SOURCE == 0 || self.per_source.tick_clock_ok())
+    }
+
     pub const EMPTY: RuleConfig = RuleConfig {
         flags: 0,
         unit: UNIT_PACKETS,
@@ -154,15 +169,16 @@ impl RuleConfig {
         per_source: Limit::NONE,
         source_prefix_v4: 32,
         source_prefix_v6: 128,
-        share_state: SHARE_STANDALONE,
-        _reserved: 0,
         lease_expires_ns: 0,
         fail_open_at_ns: 0,
+        share_state: SHARE_STANDALONE,
+        _reserved: 0,
         rate: 0,
         burst: 0,
         source_rate: 0,
         source_burst: 0,
         name: [0; RULE_NAME_LEN],
+        _pad: [0; 24],
     };
 
     /// The rule name up to the first NUL (lossy: the daemon only writes UTF-8).
@@ -232,6 +248,9 @@ pub const HOST_PROBES: u32 = 8;
 /// (/32, /128) and the same candidates its prefix-trie entry holds. The program looks a
 /// destination up here first, with inlined array reads instead of the trie's helper call
 /// and walk (≈ 10 ns); a miss falls through to the trie.
+///
+/// Entries are 192 bytes in a page-aligned (`BPF_F_MMAPABLE`) array, so a probe reads one
+/// cache line: the address, the candidate count and the first five candidates.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HostEntry {
@@ -240,6 +259,27 @@ pub struct HostEntry {
     /// Network byte order; IPv4 uses the first 4 bytes, the rest zero.
     pub addr: [u8; 16],
     pub rules: PrefixRules,
+    /// Pads the entry to three cache lines (no implicit padding: the type is `Pod`).
+    pub _pad: [u32; 10],
+}
+
+/// An address as the XDP program holds it: its four 32-bit words in network byte order,
+/// each as a native-endian load of those bytes reads it (one load per word, no byte
+/// shuffling). IPv4 uses the first word, the rest zero.
+pub type AddrWords = [u32; 4];
+
+/// The words of a 16-byte address (network order; IPv4 in the first 4 bytes).
+#[inline(always)]
+pub fn addr_words(addr: &[u8; 16]) -> AddrWords {
+    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    [w(0), w(4), w(8), w(12)]
+}
+
+/// The 16 bytes of an address held as words (the inverse of [`addr_words`]).
+#[inline(always)]
+pub fn addr_bytes(words: &AddrWords) -> [u8; 16] {
+    // SAFETY: [u32; 4] and [u8; 16] have the same size; every bit pattern is valid.
+    unsafe { core::mem::transmute::<AddrWords, [u8; 16]>(*words) }
 }
 
 /// Home slot (0..HOST_SLOTS) of a destination in the exact-address table. A
@@ -248,11 +288,16 @@ pub struct HostEntry {
 /// the daemon and the program always run on the same machine.
 #[inline(always)]
 pub fn host_home(family: u32, addr: &[u8; 16]) -> u32 {
-    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    host_home_words(family, &addr_words(addr))
+}
+
+/// [`host_home`] of an address held as words (what the XDP program computes).
+#[inline(always)]
+pub fn host_home_words(family: u32, w: &AddrWords) -> u32 {
     let folded = if family == 4 {
-        w(0)
+        w[0]
     } else {
-        w(0) ^ w(4).rotate_left(8) ^ w(8).rotate_left(16) ^ w(12).rotate_left(24)
+        w[0] ^ w[1].rotate_left(8) ^ w[2].rotate_left(16) ^ w[3].rotate_left(24)
     };
     (folded ^ family).wrapping_mul(0x9E37_79B1) >> (32 - HOST_SLOTS.trailing_zeros())
 }
@@ -284,12 +329,23 @@ pub struct SourceKey {
 impl SourceKey {
     /// The bucket key of a source: the rule slot plus the source address (network order,
     /// IPv4 in the first 4 bytes) masked to the rule's prefix length for its family.
-    /// The XDP program and `limiter explain` both build keys with this.
-    #[inline(always)]
+    /// `limiter explain` builds keys with this, the XDP program with [`Self::masked_words`].
     pub fn masked(
         slot: u32,
         family: u32,
         src: &[u8; 16],
+        prefix_v4: u32,
+        prefix_v6: u32,
+    ) -> SourceKey {
+        Self::masked_words(slot, family, &addr_words(src), prefix_v4, prefix_v6)
+    }
+
+    /// [`Self::masked`] of a source held as words.
+    #[inline(always)]
+    pub fn masked_words(
+        slot: u32,
+        family: u32,
+        src: &AddrWords,
         prefix_v4: u32,
         prefix_v6: u32,
     ) -> SourceKey {
@@ -310,21 +366,31 @@ impl SourceKey {
             } else {
                 u32::MAX << (32 - (prefix - bits_before))
             };
-            let i = w * 4;
-            let word = u32::from_be_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
-            *out = (word & mask).to_be();
+            // The word holds network order as a native load reads it: the network-order
+            // mask in the same representation is `mask.to_be()`.
+            *out = src[w] & mask.to_be();
         }
         SourceKey {
             slot,
             family,
-            // SAFETY: [u32; 4] and [u8; 16] have the same size; every bit pattern is
-            // valid. The words hold network byte order, so the bytes do too.
-            addr: unsafe { core::mem::transmute::<[u32; 4], [u8; 16]>(masked) },
+            addr: addr_bytes(&masked),
         }
     }
 }
 
-/// Per-rule counters, one copy per CPU (`RULE_COUNTERS`, per-CPU array by slot).
+/// What each CPU keeps per rule (`RULE_COUNTERS`, a per-CPU array by slot): the rule's
+/// counters and the CPU's cached clock for it. One per-CPU lookup serves both (each map
+/// lookup costs spills and reloads around it in the program).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCpuState {
+    pub counters: RuleCounters,
+    /// This CPU's cached CLOCK_MONOTONIC reading for this rule (limiter_common::clock),
+    /// refreshed at its first frame of each jiffy; not a counter.
+    pub clock: TickClock,
+}
+
+/// Per-rule counters (one copy per CPU in [`RuleCpuState`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleCounters {
@@ -425,7 +491,7 @@ mod pod {
     unsafe impl aya::Pod for super::SourceKey {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
-    unsafe impl aya::Pod for crate::clock::TickClock {}
+    unsafe impl aya::Pod for super::RuleCpuState {}
     unsafe impl aya::Pod for super::HostEntry {}
 }
 
@@ -434,15 +500,23 @@ const _: () = {
     use core::mem::size_of;
     assert!(size_of::<Control>() == 8);
     assert!(size_of::<Limit>() == 16);
-    assert!(size_of::<RuleConfig>() == 4 * 6 + 16 * 2 + 8 * 6 + RULE_NAME_LEN);
+    assert!(size_of::<RuleConfig>() == 4 * 6 + 16 * 2 + 8 * 6 + RULE_NAME_LEN + 24);
+    assert!(size_of::<RuleConfig>().is_multiple_of(64));
+    // What a frame reads fits in the entry's first cache line.
+    assert!(core::mem::offset_of!(RuleConfig, fail_open_at_ns) + 8 == 64);
     assert!(size_of::<Candidate>() == 8);
     assert!(size_of::<PrefixRules>() == 4 + 8 * MAX_CANDIDATES);
     assert!(size_of::<Bucket>() == 8);
     assert!(size_of::<SourceKey>() == 24);
     assert!(size_of::<RuleCounters>() == 48);
     assert!(size_of::<GlobalCounters>() == 40);
-    assert!(size_of::<crate::clock::TickClock>() == 16);
-    assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>());
+    assert!(size_of::<TickClock>() == 16);
+    assert!(size_of::<RuleCpuState>() == 64);
+    assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>() + 40);
+    assert!(size_of::<HostEntry>().is_multiple_of(64));
+    // The program reads a slot's address as aligned words.
+    assert!(core::mem::offset_of!(HostEntry, addr).is_multiple_of(4));
+    assert!(core::mem::align_of::<HostEntry>() >= 4);
     assert!(HOST_SLOTS.is_power_of_two() && HOST_SLOTS >= 4 * MAX_RULES);
     // LPM values sit right after a 4-byte IPv4 key: they must not need more alignment.
     assert!(core::mem::align_of::<PrefixRules>() <= 4);

@@ -5,7 +5,8 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::abi::{
-    host_home, host_index, PrefixRules, HOST_PROBES, MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES,
+    addr_bytes, host_home_words, host_index, AddrWords, HostEntry, PrefixRules, HOST_PROBES,
+    MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES,
 };
 
 use crate::{maps, parse::Packet};
@@ -16,14 +17,14 @@ pub fn classify(generation: u32, pkt: &Packet) -> Option<u32> {
         return first_match(rules, pkt);
     }
     let rules = if pkt.family == 4 {
-        let key = Key::new(32, [pkt.dst[0], pkt.dst[1], pkt.dst[2], pkt.dst[3]]);
+        let key = Key::new(32, pkt.dst[0].to_ne_bytes());
         if generation & 1 == 0 {
             maps::PREFIXES_V4_0.get(&key)
         } else {
             maps::PREFIXES_V4_1.get(&key)
         }
     } else {
-        let key = Key::new(128, pkt.dst);
+        let key = Key::new(128, addr_bytes(&pkt.dst));
         if generation & 1 == 0 {
             maps::PREFIXES_V6_0.get(&key)
         } else {
@@ -37,32 +38,36 @@ pub fn classify(generation: u32, pkt: &Packet) -> Option<u32> {
 /// inlines, no helper call. `None` sends the lookup to the trie.
 #[inline(always)]
 fn exact(generation: u32, pkt: &Packet) -> Option<&'static PrefixRules> {
-    let home = host_home(pkt.family, &pkt.dst);
+    let home = host_home_words(pkt.family, &pkt.dst);
     let words = if pkt.family == 4 { 1 } else { 4 };
     for probe in 0..HOST_PROBES {
         let entry = maps::HOSTS.get(host_index(generation, home, probe))?;
         if entry.family == 0 {
             return None;
         }
-        if entry.family == pkt.family && same_words(&entry.addr, &pkt.dst, words) {
+        if entry.family == pkt.family && same_words(entry_addr(entry), &pkt.dst, words) {
             return Some(&entry.rules);
         }
     }
     None
 }
 
-/// The first `words` 32-bit words of two addresses are equal (word loads, not a byte
-/// loop or a memcmp call).
+/// The entry's address as words: `addr` sits 4 bytes into a 4-aligned struct (map
+/// values are 8-aligned), so word loads of it are aligned.
 #[inline(always)]
-fn same_words(a: &[u8; 16], b: &[u8; 16], words: usize) -> bool {
+fn entry_addr(entry: &HostEntry) -> &AddrWords {
+    // SAFETY: same size, alignment 4 as argued above, every bit pattern valid.
+    unsafe { &*(&raw const entry.addr).cast::<AddrWords>() }
+}
+
+/// The first `words` words of two addresses are equal.
+#[inline(always)]
+fn same_words(a: &AddrWords, b: &AddrWords, words: usize) -> bool {
     for w in 0..4 {
         if w >= words {
             break;
         }
-        let i = w * 4;
-        if u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]])
-            != u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
-        {
+        if a[w] != b[w] {
             return false;
         }
     }

@@ -5,12 +5,9 @@ use aya_ebpf::{
     btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
-use limiter_common::{
-    abi::{
-        Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCounters,
-        SourceKey, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
-    },
-    clock::TickClock,
+use limiter_common::abi::{
+    Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
+    DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
@@ -19,6 +16,8 @@ const HOST_ENTRIES: usize = (GENERATIONS * HOST_SLOTS) as usize;
 const PREFIXES: usize = MAX_PREFIXES as usize;
 /// Overridden at load time with the config's `max_sources`.
 const SOURCES: usize = DEFAULT_MAX_SOURCES as usize;
+/// Page-aligned values, so entries sized in whole cache lines start on one.
+const PAGE_ALIGNED: usize = aya_ebpf::bindings::BPF_F_MMAPABLE as usize;
 /// LPM tries must not preallocate.
 const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
 
@@ -26,7 +25,7 @@ const NO_PREALLOC: usize = aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize;
 pub static CONTROL: Array<Control, 1> = Array::new();
 
 #[btf_map]
-pub static RULES: Array<RuleConfig, RULE_ENTRIES> = Array::new();
+pub static RULES: Array<RuleConfig, RULE_ENTRIES, PAGE_ALIGNED> = Array::new();
 
 #[btf_map]
 pub static PREFIXES_V4_0: LpmTrie<[u8; 4], PrefixRules, PREFIXES, NO_PREALLOC> = LpmTrie::new();
@@ -46,15 +45,11 @@ pub static AGG_BUCKETS: Array<Bucket, SLOTS> = Array::new();
 pub static SRC_BUCKETS: LruHashMap<SourceKey, Bucket, SOURCES> = LruHashMap::new();
 
 #[btf_map]
-pub static RULE_COUNTERS: PerCpuArray<RuleCounters, SLOTS> = PerCpuArray::new();
+pub static RULE_COUNTERS: PerCpuArray<RuleCpuState, SLOTS> = PerCpuArray::new();
 
 #[btf_map]
 pub static GLOBAL_COUNTERS: PerCpuArray<GlobalCounters, 1> = PerCpuArray::new();
 
-/// Each CPU's cached clock reading (limiter_common::clock).
-#[btf_map]
-pub static CLOCK: PerCpuArray<TickClock, 1> = PerCpuArray::new();
-
 /// Exact-address tables, one per generation (limiter_common::abi::HostEntry).
 #[btf_map]
-pub static HOSTS: Array<HostEntry, HOST_ENTRIES> = Array::new();
+pub static HOSTS: Array<HostEntry, HOST_ENTRIES, PAGE_ALIGNED> = Array::new();

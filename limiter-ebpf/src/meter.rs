@@ -11,8 +11,10 @@ use aya_ebpf::{
 use limiter_common::{
     abi::{
         rule_index, Bucket, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
+        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_TICK_CLOCK,
+        UNIT_BYTES, UNIT_SYN,
     },
+    clock::TickClock,
     gcra::{self, Limit},
 };
 
@@ -36,9 +38,10 @@ enum Outcome {
 #[inline(always)]
 pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result<u32, ()> {
     let rule = maps::RULES.get(rule_index(generation, slot)).ok_or(())?;
-    let counters = maps::RULE_COUNTERS.get_ptr_mut(slot).ok_or(())?;
+    let cpu_state = maps::RULE_COUNTERS.get_ptr_mut(slot).ok_or(())?;
     // SAFETY: per-CPU value, touched only by this CPU's program run.
-    let counters = unsafe { &mut *counters };
+    let cpu_state = unsafe { &mut *cpu_state };
+    let counters = &mut cpu_state.counters;
     let flags = rule.flags;
     if flags & RULE_IN_USE == 0 {
         return Ok(pass(counters, frame_len));
@@ -48,14 +51,13 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
         UNIT_BYTES => frame_len,
         _ => 1,
     };
-    let precise = (flags & RULE_HAS_AGGREGATE != 0 && !rule.aggregate.tick_clock_ok())
-        || (flags & RULE_HAS_PER_SOURCE != 0 && !rule.per_source.tick_clock_ok());
+    let precise = flags & RULE_TICK_CLOCK == 0;
     // A closed share refuses everything: its lease deadline needs no precise clock.
     let closed = flags & RULE_CLOSED_UNTIL_LAPSE != 0;
     let mut now_ns = if precise && !closed {
         precise_ns()
     } else {
-        tick_ns()
+        tick_ns(&mut cpu_state.clock)
     };
     // FAIL_OPEN is applied here, on the kernel's clock, so it happens on time even when
     // the daemon is dead.
@@ -83,7 +85,7 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     if flags & RULE_HAS_PER_SOURCE != 0 {
         let limit = &rule.per_source;
         let cost = limit.cost(units);
-        let key = SourceKey::masked(
+        let key = SourceKey::masked_words(
             slot,
             pkt.family,
             &pkt.src,
@@ -143,17 +145,13 @@ fn precise_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// CLOCK_MONOTONIC as this CPU read it at the first frame of the current jiffy: one
-/// inlined load and a compare on most frames (limiter_common::clock).
+/// CLOCK_MONOTONIC as this CPU read it at the rule's first frame of the current jiffy:
+/// one inlined load and a compare on most frames (limiter_common::clock).
 #[inline(always)]
-fn tick_ns() -> u64 {
+fn tick_ns(clock: &mut TickClock) -> u64 {
     // SAFETY: a helper without arguments; the verifier inlines it into a load.
     let jiffies = unsafe { bpf_jiffies64() };
-    match maps::CLOCK.get_ptr_mut(0) {
-        // SAFETY: per-CPU value, touched only by this CPU's program run.
-        Some(clock) => unsafe { &mut *clock }.now(jiffies, precise_ns),
-        None => precise_ns(),
-    }
+    clock.now(jiffies, precise_ns)
 }
 
 #[inline(always)]

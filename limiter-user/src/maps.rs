@@ -16,7 +16,7 @@ use aya::{
 };
 use limiter_common::abi::{
     map_name, rule_index, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
-    RuleCounters, SourceKey, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
+    RuleCounters, RuleCpuState, SourceKey, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
@@ -36,7 +36,7 @@ pub struct Maps {
     src_buckets: HashMap<MapData, SourceKey, Bucket>,
     /// A second handle on SRC_BUCKETS for batch reads (aya's HashMap hides its fd).
     src_buckets_raw: MapData,
-    rule_counters: PerCpuArray<MapData, RuleCounters>,
+    rule_counters: PerCpuArray<MapData, RuleCpuState>,
     global_counters: PerCpuArray<MapData, GlobalCounters>,
     hosts: Array<MapData, HostEntry>,
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
@@ -232,7 +232,7 @@ impl Maps {
             source: e,
         })?;
         let zeros =
-            PerCpuValues::try_from(vec![RuleCounters::default(); cpus]).map_err(|e| Error::Io {
+            PerCpuValues::try_from(vec![RuleCpuState::default(); cpus]).map_err(|e| Error::Io {
                 what: "building per-CPU zeros".into(),
                 source: e,
             })?;
@@ -249,7 +249,7 @@ impl Maps {
             .map_err(map_err(format!("reading RULE_COUNTERS slot {slot}")))?;
         let mut total = RuleCounters::default();
         for c in per_cpu.iter() {
-            total.accumulate(c);
+            total.accumulate(&c.counters);
         }
         Ok(total)
     }
@@ -260,7 +260,7 @@ impl Maps {
             .rule_counters
             .get(&slot, 0)
             .map_err(map_err(format!("reading RULE_COUNTERS slot {slot}")))?;
-        Ok(per_cpu.iter().copied().collect())
+        Ok(per_cpu.iter().map(|c| c.counters).collect())
     }
 
     /// Program-wide counters summed over CPUs.

@@ -17,13 +17,9 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use limiter_common::{
-    abi::{
-        map_name, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
-        RuleCounters, SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
-        PROGRAM_NAME_LINEAR,
-    },
-    clock::TickClock,
+use limiter_common::abi::{
+    map_name, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
+    SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME, PROGRAM_NAME_LINEAR,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -156,7 +152,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 12] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -201,7 +197,7 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 12] {
         (
             map_name::RULE_COUNTERS,
             4,
-            sz(size_of::<RuleCounters>()),
+            sz(size_of::<RuleCpuState>()),
             MAX_RULES,
         ),
         (
@@ -210,7 +206,6 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 12] {
             sz(size_of::<GlobalCounters>()),
             1,
         ),
-        (map_name::CLOCK, 4, sz(size_of::<TickClock>()), 1),
         (
             map_name::HOSTS,
             4,

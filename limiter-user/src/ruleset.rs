@@ -132,6 +132,7 @@ impl HostTable {
                         family,
                         addr,
                         rules,
+                        ..Default::default()
                     }
                 }
                 None => t.unplaced += 1,
@@ -319,6 +320,9 @@ pub fn rule_config(rule: &RuleSpec) -> Result<RuleConfig, RulesetError> {
         }
         config.source_prefix_v4 = u32::from(per_source.prefix_v4);
         config.source_prefix_v6 = u32::from(per_source.prefix_v6);
+    }
+    if config.tick_clock_ok() {
+        config.flags |= abi::RULE_TICK_CLOCK;
     }
     config.share_state = abi::SHARE_STANDALONE;
     let name = rule.name.as_bytes();
@@ -746,7 +750,11 @@ mod tests {
         assert!(b.name[10..].iter().all(|&x| x == 0));
 
         let s = t.rule(1).unwrap();
-        assert_eq!(s.flags, abi::RULE_IN_USE | abi::RULE_HAS_PER_SOURCE);
+        // 7 SYNs at 5/s hold far more than a tick: the per-tick clock meters it.
+        assert_eq!(
+            s.flags,
+            abi::RULE_IN_USE | abi::RULE_HAS_PER_SOURCE | abi::RULE_TICK_CLOCK
+        );
         assert_eq!(s.unit, abi::UNIT_SYN);
         assert_eq!(s.aggregate, Limit::NONE);
         assert_eq!(
@@ -763,6 +771,42 @@ mod tests {
             rule_config(&long),
             Err(RulesetError::NameTooLong { len: 64, .. })
         ));
+    }
+
+    /// The program meters on the per-tick clock only rules whose every limit holds at
+    /// least 33.6 ms of its rate (limiter_common::gcra::TICK_CLOCK_MIN_TOLERANCE).
+    #[test]
+    fn tick_clock_flag_needs_every_limit_to_hold_a_tick() {
+        let rate = |rate, burst| Some(RateSpec { rate, burst });
+        let per_source = |rate, burst| {
+            Some(PerSourceSpec {
+                rate,
+                burst,
+                prefix_v4: 32,
+                prefix_v6: 128,
+            })
+        };
+        // (aggregate, per source, expected): bursts of 100 ms and 10 ms of their rate.
+        let cases = [
+            (rate(1000, 100), None, true),
+            (rate(1000, 10), None, false),
+            (None, per_source(10, 1), true),
+            (None, per_source(1000, 10), false),
+            (rate(1000, 100), per_source(10, 1), true),
+            (rate(1000, 100), per_source(1000, 10), false),
+            (rate(1000, 10), per_source(10, 1), false),
+        ];
+        for (aggregate, per_source, expected) in cases {
+            let mut rule = spec("r", "198.18.0.1/32", None, Proto::Any);
+            rule.aggregate = aggregate;
+            rule.per_source = per_source;
+            let config = rule_config(&rule).unwrap();
+            assert_eq!(
+                config.flags & abi::RULE_TICK_CLOCK != 0,
+                expected,
+                "aggregate {aggregate:?}, per source {per_source:?}"
+            );
+        }
     }
 
     #[test]

@@ -315,6 +315,25 @@ pub struct Bucket {
     pub tat: u64,
 }
 
+/// A rule's aggregate bucket (`AGG_BUCKETS[slot]`): one cache line each, in a page-aligned
+/// (`BPF_F_MMAPABLE`) array, so CPUs admitting frames of different rules never write the
+/// same line (eight 8-byte buckets to a line bounced it between them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AggBucket {
+    pub bucket: Bucket,
+    pub _pad: [u64; 7],
+}
+
+impl AggBucket {
+    pub const fn new(tat: u64) -> AggBucket {
+        AggBucket {
+            bucket: Bucket { tat },
+            _pad: [0; 7],
+        }
+    }
+}
+
 /// Key of a per-source bucket: the rule slot and the masked source address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -488,6 +507,7 @@ mod pod {
     unsafe impl aya::Pod for super::Candidate {}
     unsafe impl aya::Pod for super::PrefixRules {}
     unsafe impl aya::Pod for super::Bucket {}
+    unsafe impl aya::Pod for super::AggBucket {}
     unsafe impl aya::Pod for super::SourceKey {}
     unsafe impl aya::Pod for super::RuleCounters {}
     unsafe impl aya::Pod for super::GlobalCounters {}
@@ -507,6 +527,7 @@ const _: () = {
     assert!(size_of::<Candidate>() == 8);
     assert!(size_of::<PrefixRules>() == 4 + 8 * MAX_CANDIDATES);
     assert!(size_of::<Bucket>() == 8);
+    assert!(size_of::<AggBucket>() == 64);
     assert!(size_of::<SourceKey>() == 24);
     assert!(size_of::<RuleCounters>() == 48);
     assert!(size_of::<GlobalCounters>() == 40);

@@ -6,8 +6,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::abi::{
-    Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
-    DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
+    AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
+    SourceKey, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
@@ -38,7 +38,7 @@ pub static PREFIXES_V6_1: LpmTrie<[u8; 16], PrefixRules, PREFIXES, NO_PREALLOC> 
 
 /// Aggregate buckets by rule slot: never evicted.
 #[btf_map]
-pub static AGG_BUCKETS: Array<Bucket, SLOTS> = Array::new();
+pub static AGG_BUCKETS: Array<AggBucket, SLOTS, PAGE_ALIGNED> = Array::new();
 
 /// Per-source buckets: spoofed sources can only evict each other.
 #[btf_map]

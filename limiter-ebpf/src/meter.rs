@@ -103,7 +103,7 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
         let bucket = maps::AGG_BUCKETS.get_ptr_mut(slot).ok_or(())?;
         // SAFETY: array values live as long as the map; `tat` is only touched atomically
         // or by aligned 8-byte loads.
-        let tat = unsafe { &raw mut (*bucket).tat };
+        let tat = unsafe { &raw mut (*bucket).bucket.tat };
         if let Outcome::Reject = step(tat, now, limit.cost(units), limit.tolerance) {
             conforms = false;
             // The source's bucket paid for a frame the aggregate refused: give it back,

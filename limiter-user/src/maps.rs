@@ -15,8 +15,8 @@ use aya::{
     Ebpf,
 };
 use limiter_common::abi::{
-    map_name, rule_index, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
-    RuleCounters, RuleCpuState, SourceKey, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
+    map_name, rule_index, AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules,
+    RuleConfig, RuleCounters, RuleCpuState, SourceKey, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
@@ -32,7 +32,7 @@ pub struct Maps {
     rules: Array<MapData, RuleConfig>,
     v4: [Trie<4>; 2],
     v6: [Trie<16>; 2],
-    agg_buckets: Array<MapData, Bucket>,
+    agg_buckets: Array<MapData, AggBucket>,
     src_buckets: HashMap<MapData, SourceKey, Bucket>,
     /// A second handle on SRC_BUCKETS for batch reads (aya's HashMap hides its fd).
     src_buckets_raw: MapData,
@@ -225,7 +225,7 @@ impl Maps {
 
     fn reset_slot(&mut self, slot: u32) -> Result<(), Error> {
         self.agg_buckets
-            .set(slot, Bucket::default(), 0)
+            .set(slot, AggBucket::default(), 0)
             .map_err(map_err(format!("resetting AGG_BUCKETS slot {slot}")))?;
         let cpus = nr_cpus().map_err(|(_, e)| Error::Io {
             what: "counting possible CPUs".into(),
@@ -305,7 +305,7 @@ impl Maps {
     /// Sets a rule's aggregate bucket (a fleet grant taking over with its token count).
     pub fn set_aggregate_tat(&mut self, slot: u32, tat: u64) -> Result<(), Error> {
         self.agg_buckets
-            .set(slot, Bucket { tat }, 0)
+            .set(slot, AggBucket::new(tat), 0)
             .map_err(map_err(format!("writing AGG_BUCKETS slot {slot}")))
     }
 
@@ -313,6 +313,7 @@ impl Maps {
     pub fn aggregate_bucket(&self, slot: u32) -> Result<Bucket, Error> {
         self.agg_buckets
             .get(&slot, 0)
+            .map(|b| b.bucket)
             .map_err(map_err(format!("reading AGG_BUCKETS slot {slot}")))
     }
 }

@@ -18,8 +18,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use limiter_common::abi::{
-    map_name, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
-    SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME, PROGRAM_NAME_LINEAR,
+    map_name, AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
+    RuleCpuState, SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
+    PROGRAM_NAME_LINEAR,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -187,7 +188,12 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
             sz(size_of::<PrefixRules>()),
             MAX_PREFIXES,
         ),
-        (map_name::AGG_BUCKETS, 4, sz(size_of::<Bucket>()), MAX_RULES),
+        (
+            map_name::AGG_BUCKETS,
+            4,
+            sz(size_of::<AggBucket>()),
+            MAX_RULES,
+        ),
         (
             map_name::SRC_BUCKETS,
             sz(size_of::<SourceKey>()),

@@ -203,4 +203,20 @@ fn maps_are_pinned_with_btf() {
         text.contains("\"generation\"") && text.contains("\"flags\""),
         "bpftool shows no field names: {text}"
     );
+    // The per-frame entries sit on cache-line boundaries: page-aligned values
+    // (BPF_F_MMAPABLE) of whole cache lines.
+    const BPF_F_MMAPABLE: u32 = 1 << 10;
+    for name in ["RULES", "HOSTS", "AGG_BUCKETS"] {
+        let info = aya::maps::MapInfo::from_pin(pins.path.join(name)).expect("map info");
+        assert_ne!(
+            info.map_flags() & BPF_F_MMAPABLE,
+            0,
+            "{name} is not page-aligned"
+        );
+        assert_eq!(
+            info.value_size() % 64,
+            0,
+            "{name} values are not whole lines"
+        );
+    }
 }

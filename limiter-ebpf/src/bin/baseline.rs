@@ -1,6 +1,7 @@
 //! Programs for tests and benchmarks, never for production:
 //! - `baseline_pass` / `baseline_drop`: the cheapest possible XDP_PASS and XDP_DROP, so
 //!   every cost is reported as a ratio to something measured in the same run;
+//!   `baseline_tc_drop` the same at TC ingress;
 //! - `traffic_tx`: a traffic generator. Run with BPF_PROG_TEST_RUN in live-frames mode on
 //!   a veth end, it transmits every injected frame out of that end (XDP_TX);
 //! - `rx_count`: a TC ingress counter for the receiving end. TC runs after XDP, so it
@@ -23,6 +24,13 @@ pub fn baseline_pass(_ctx: XdpContext) -> u32 {
 #[xdp(frags)]
 pub fn baseline_drop(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_DROP
+}
+
+/// The cheapest TC ingress drop: what a limiter at TC would pay on skb-born frames before
+/// any work of its own, with no XDP program forcing veth's copy into a page.
+#[classifier]
+pub fn baseline_tc_drop(_ctx: TcContext) -> i32 {
+    TC_ACT_SHOT as i32
 }
 
 #[xdp(frags)]

@@ -236,7 +236,7 @@ fn rows(backend: Backend) -> Vec<CostRow> {
     } else {
         row("nothing attached, the stack drops", Job::None, Setup::Stack)
     };
-    vec![
+    let mut rows = vec![
         reference,
         row("plain XDP_DROP", Job::None, Setup::XdpDrop),
         row(
@@ -277,7 +277,16 @@ fn rows(backend: Backend) -> Vec<CostRow> {
                 xdp_pass: live,
             },
         ),
-    ]
+    ];
+    if !live {
+        // What a limiter at TC ingress would start from on skb-born frames (none exists).
+        rows.push(row(
+            "plain TC ingress drop, no XDP (reference)",
+            Job::None,
+            Setup::TcDrop,
+        ));
+    }
+    rows
 }
 
 /// Measures both backends.

@@ -3,7 +3,7 @@
 
 use anyhow::{Context as _, Result};
 use aya::{
-    programs::{Xdp, XdpMode},
+    programs::{SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf,
 };
 use limiter_user::{
@@ -68,6 +68,20 @@ impl Baseline {
             .with_context(|| format!("attaching {name} to {iface} (native)"))?;
         Ok(Baseline { _ebpf: ebpf })
     }
+
+    /// A classifier of the baseline object at `iface`'s TC ingress.
+    pub fn attach_tc(iface: &str, name: &str) -> Result<Baseline> {
+        let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name}"))?
+            .try_into()
+            .with_context(|| format!("{name} is not a classifier"))?;
+        prog.load().with_context(|| format!("loading {name}"))?;
+        prog.attach(iface, TcAttachType::Ingress)
+            .with_context(|| format!("attaching {name} to {iface} TC ingress"))?;
+        Ok(Baseline { _ebpf: ebpf })
+    }
 }
 
 /// The limiter loaded with a config and attached in native mode; detached on drop.
@@ -109,6 +123,8 @@ pub enum Setup {
     XdpPass,
     /// `baseline_drop`.
     XdpDrop,
+    /// `baseline_tc_drop` at TC ingress, no XDP program.
+    TcDrop,
     /// The limiter with one rule; `limits` as for [`super::limiter_config`].
     Limiter { limits: String },
     /// nftables in netdev ingress; `xdp_pass` puts `baseline_pass` in front (live path).
@@ -141,6 +157,9 @@ impl Installed {
             Setup::Stack => {}
             Setup::XdpPass => installed._baseline = Some(Baseline::attach(iface, "baseline_pass")?),
             Setup::XdpDrop => installed._baseline = Some(Baseline::attach(iface, "baseline_drop")?),
+            Setup::TcDrop => {
+                installed._baseline = Some(Baseline::attach_tc(iface, "baseline_tc_drop")?)
+            }
             Setup::Limiter { limits } => {
                 let config = super::limiter_config(RULE_NAME, limits);
                 installed.limiter = Some(Limiter::attach(iface, &config)?);

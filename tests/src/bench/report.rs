@@ -265,7 +265,11 @@ impl Doc {
              own reading: exact and blind to other load, while the tick-sampled /proc/stat \
              strays even undisturbed (the generators sleep periodically and alias with the \
              tick; compare the columns where both exist, worst on the live path). The \
-             generator's own cost is in every row: compare the **Δ vs XDP_DROP** columns.\n",
+             generator's own cost is in every row: compare the **Δ vs XDP_DROP** columns. \
+             On the AF_PACKET path, *plain TC ingress drop* is a reference, not a \
+             contender: the cheapest program at TC ingress, where no XDP program makes \
+             veth copy each skb into a page first (what a limiter build for TC would start \
+             from; none exists).\n",
             cpu_cost::DISTURBED,
             cpu_cost::MIN_CLEAN
         ));

@@ -53,6 +53,8 @@ pub const PROGRAM_NAME: &str = "limiter";
 /// Name of the single-buffer build of the same program (no `frags`: the frame length is
 /// the linear length, no helper call).
 pub const PROGRAM_NAME_LINEAR: &str = "limiter_linear";
+/// Name of the TC-ingress build (`xdp_mode = "tc"`).
+pub const PROGRAM_NAME_TC: &str = "limiter_tc";
 
 /// The single entry of `CONTROL`.
 #[repr(C)]

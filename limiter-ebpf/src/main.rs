@@ -14,12 +14,14 @@ mod meter;
 mod parse;
 
 use aya_ebpf::{
-    bindings::xdp_action, helpers::generated::bpf_xdp_get_buff_len, macros::xdp,
-    programs::XdpContext,
+    bindings::{xdp_action, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::generated::bpf_xdp_get_buff_len,
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
 };
 use limiter_common::abi::{GlobalCounters, CONTROL_BYPASS};
 
-use crate::parse::ParseError;
+use crate::{meter::Size, parse::ParseError};
 
 /// Multi-buffer aware (`xdp.frags`): attaches in native mode to interfaces whose MTU needs
 /// more than one buffer per frame and meters the whole frame. The daemon uses it where
@@ -28,8 +30,10 @@ use crate::parse::ParseError;
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
     // SAFETY: the context pointer the kernel gave this run.
-    verdict(try_limiter(&ctx, || unsafe {
-        bpf_xdp_get_buff_len(ctx.ctx)
+    verdict(try_limiter(ctx.data(), ctx.data_end(), || Size {
+        packets: 1,
+        // SAFETY: the context pointer the kernel gave this run.
+        bytes: unsafe { bpf_xdp_get_buff_len(ctx.ctx) },
     }))
 }
 
@@ -40,7 +44,45 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 #[xdp]
 #[inline(always)]
 pub fn limiter_linear(ctx: XdpContext) -> u32 {
-    verdict(try_limiter(&ctx, || (ctx.data_end() - ctx.data()) as u64))
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    verdict(try_limiter(data, data_end, || Size {
+        packets: 1,
+        bytes: (data_end - data) as u64,
+    }))
+}
+
+/// Headers the parser may need, pulled into the linear part of a socket buffer whose
+/// driver left them in fragments: Ethernet, two VLAN tags, IPv6 with some extension
+/// headers, TCP (IPv4 with options and TCP: 102 bytes).
+const TC_PULL_LEN: u32 = 128;
+
+/// The same program at TC ingress, for frames that reach the host as socket buffers
+/// (veth fed by the stack, virtual NICs without native XDP): at TC they are metered
+/// where they are, while any XDP program there makes the kernel copy each one into a page
+/// first (veth's, and generic mode's, emulation of XDP). One run sees one socket buffer,
+/// which GRO may have built from several packets: they are metered, counted and passed
+/// or dropped together (`gso_segs` packets, the buffer's length in bytes).
+#[classifier]
+#[inline(always)]
+pub fn limiter_tc(ctx: TcContext) -> i32 {
+    let len = ctx.len();
+    let want = len.min(TC_PULL_LEN);
+    if ((ctx.data_end() - ctx.data()) as u32) < want {
+        // Best effort: if it fails, the parser finds the headers truncated (malformed,
+        // passed and counted).
+        let _ = ctx.pull_data(want);
+    }
+    // SAFETY: the context pointer the kernel gave this run.
+    let segments = unsafe { (*ctx.skb.skb).gso_segs }.max(1);
+    let size = Size {
+        packets: u64::from(segments),
+        bytes: u64::from(len),
+    };
+    match verdict(try_limiter(ctx.data(), ctx.data_end(), || size)) {
+        xdp_action::XDP_DROP => TC_ACT_SHOT as i32,
+        // Not ours to decide: the next program at this hook, if any, else the stack.
+        _ => TC_ACT_UNSPEC,
+    }
 }
 
 #[inline(always)]
@@ -54,7 +96,7 @@ fn verdict(result: Result<u32, ()>) -> u32 {
 }
 
 #[inline(always)]
-fn try_limiter(ctx: &XdpContext, frame_len: impl Fn() -> u64) -> Result<u32, ()> {
+fn try_limiter(data: usize, data_end: usize, size: impl Fn() -> Size) -> Result<u32, ()> {
     let control = maps::CONTROL.get(0).ok_or(())?;
     if control.flags & CONTROL_BYPASS != 0 {
         return Ok(xdp_action::XDP_PASS);
@@ -62,14 +104,15 @@ fn try_limiter(ctx: &XdpContext, frame_len: impl Fn() -> u64) -> Result<u32, ()>
     let generation = control.generation;
     // Inlined into each family's branch of the parser (see parse::parse).
     match parse::parse(
-        ctx,
+        data,
+        data_end,
         #[inline(always)]
         |pkt| {
             let Some(slot) = classify::classify(generation, pkt) else {
                 count_global(|g| &mut g.unmatched);
                 return Ok(xdp_action::XDP_PASS);
             };
-            meter::meter(generation, slot, pkt, frame_len())
+            meter::meter(generation, slot, pkt, size())
         },
     ) {
         Ok(verdict) => verdict,

@@ -35,8 +35,16 @@ enum Outcome {
     Unmetered,
 }
 
+/// How much one run of the program carries: one frame at XDP; at TC, one socket buffer,
+/// which GRO may have built from several packets (all metered, passed or dropped together).
+#[derive(Clone, Copy)]
+pub struct Size {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
 #[inline(always)]
-pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result<u32, ()> {
+pub fn meter(generation: u32, slot: u32, pkt: &Packet, size: Size) -> Result<u32, ()> {
     let rule = maps::RULES.get(rule_index(generation, slot)).ok_or(())?;
     let cpu_state = maps::RULE_COUNTERS.get_ptr_mut(slot).ok_or(())?;
     // SAFETY: per-CPU value, touched only by this CPU's program run.
@@ -44,12 +52,14 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     let counters = &mut cpu_state.counters;
     let flags = rule.flags;
     if flags & RULE_IN_USE == 0 {
-        return Ok(pass(counters, frame_len));
+        return Ok(pass(counters, size));
     }
     let units = match rule.unit {
-        UNIT_SYN if !pkt.syn => return Ok(pass(counters, frame_len)),
-        UNIT_BYTES => frame_len,
-        _ => 1,
+        UNIT_SYN if !pkt.syn => return Ok(pass(counters, size)),
+        UNIT_BYTES => size.bytes,
+        // A SYN is never coalesced: one connection attempt.
+        UNIT_SYN => 1,
+        _ => size.packets,
     };
     let precise = flags & RULE_TICK_CLOCK == 0;
     // A closed share refuses everything: its lease deadline needs no precise clock.
@@ -66,13 +76,13 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
         && flags & RULE_FAIL_STATIC == 0
         && (now_ns.wrapping_sub(fail_open_at) as i64) >= 0
     {
-        return Ok(pass(counters, frame_len));
+        return Ok(pass(counters, size));
     }
     // A zero share refuses everything until its lease lapses, without touching a bucket;
     // then the aggregate (the bootstrap share) meters, as for a host joining mid-outage.
     if closed {
         if (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0 {
-            return Ok(refuse(counters, frame_len, flags));
+            return Ok(refuse(counters, size, flags));
         }
         if precise {
             now_ns = precise_ns();
@@ -120,21 +130,21 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, frame_len: u64) -> Result
     }
 
     if conforms {
-        return Ok(pass(counters, frame_len));
+        return Ok(pass(counters, size));
     }
-    Ok(refuse(counters, frame_len, flags))
+    Ok(refuse(counters, size, flags))
 }
 
 /// A frame over the rule's limits: dropped, or passed and counted in shadow mode.
 #[inline(always)]
-fn refuse(counters: &mut RuleCounters, frame_len: u64, flags: u32) -> u32 {
+fn refuse(counters: &mut RuleCounters, size: Size, flags: u32) -> u32 {
     if flags & RULE_SHADOW != 0 {
-        counters.would_drop_packets = counters.would_drop_packets.wrapping_add(1);
-        counters.would_drop_bytes = counters.would_drop_bytes.wrapping_add(frame_len);
-        return pass(counters, frame_len);
+        counters.would_drop_packets = counters.would_drop_packets.wrapping_add(size.packets);
+        counters.would_drop_bytes = counters.would_drop_bytes.wrapping_add(size.bytes);
+        return pass(counters, size);
     }
-    counters.dropped_packets = counters.dropped_packets.wrapping_add(1);
-    counters.dropped_bytes = counters.dropped_bytes.wrapping_add(frame_len);
+    counters.dropped_packets = counters.dropped_packets.wrapping_add(size.packets);
+    counters.dropped_bytes = counters.dropped_bytes.wrapping_add(size.bytes);
     xdp_action::XDP_DROP
 }
 
@@ -155,9 +165,9 @@ fn tick_ns(clock: &mut TickClock) -> u64 {
 }
 
 #[inline(always)]
-fn pass(counters: &mut RuleCounters, frame_len: u64) -> u32 {
-    counters.passed_packets = counters.passed_packets.wrapping_add(1);
-    counters.passed_bytes = counters.passed_bytes.wrapping_add(frame_len);
+fn pass(counters: &mut RuleCounters, size: Size) -> u32 {
+    counters.passed_packets = counters.passed_packets.wrapping_add(size.packets);
+    counters.passed_bytes = counters.passed_bytes.wrapping_add(size.bytes);
     xdp_action::XDP_PASS
 }
 

@@ -4,7 +4,6 @@
 
 use core::{arch::asm, mem::size_of};
 
-use aya_ebpf::programs::XdpContext;
 use limiter_common::abi::{AddrWords, IPPROTO_TCP, IPPROTO_UDP};
 
 const ETH_P_IP: u16 = 0x0800;
@@ -203,15 +202,20 @@ fn be16(b: [u8; 2]) -> u16 {
 }
 
 /// Parses Ethernet, up to two VLAN tags, IPv4 or IPv6 (with extension headers), and the
-/// TCP/UDP ports, and hands the packet to `on_packet`. A continuation rather than a
+/// TCP/UDP ports of the frame in `data..data_end` (the packet pointers of an XDP or TC
+/// context), and hands the packet to `on_packet`. A continuation rather than a
 /// returned `Packet`: each family gets its own inlined copy of what follows, where the
 /// family is a constant (IPv4 code never handles the zero words of a 16-byte address)
 /// and the packet stays in registers instead of being spilled at a join of the two.
 #[inline(always)]
-pub fn parse<R>(ctx: &XdpContext, on_packet: impl FnOnce(&Packet) -> R) -> Result<R, ParseError> {
+pub fn parse<R>(
+    data: usize,
+    data_end: usize,
+    on_packet: impl FnOnce(&Packet) -> R,
+) -> Result<R, ParseError> {
     let mut cur = Cursor {
-        pos: ctx.data(),
-        end: ctx.data_end(),
+        pos: data,
+        end: data_end,
     };
     let eth = cur.take::<EthHdr>()? as usize;
     let mut ethertype = be16_at::<12>(eth);

@@ -196,6 +196,10 @@ config_enum!(
         Auto = "auto",
         Native = "native",
         Generic = "generic",
+        /// Not XDP: the same program at TC ingress, for frames that arrive as socket
+        /// buffers (veth fed by the stack, NICs without native XDP), where XDP would cost
+        /// a copy of every frame.
+        Tc = "tc",
     }
 );
 

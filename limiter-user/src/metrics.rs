@@ -192,7 +192,7 @@ pub fn render(s: &Snapshot) -> String {
             &mut out,
             "limiter_program_runs_total",
             "counter",
-            "Runs of the XDP program (kernel.bpf_stats_enabled).",
+            "Runs of the program, all builds (kernel.bpf_stats_enabled).",
         );
         let _ = writeln!(out, "limiter_program_runs_total {count}");
     }
@@ -201,10 +201,10 @@ pub fn render(s: &Snapshot) -> String {
 
 /// Takes a snapshot of the daemon for one scrape.
 pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
-    // Both builds share the maps; some interfaces may run one, some the other.
+    // The builds share the maps; interfaces may run different ones.
     let mut program_runs = None;
     for variant in Variant::ALL {
-        if let Ok(info) = d.program().xdp_variant(variant)?.info() {
+        if let Ok(info) = d.program().info(variant) {
             let (time, count) = program_runs.unwrap_or((Duration::ZERO, 0));
             program_runs = Some((time + info.run_time(), count + info.run_count()));
         }

@@ -1,4 +1,5 @@
-//! Loading the XDP program with its maps (pinned or private) and attaching it.
+//! Loading the program (its XDP builds and its TC build) with its maps (pinned or
+//! private) and attaching it.
 
 use std::{
     ffi::CString,
@@ -12,15 +13,16 @@ use aya::{
     maps::MapInfo,
     programs::{
         links::{FdLink, PinnedLink},
+        tc::{SchedClassifierLink, SchedClassifierLinkId},
         xdp::{XdpLink, XdpLinkId},
-        Xdp, XdpMode,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     Ebpf, EbpfLoader,
 };
 use limiter_common::abi::{
     map_name, AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
     RuleCpuState, SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
-    PROGRAM_NAME_LINEAR,
+    PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -54,6 +56,8 @@ pub struct Program {
 pub enum AttachedMode {
     Native,
     Generic,
+    /// TC ingress (a tcx link), not XDP.
+    Tc,
 }
 
 impl AttachedMode {
@@ -61,6 +65,7 @@ impl AttachedMode {
         match self {
             AttachedMode::Native => "native",
             AttachedMode::Generic => "generic",
+            AttachedMode::Tc => "tc",
         }
     }
 }
@@ -75,16 +80,21 @@ pub enum Variant {
     /// refuses the linear build there), and for generic mode, where the linear build
     /// would make the kernel linearize every multi-buffer skb.
     MultiBuffer,
+    /// A classifier at TC ingress (`xdp_mode = "tc"`).
+    Tc,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 2] = [Variant::Linear, Variant::MultiBuffer];
+    pub const ALL: [Variant; 3] = [Variant::Linear, Variant::MultiBuffer, Variant::Tc];
+    /// The XDP builds.
+    pub const XDP: [Variant; 2] = [Variant::Linear, Variant::MultiBuffer];
 
     /// The program's name in the object.
     pub fn program_name(self) -> &'static str {
         match self {
             Variant::Linear => PROGRAM_NAME_LINEAR,
             Variant::MultiBuffer => PROGRAM_NAME,
+            Variant::Tc => PROGRAM_NAME_TC,
         }
     }
 
@@ -92,6 +102,7 @@ impl Variant {
         match self {
             Variant::Linear => "linear",
             Variant::MultiBuffer => "multi-buffer",
+            Variant::Tc => "tc",
         }
     }
 }
@@ -124,6 +135,22 @@ enum AttachedLink {
     Pinned(FdLink),
     /// Process-local: owned by the program, detached with it.
     Local(XdpLinkId),
+    LocalTc(SchedClassifierLinkId),
+}
+
+/// A link just made, not yet pinned or handed back to its program.
+enum NewLink {
+    Xdp(XdpLink),
+    Tc(SchedClassifierLink),
+}
+
+impl NewLink {
+    fn into_fd_link(self) -> Result<FdLink, String> {
+        match self {
+            NewLink::Xdp(l) => FdLink::try_from(l).map_err(|e| e.to_string()),
+            NewLink::Tc(l) => FdLink::try_from(l).map_err(|e| e.to_string()),
+        }
+    }
 }
 
 impl Attachment {
@@ -321,17 +348,18 @@ impl Program {
             }
         }
         let mut ebpf = loader.load(OBJECT).map_err(|e| Error::Load(Box::new(e)))?;
-        for variant in Variant::ALL {
+        let verify_err = |variant: Variant| {
+            move |e| Error::Program {
+                what: format!("loading (verifying) the program {}", variant.program_name()),
+                source: Box::new(e),
+            }
+        };
+        for variant in Variant::XDP {
             xdp_mut(&mut ebpf, variant)?
                 .load()
-                .map_err(|e| Error::Program {
-                    what: format!(
-                        "loading (verifying) the XDP program {}",
-                        variant.program_name()
-                    ),
-                    source: Box::new(e),
-                })?;
+                .map_err(verify_err(variant))?;
         }
+        tc_mut(&mut ebpf)?.load().map_err(verify_err(Variant::Tc))?;
         Ok(Program { ebpf })
     }
 
@@ -348,17 +376,31 @@ impl Program {
             .ok_or(Error::NoProgram)
     }
 
-    /// Instructions the verifier processed for the larger build, if the kernel reports it.
+    /// The TC build.
+    pub fn tc(&self) -> Result<&SchedClassifier, Error> {
+        self.ebpf
+            .program(PROGRAM_NAME_TC)
+            .and_then(|p| <&SchedClassifier>::try_from(p).ok())
+            .ok_or(Error::NoProgram)
+    }
+
+    /// Kernel information on one build (run counts and time, verifier figures).
+    pub fn info(&self, variant: Variant) -> Result<aya::programs::ProgramInfo, Error> {
+        let info = match variant {
+            Variant::Tc => self.tc()?.info(),
+            v => self.xdp_variant(v)?.info(),
+        };
+        info.map_err(|e| Error::Program {
+            what: format!("reading the info of {}", variant.program_name()),
+            source: Box::new(e),
+        })
+    }
+
+    /// Instructions the verifier processed for the largest build, if the kernel reports it.
     pub fn verified_instructions(&self) -> Option<u32> {
         Variant::ALL
             .iter()
-            .filter_map(|&v| {
-                self.xdp_variant(v)
-                    .ok()?
-                    .info()
-                    .ok()?
-                    .verified_instruction_count()
-            })
+            .filter_map(|&v| self.info(v).ok()?.verified_instruction_count())
             .max()
     }
 
@@ -391,9 +433,9 @@ impl Program {
             }
         }
         let (link, mode, variant) = self.attach_new(iface, mode)?;
-        let link = FdLink::try_from(link).map_err(|e| Error::Link {
+        let link = link.into_fd_link().map_err(|reason| Error::Link {
             what: format!("taking the link of {iface}"),
-            reason: e.to_string(),
+            reason,
         })?;
         let pinned = link.pin(&pin).map_err(|e| Error::Link {
             what: format!("pinning the link of {iface} at {}", pin.display()),
@@ -415,7 +457,8 @@ impl Program {
     fn adopt(&mut self, iface: &str, pin: &Path, mode: ConfigXdpMode) -> Result<Attachment, Error> {
         let candidates: &[Variant] = match mode {
             ConfigXdpMode::Generic => &[Variant::MultiBuffer],
-            _ => &Variant::ALL,
+            ConfigXdpMode::Tc => &[Variant::Tc],
+            _ => &Variant::XDP,
         };
         let mut refused = Vec::new();
         for &variant in candidates {
@@ -425,6 +468,7 @@ impl Program {
                         iface: iface.to_string(),
                         mode: match mode {
                             ConfigXdpMode::Generic => AttachedMode::Generic,
+                            ConfigXdpMode::Tc => AttachedMode::Tc,
                             _ => AttachedMode::Native,
                         },
                         variant,
@@ -449,6 +493,18 @@ impl Program {
         };
         let pinned = PinnedLink::from_pin(pin).map_err(|e| link_err("opening", e.to_string()))?;
         let fd_link: FdLink = pinned.into();
+        if variant == Variant::Tc {
+            let tc_link = SchedClassifierLink::try_from(fd_link)
+                .map_err(|e| link_err("reading", e.to_string()))?;
+            let prog = tc_mut(&mut self.ebpf)?;
+            let id = prog
+                .attach_to_link(tc_link)
+                .map_err(|e| link_err("switching the program of", e.to_string()))?;
+            let link = prog
+                .take_link(id)
+                .map_err(|e| link_err("taking", e.to_string()))?;
+            return FdLink::try_from(link).map_err(|e| link_err("taking", e.to_string()));
+        }
         let xdp_link =
             XdpLink::try_from(fd_link).map_err(|e| link_err("reading", e.to_string()))?;
         let prog = xdp_mut(&mut self.ebpf, variant)?;
@@ -462,12 +518,13 @@ impl Program {
     }
 
     /// A new link: native mode with the linear build, else native with the multi-buffer
-    /// build, else (`Auto`) generic mode with the multi-buffer build.
+    /// build, else (`Auto`) generic mode with the multi-buffer build; `Tc`: the TC build
+    /// at TC ingress.
     fn attach_new(
         &mut self,
         iface: &str,
         mode: ConfigXdpMode,
-    ) -> Result<(XdpLink, AttachedMode, Variant), Error> {
+    ) -> Result<(NewLink, AttachedMode, Variant), Error> {
         let native = |ebpf: &mut Ebpf| -> Result<(XdpLink, Variant), Error> {
             match attach_one(ebpf, Variant::Linear, iface, XdpMode::Driver) {
                 Ok(link) => Ok((link, Variant::Linear)),
@@ -478,23 +535,33 @@ impl Program {
                 }
             }
         };
-        let generic = |ebpf: &mut Ebpf| -> Result<(XdpLink, AttachedMode, Variant), Error> {
-            attach_one(ebpf, Variant::MultiBuffer, iface, XdpMode::Skb)
-                .map(|link| (link, AttachedMode::Generic, Variant::MultiBuffer))
+        let generic = |ebpf: &mut Ebpf| -> Result<(NewLink, AttachedMode, Variant), Error> {
+            attach_one(ebpf, Variant::MultiBuffer, iface, XdpMode::Skb).map(|link| {
+                (
+                    NewLink::Xdp(link),
+                    AttachedMode::Generic,
+                    Variant::MultiBuffer,
+                )
+            })
         };
         Ok(match mode {
             ConfigXdpMode::Native => {
                 let (link, variant) = native(&mut self.ebpf)?;
-                (link, AttachedMode::Native, variant)
+                (NewLink::Xdp(link), AttachedMode::Native, variant)
             }
             ConfigXdpMode::Generic => generic(&mut self.ebpf)?,
             ConfigXdpMode::Auto => match native(&mut self.ebpf) {
-                Ok((link, variant)) => (link, AttachedMode::Native, variant),
+                Ok((link, variant)) => (NewLink::Xdp(link), AttachedMode::Native, variant),
                 Err(native) => {
                     tracing::warn!(%iface, error = %native, "native XDP failed; using generic");
                     generic(&mut self.ebpf)?
                 }
             },
+            ConfigXdpMode::Tc => (
+                NewLink::Tc(attach_tc(&mut self.ebpf, iface)?),
+                AttachedMode::Tc,
+                Variant::Tc,
+            ),
         })
     }
 
@@ -502,31 +569,44 @@ impl Program {
     /// benchmarks): the link is not pinned.
     pub fn attach(&mut self, iface: &str, mode: ConfigXdpMode) -> Result<Attachment, Error> {
         let (link, mode, variant) = self.attach_new(iface, mode)?;
-        let prog = xdp_mut(&mut self.ebpf, variant)?;
-        // Hand the link back to the program, which detaches it when dropped.
-        let id = prog.attach_to_link(link).map_err(|e| Error::Program {
+        let keep_err = |e: aya::programs::ProgramError| Error::Program {
             what: format!("keeping the link of {iface}"),
             source: Box::new(e),
-        })?;
+        };
+        // Hand the link back to the program, which detaches it when dropped.
+        let link = match link {
+            NewLink::Xdp(link) => AttachedLink::Local(
+                xdp_mut(&mut self.ebpf, variant)?
+                    .attach_to_link(link)
+                    .map_err(keep_err)?,
+            ),
+            NewLink::Tc(link) => AttachedLink::LocalTc(
+                tc_mut(&mut self.ebpf)?
+                    .attach_to_link(link)
+                    .map_err(keep_err)?,
+            ),
+        };
         Ok(Attachment {
             iface: iface.to_string(),
             mode,
             variant,
             origin: LinkOrigin::Created,
             pin: None,
-            link: AttachedLink::Local(id),
+            link,
         })
     }
 
     /// Detaches an attachment made by [`Program::attach`] (pinned ones: [`unpin_link`]).
     pub fn detach(&mut self, attachment: Attachment) -> Result<(), Error> {
+        let detach_err = |e: aya::programs::ProgramError| Error::Program {
+            what: format!("detaching from {}", attachment.iface),
+            source: Box::new(e),
+        };
         match attachment.link {
             AttachedLink::Local(id) => xdp_mut(&mut self.ebpf, attachment.variant)?
                 .detach(id)
-                .map_err(|e| Error::Program {
-                    what: format!("detaching from {}", attachment.iface),
-                    source: Box::new(e),
-                }),
+                .map_err(detach_err),
+            AttachedLink::LocalTc(id) => tc_mut(&mut self.ebpf)?.detach(id).map_err(detach_err),
             AttachedLink::Pinned(_) => unpin_link(attachment),
         }
     }
@@ -584,6 +664,28 @@ fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {
     ebpf.program_mut(variant.program_name())
         .and_then(|p| <&mut Xdp>::try_from(p).ok())
         .ok_or(Error::NoProgram)
+}
+
+fn tc_mut(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Error> {
+    ebpf.program_mut(PROGRAM_NAME_TC)
+        .and_then(|p| <&mut SchedClassifier>::try_from(p).ok())
+        .ok_or(Error::NoProgram)
+}
+
+/// Attaches the TC build to `iface`'s ingress (a tcx link, kernel 6.6 and later) and
+/// takes the link out of the program's keeping.
+fn attach_tc(ebpf: &mut Ebpf, iface: &str) -> Result<SchedClassifierLink, Error> {
+    let prog = tc_mut(ebpf)?;
+    let id = prog
+        .attach(iface, TcAttachType::Ingress)
+        .map_err(|e| Error::Program {
+            what: format!("attaching {PROGRAM_NAME_TC} to {iface} TC ingress"),
+            source: Box::new(e),
+        })?;
+    prog.take_link(id).map_err(|e| Error::Program {
+        what: format!("taking the link of {iface}"),
+        source: Box::new(e),
+    })
 }
 
 /// Attaches one build to `iface` and takes the link out of the program's keeping.

@@ -19,7 +19,8 @@ use crate::netns::require_root;
 /// The program with private (unpinned) maps and the rules of one config.
 pub struct Loaded {
     pub program: Program,
-    /// The build [`Loaded::run`] runs (the multi-buffer one unless chosen).
+    /// The build [`Loaded::run`] runs (the multi-buffer one unless chosen; the TC build's
+    /// verdicts are translated to XDP ones, see [`xdp_verdict_of_tc`]).
     pub variant: Variant,
     pub maps: Maps,
     pub table: RuleTable,
@@ -74,12 +75,33 @@ impl Loaded {
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(frame);
         opts.repeat = repeat;
-        let result = self
-            .program
-            .xdp_variant(self.variant)?
-            .test_run(opts)
-            .with_context(|| format!("BPF_PROG_TEST_RUN on a {}-byte frame", frame.len()))?;
-        Ok((result.return_value, result.duration.as_nanos() as u64))
+        let context = || format!("BPF_PROG_TEST_RUN on a {}-byte frame", frame.len());
+        let result = if self.variant == Variant::Tc {
+            self.program.tc()?.test_run(opts).with_context(context)?
+        } else {
+            self.program
+                .xdp_variant(self.variant)?
+                .test_run(opts)
+                .with_context(context)?
+        };
+        let verdict = match self.variant {
+            Variant::Tc => xdp_verdict_of_tc(result.return_value),
+            _ => result.return_value,
+        };
+        Ok((verdict, result.duration.as_nanos() as u64))
+    }
+}
+
+/// The TC build's verdict in XDP terms, so one table checks every build: TC_ACT_SHOT is
+/// XDP_DROP, TC_ACT_UNSPEC ("not mine: next program, else the stack") is XDP_PASS.
+/// Anything else is returned offset by 1000, which no expectation matches.
+pub fn xdp_verdict_of_tc(code: u32) -> u32 {
+    const TC_ACT_SHOT: u32 = 2;
+    const TC_ACT_UNSPEC: u32 = u32::MAX; // -1
+    match code {
+        TC_ACT_SHOT => 1,
+        TC_ACT_UNSPEC => 2,
+        other => 1000 + other,
     }
 }
 

@@ -339,6 +339,7 @@ impl Limited {
         let wanted = match mode {
             XdpMode::Native => Some(AttachedMode::Native),
             XdpMode::Generic => Some(AttachedMode::Generic),
+            XdpMode::Tc => Some(AttachedMode::Tc),
             XdpMode::Auto => None,
         };
         if wanted.is_some_and(|w| w != attachment.mode) {
@@ -379,7 +380,8 @@ impl Limited {
     /// `l2_bytes` less per frame.
     pub fn rx_bytes_for(&self, bytes: u64, packets: u64, l2_bytes: u64) -> u64 {
         match self.mode {
-            limiter_user::program::AttachedMode::Native => bytes,
+            limiter_user::program::AttachedMode::Native
+            | limiter_user::program::AttachedMode::Tc => bytes,
             limiter_user::program::AttachedMode::Generic => bytes - packets * l2_bytes,
         }
     }
@@ -400,7 +402,7 @@ pub enum SourceCount {
 impl SourceCount {
     /// Starts counting (before the traffic).
     pub fn start(rig: &Limited) -> Result<SourceCount> {
-        if rig.mode == limiter_user::program::AttachedMode::Native {
+        if rig.mode != limiter_user::program::AttachedMode::Generic {
             return Ok(SourceCount::Tc);
         }
         let counts = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));

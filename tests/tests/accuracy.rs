@@ -1,7 +1,8 @@
-//! Accuracy end to end, in native and in generic mode: the real program attached to the
-//! host end of a veth pair, real frames sent from the peer's namespace (AF_PACKET), the
-//! rule counters and a TC ingress counter behind XDP read afterwards (per-source counts
-//! in generic mode come from an AF_PACKET receiver instead: see `SourceCount`).
+//! Accuracy end to end, in native and in generic mode, and the key cases again with the TC
+//! build (`xdp_mode = "tc"`): the real program attached to the host end of a veth pair,
+//! real frames sent from the peer's namespace (AF_PACKET), the rule counters and a TC
+//! ingress counter behind the limiter read afterwards (per-source counts in generic mode
+//! come from an AF_PACKET receiver instead: see `SourceCount`).
 //!
 //! Expectations come from the scenario's own inputs only: the configured rate and burst,
 //! what XDP saw offered (passed + dropped), and the time T over which the senders sent
@@ -72,6 +73,7 @@ fn mode_name(mode: XdpMode) -> &'static str {
     match mode {
         XdpMode::Native => "native",
         XdpMode::Generic => "generic",
+        XdpMode::Tc => "tc",
         XdpMode::Auto => "auto",
     }
 }
@@ -326,6 +328,18 @@ fn generic_bytes_100mbit() {
     rate_matrix(XdpMode::Generic, Unit::Bytes, 100_000_000 / 8);
 }
 
+/// The TC build at TC ingress meters frames that arrive as socket buffers.
+#[test]
+fn tc_packets_100k() {
+    rate_matrix(XdpMode::Tc, Unit::Packets, 100_000);
+}
+
+/// At TC ingress a frame's length includes its Ethernet header, as at XDP.
+#[test]
+fn tc_bytes_100mbit() {
+    rate_matrix(XdpMode::Tc, Unit::Bytes, 100_000_000 / 8);
+}
+
 // ---- one key from two CPUs at once ---------------------------------------------------
 
 /// Two unpaced senders pinned to CPUs 0 and 1 on a 2-queue pair, so XDP runs on both CPUs
@@ -442,6 +456,11 @@ fn native_two_cpus_one_key() {
 #[test]
 fn generic_two_cpus_one_key() {
     with_retries("[generic] two CPUs", || two_cpus(XdpMode::Generic, 150_000));
+}
+
+#[test]
+fn tc_two_cpus_one_key() {
+    with_retries("[tc] two CPUs", || two_cpus(XdpMode::Tc, 300_000));
 }
 
 // ---- 1,000 sources under a per-source limit -------------------------------------------
@@ -613,6 +632,11 @@ fn native_per_source_1000_sources() {
 #[test]
 fn generic_per_source_1000_sources() {
     with_retries("[generic] per source", || per_source(XdpMode::Generic));
+}
+
+#[test]
+fn tc_per_source_1000_sources() {
+    with_retries("[tc] per source", || per_source(XdpMode::Tc));
 }
 
 // ---- syn unit --------------------------------------------------------------------------

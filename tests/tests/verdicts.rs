@@ -549,15 +549,27 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
 /// every row.
 const LINEAR_MAX_FRAME: usize = 4096 - 256 - 320;
 
-/// Runs every row on both builds of the program, each with maps of its own.
+/// Shortest frame BPF_PROG_TEST_RUN runs an XDP program on: an Ethernet header.
+const XDP_MIN_FRAME: usize = 14;
+/// Shortest frame it runs a TC program on: it refuses IPv4 frames shorter than an IPv4
+/// header after Ethernet (34 bytes) and IPv6 ones shorter than an IPv6 header (54);
+/// the XDP builds run the same parser on every truncation.
+const TC_MIN_FRAME: usize = 54;
+
+/// Runs every row on every build of the program (both XDP builds and the TC build), each
+/// with maps of its own.
 fn run_table(rows: &[Row]) {
     let mut failures = Vec::new();
-    for variant in [Variant::MultiBuffer, Variant::Linear] {
+    for variant in Variant::ALL {
         let mut loaded = fixture::load(RULES).expect("loading the program with the test rules");
         loaded.variant = variant;
         let rows: Vec<&Row> = rows
             .iter()
-            .filter(|r| variant == Variant::MultiBuffer || r.frame.len() <= LINEAR_MAX_FRAME)
+            .filter(|r| match variant {
+                Variant::MultiBuffer => true,
+                Variant::Linear => r.frame.len() <= LINEAR_MAX_FRAME,
+                Variant::Tc => (TC_MIN_FRAME..=LINEAR_MAX_FRAME).contains(&r.frame.len()),
+            })
             .collect();
         assert!(
             !rows.is_empty(),
@@ -595,40 +607,61 @@ fn metering_table() {
 
 /// Every prefix of every frame in the tables: the program never aborts and never
 /// fails; frames too short for the kernel to run (below an Ethernet header) are refused
-/// by BPF_PROG_TEST_RUN itself.
+/// by BPF_PROG_TEST_RUN itself. The multi-buffer build and the TC build (up to the
+/// longest frame a TC test run takes).
 #[test]
 fn truncation_sweep_never_aborts() {
-    let loaded = fixture::load(RULES).expect("loading the program with the test rules");
     let mut frames: Vec<Vec<u8>> = parser_rows().into_iter().map(|r| r.frame).collect();
     frames.extend(classification_rows().into_iter().map(|r| r.frame));
     frames.extend(metering_rows().into_iter().map(|r| r.frame));
-    let mut ran = 0u64;
-    let mut aborted = Vec::new();
-    for f in &frames {
-        // The 9000-byte frame: every 7th prefix keeps the sweep quick and still crosses
-        // each header boundary of the first few hundred bytes.
-        let step = if f.len() > 2000 { 7 } else { 1 };
-        for len in (0..=f.len()).step_by(step) {
-            match loaded.run(&f[..len]) {
-                Ok(XDP_ABORTED) => aborted.push(len),
-                Ok(v) => {
-                    assert!(
-                        v == XDP_PASS || v == XDP_DROP,
-                        "verdict {v} at length {len}"
-                    );
-                    ran += 1;
+    for variant in [Variant::MultiBuffer, Variant::Tc] {
+        let mut loaded = fixture::load(RULES).expect("loading the program with the test rules");
+        loaded.variant = variant;
+        let (shortest, longest) = match variant {
+            Variant::Tc => (TC_MIN_FRAME, LINEAR_MAX_FRAME),
+            _ => (XDP_MIN_FRAME, usize::MAX),
+        };
+        let mut ran = 0u64;
+        let mut aborted = Vec::new();
+        for f in &frames {
+            // The 9000-byte frame: every 7th prefix keeps the sweep quick and still
+            // crosses each header boundary of the first few hundred bytes.
+            let step = if f.len() > 2000 { 7 } else { 1 };
+            for len in (0..=f.len().min(longest)).step_by(step) {
+                match loaded.run(&f[..len]) {
+                    Ok(XDP_ABORTED) => aborted.push(len),
+                    Ok(v) => {
+                        assert!(
+                            v == XDP_PASS || v == XDP_DROP,
+                            "{} build: verdict {v} at length {len}",
+                            variant.as_str()
+                        );
+                        ran += 1;
+                    }
+                    Err(e) => assert!(
+                        len < shortest,
+                        "{} build: test run refused a {len}-byte frame: {e:#}",
+                        variant.as_str()
+                    ),
                 }
-                Err(e) => assert!(len < 14, "test run refused a {len}-byte frame: {e:#}"),
             }
         }
+        assert!(
+            aborted.is_empty(),
+            "{} build: aborted at lengths {aborted:?}",
+            variant.as_str()
+        );
+        assert!(
+            ran > 1000,
+            "{} build: only {ran} prefixes ran",
+            variant.as_str()
+        );
     }
-    assert!(aborted.is_empty(), "XDP_ABORTED at lengths {aborted:?}");
-    assert!(ran > 1000, "only {ran} prefixes ran");
 }
 
 /// Destinations that are rule prefixes are found in the exact-address table; one that
 /// found no slot there (nine addresses crafted to share a home slot, one more than a
-/// lookup probes) is still classified, by the prefix trie — on both builds.
+/// lookup probes) is still classified, by the prefix trie — on every build.
 #[test]
 fn exact_table_overflow_falls_back_to_the_trie() {
     let home = |a: [u8; 4]| {
@@ -654,7 +687,7 @@ fn exact_table_overflow_falls_back_to_the_trie() {
             )
         })
         .collect();
-    for variant in [Variant::MultiBuffer, Variant::Linear] {
+    for variant in Variant::ALL {
         let mut loaded = fixture::load(&config).expect("loading the program");
         loaded.variant = variant;
         let before = loaded.snapshot().unwrap();
@@ -706,7 +739,7 @@ fn a_closed_share_refuses_until_its_lease_lapses_then_meters_as_a_joiner() {
         let config = format!(
             "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.10/32\"\nrate = {rate}\nburst = 1\n"
         );
-        for variant in [Variant::MultiBuffer, Variant::Linear] {
+        for variant in Variant::ALL {
             let mut loaded = fixture::load(&config).expect("loading the program");
             loaded.variant = variant;
             let run = |loaded: &mut Loaded, lease_expires_ns: u64, fail_open_at_ns: u64| {

@@ -97,6 +97,8 @@ pub struct CostRow {
     pub job: Job,
     pub is_nft: bool,
     pub is_xdp_drop: bool,
+    /// The limiter's TC build (compared with nftables on its own).
+    pub is_limiter_tc: bool,
     setup: Setup,
     pub samples: Vec<Sample>,
     /// Samples that failed their checks even when measured again (e.g. other load kept
@@ -152,6 +154,8 @@ pub struct CostTable {
 #[derive(Clone, Debug)]
 pub struct Verdict {
     pub job: Job,
+    /// Which build of the limiter: "XDP" or "TC".
+    pub build: &'static str,
     pub limiter_ns: f64,
     pub nft_ns: f64,
     pub xdp_drop_ns: f64,
@@ -191,22 +195,25 @@ impl CostTable {
         let drop = self.xdp_drop()?;
         let mut out = Vec::new();
         for job in [Job::Aggregate, Job::PerSource] {
-            let limiter = self.row(|r| r.job == job && !r.is_nft);
-            let nft = self.row(|r| r.job == job && r.is_nft);
-            let (Some(l), Some(n)) = (limiter, nft) else {
-                continue;
-            };
-            // A row without enough valid samples is reported INVALID on its own.
-            let (Ok(l), Ok(n), Ok(d)) = (l.own_ns(), n.own_ns(), drop.own_ns()) else {
-                continue;
-            };
-            out.push(Verdict {
-                job,
-                limiter_ns: l.median,
-                nft_ns: n.median,
-                xdp_drop_ns: d.median,
-                noise_ns: half_range(&l, &n),
-            });
+            for (build, is_tc) in [("XDP", false), ("TC", true)] {
+                let limiter = self.row(|r| r.job == job && !r.is_nft && r.is_limiter_tc == is_tc);
+                let nft = self.row(|r| r.job == job && r.is_nft);
+                let (Some(l), Some(n)) = (limiter, nft) else {
+                    continue;
+                };
+                // A row without enough valid samples is reported INVALID on its own.
+                let (Ok(l), Ok(n), Ok(d)) = (l.own_ns(), n.own_ns(), drop.own_ns()) else {
+                    continue;
+                };
+                out.push(Verdict {
+                    job,
+                    build,
+                    limiter_ns: l.median,
+                    nft_ns: n.median,
+                    xdp_drop_ns: d.median,
+                    noise_ns: half_range(&l, &n),
+                });
+            }
         }
         Ok(out)
     }
@@ -219,6 +226,7 @@ fn rows(backend: Backend) -> Vec<CostRow> {
         job,
         is_nft: matches!(setup, Setup::Nft { .. }),
         is_xdp_drop: matches!(setup, Setup::XdpDrop),
+        is_limiter_tc: matches!(setup, Setup::LimiterTc { .. }),
         setup,
         samples: Vec::new(),
         failures: Vec::new(),
@@ -279,7 +287,22 @@ fn rows(backend: Backend) -> Vec<CostRow> {
         ),
     ];
     if !live {
-        // What a limiter at TC ingress would start from on skb-born frames (none exists).
+        // Frames born as socket buffers: the TC build, and what any TC program starts
+        // from (no XDP program, so no veth copy into a page).
+        rows.push(row(
+            "limiter at TC ingress (`xdp_mode = \"tc\"`), aggregate rule",
+            Job::Aggregate,
+            Setup::LimiterTc {
+                limits: format!("rate = {AGG_RATE}\nburst = {AGG_BURST}"),
+            },
+        ));
+        rows.push(row(
+            "limiter at TC ingress, per-source rule",
+            Job::PerSource,
+            Setup::LimiterTc {
+                limits: format!("[rules.per_source]\nrate = {SRC_RATE}\nburst = {SRC_BURST}"),
+            },
+        ));
         rows.push(row(
             "plain TC ingress drop, no XDP (reference)",
             Job::None,

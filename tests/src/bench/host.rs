@@ -84,22 +84,29 @@ impl Baseline {
     }
 }
 
-/// The limiter loaded with a config and attached in native mode; detached on drop.
+/// The limiter loaded with a config and attached in native XDP mode or at TC ingress;
+/// detached on drop.
 pub struct Limiter {
     pub loaded: Loaded,
 }
 
 impl Limiter {
-    pub fn attach(iface: &str, config: &str) -> Result<Limiter> {
+    /// `mode`: `Native` or `Tc`.
+    pub fn attach(iface: &str, config: &str, mode: ConfigXdpMode) -> Result<Limiter> {
         let mut loaded = fixture::load(config).context("loading the limiter")?;
         let attachment = loaded
             .program
-            .attach(iface, ConfigXdpMode::Native)
+            .attach(iface, mode)
             .with_context(|| format!("attaching the limiter to {iface}"))?;
+        let wanted = match mode {
+            ConfigXdpMode::Tc => AttachedMode::Tc,
+            _ => AttachedMode::Native,
+        };
         anyhow::ensure!(
-            attachment.mode == AttachedMode::Native,
-            "the limiter attached in {} mode, not native",
-            attachment.mode.as_str()
+            attachment.mode == wanted,
+            "the limiter attached in {} mode, not {}",
+            attachment.mode.as_str(),
+            wanted.as_str()
         );
         // The program (and with it the link) lives as long as `loaded`.
         Ok(Limiter { loaded })
@@ -127,6 +134,8 @@ pub enum Setup {
     TcDrop,
     /// The limiter with one rule; `limits` as for [`super::limiter_config`].
     Limiter { limits: String },
+    /// The same, its TC build at TC ingress (`xdp_mode = "tc"`).
+    LimiterTc { limits: String },
     /// nftables in netdev ingress; `xdp_pass` puts `baseline_pass` in front (live path).
     Nft { limit: NftLimit, xdp_pass: bool },
 }
@@ -162,7 +171,11 @@ impl Installed {
             }
             Setup::Limiter { limits } => {
                 let config = super::limiter_config(RULE_NAME, limits);
-                installed.limiter = Some(Limiter::attach(iface, &config)?);
+                installed.limiter = Some(Limiter::attach(iface, &config, ConfigXdpMode::Native)?);
+            }
+            Setup::LimiterTc { limits } => {
+                let config = super::limiter_config(RULE_NAME, limits);
+                installed.limiter = Some(Limiter::attach(iface, &config, ConfigXdpMode::Tc)?);
             }
             Setup::Nft { limit, xdp_pass } => {
                 installed.nft = Some(NftTable::install(iface, HOST_V4, *limit)?);

@@ -327,7 +327,44 @@ fn invalid_display(path: &Path, problems: &[Problem]) -> String {
     lines.join("\n")
 }
 
+/// The largest socket buffer GRO builds: 64 KiB and (as segments) 64 packets. In `tc`
+/// mode one buffer is metered whole, so a burst below it refuses such buffers always.
+pub const GRO_MAX_BYTES: u64 = 65_536;
+pub const GRO_MAX_SEGMENTS: u64 = 64;
+
 impl Config {
+    /// In `tc` mode, one line per limit whose burst is below a GRO-built buffer (such a
+    /// buffer costs more than the whole bucket holds and is never admitted); empty in
+    /// the XDP modes, where a run is one frame.
+    pub fn tc_burst_warnings(&self) -> Vec<String> {
+        if self.xdp_mode != XdpMode::Tc {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for rule in &self.rules {
+            let (largest, what) = match rule.unit {
+                Unit::Bytes => (GRO_MAX_BYTES, "bytes"),
+                Unit::Packets => (GRO_MAX_SEGMENTS, "packets"),
+                // A SYN is never coalesced.
+                Unit::Syn => continue,
+            };
+            let limits = [
+                ("burst", rule.aggregate.map(|a| a.burst)),
+                ("per_source burst", rule.per_source.map(|p| p.burst)),
+            ];
+            for (field, burst) in limits {
+                if let Some(burst) = burst.filter(|&b| b < largest) {
+                    out.push(format!(
+                        "rule {}: {field} {burst} is below a GRO-built buffer ({largest} {what}); \
+                         in tc mode such a buffer is metered whole and never admitted: raise the \
+                         burst, or turn GRO off on the interface (ethtool -K IFACE gro off)",
+                        rule.name
+                    ));
+                }
+            }
+        }
+        out
+    }
     /// Reads and validates the config file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -2041,5 +2078,34 @@ per_source = { rate = 0, burst = 1 }
         let err = Config::load(&missing).unwrap_err();
         assert!(matches!(err, ConfigError::Read { .. }));
         assert!(err.to_string().contains("missing.toml"), "{err}");
+    }
+
+    /// In tc mode a burst below a GRO-built buffer is named; SYN rules and XDP modes
+    /// are not.
+    #[test]
+    fn tc_mode_warns_of_bursts_below_a_gro_buffer() {
+        let text = |mode: &str| {
+            format!(
+                "xdp_mode = \"{mode}\"\n\
+                 [[rules]]\nname = \"small\"\ndst = \"198.18.0.1/32\"\nrate = 1000\nburst = 20\n\
+                 [[rules]]\nname = \"big\"\ndst = \"198.18.0.2/32\"\nrate = 1000\nburst = 64\n\
+                 [[rules]]\nname = \"bytes\"\ndst = \"198.18.0.3/32\"\nunit = \"bytes\"\n\
+                 rate = 1000000\nburst = 3000\n\
+                 [[rules]]\nname = \"syn\"\ndst = \"198.18.0.4/32\"\nunit = \"syn\"\nrate = 10\nburst = 5\n"
+            )
+        };
+        let tc = Config::parse(&text("tc"), Path::new("t.toml")).unwrap();
+        let warnings = tc.tc_burst_warnings();
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("rule small: burst 20 "),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings[1].starts_with("rule bytes: burst 3000 "),
+            "{warnings:?}"
+        );
+        let native = Config::parse(&text("native"), Path::new("t.toml")).unwrap();
+        assert!(native.tc_burst_warnings().is_empty());
     }
 }

@@ -244,6 +244,9 @@ impl Daemon {
         };
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
+        for warning in daemon.config.tc_burst_warnings() {
+            tracing::warn!("{warning}");
+        }
         tracing::info!(
             rules = daemon.table.rules.len(),
             fleet = daemon.fleet.is_some(),
@@ -400,6 +403,9 @@ impl Daemon {
                 fleet.sync_rules(&self.config.rules, monotonic_ns());
             }
             return Err(e);
+        }
+        for warning in self.config.tc_burst_warnings() {
+            tracing::warn!("{warning}");
         }
         let old = &old_config;
         let mut needs_restart = Vec::new();

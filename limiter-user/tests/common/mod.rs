@@ -27,6 +27,8 @@ pub struct Lab {
     pub config: PathBuf,
     pub socket: PathBuf,
     pub metrics_port: u16,
+    /// `xdp_mode` of the config ("native" unless made with [`Lab::with_mode`]).
+    pub xdp_mode: &'static str,
 }
 
 fn free_port() -> u16 {
@@ -39,6 +41,11 @@ fn free_port() -> u16 {
 impl Lab {
     /// A veth pair, a pin dir, and a config with `rules` (TOML `[[rules]]` text).
     pub fn new(rules: &str) -> Lab {
+        Lab::with_mode(rules, "native")
+    }
+
+    /// The same with another `xdp_mode`.
+    pub fn with_mode(rules: &str, xdp_mode: &'static str) -> Lab {
         let pair = VethPair::new(1).expect("creating the veth pair");
         let pins = PinDir::new();
         let dir = tempfile::tempdir().expect("temp dir");
@@ -52,6 +59,7 @@ impl Lab {
             config,
             socket,
             metrics_port,
+            xdp_mode,
         };
         lab.write_config(rules);
         lab
@@ -60,9 +68,10 @@ impl Lab {
     /// Rewrites the config with other rules (same interface, pins, socket, metrics).
     pub fn write_config(&self, rules: &str) {
         let text = format!(
-            "interfaces = [\"{}\"]\nxdp_mode = \"native\"\npin_dir = \"{}\"\n\
+            "interfaces = [\"{}\"]\nxdp_mode = \"{}\"\npin_dir = \"{}\"\n\
              control_socket = \"{}\"\nmetrics = \"127.0.0.1:{}\"\n\n{rules}",
             self.pair.host,
+            self.xdp_mode,
             self.pins.path.display(),
             self.socket.display(),
             self.metrics_port

@@ -29,7 +29,6 @@ use crate::{meter::Size, parse::ParseError};
 #[xdp(frags)]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    // SAFETY: the context pointer the kernel gave this run.
     verdict(try_limiter(ctx.data(), ctx.data_end(), || Size {
         packets: 1,
         // SAFETY: the context pointer the kernel gave this run.

@@ -34,7 +34,7 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use aya::{
-    programs::{TestRun, TestRunOptions, Xdp},
+    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
     Ebpf,
 };
 use limiter_tests::{
@@ -82,6 +82,7 @@ const DST_HOT_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 2);
 const DST_PER_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 3);
 const DST_PRECISE_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 4);
 const DST_LINEAR_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 5);
+const DST_TC_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 6);
 /// Rate of the `precise-drop` rule: its burst of 1 is 1 ms, below the tick clock's
 /// minimum tolerance, so it reads the precise clock.
 const PRECISE_RATE: u64 = 1000;
@@ -121,6 +122,14 @@ burst = 1
 [[rules]]
 name = "linear-drop"
 dst = "{DST_LINEAR_DROP}/32"
+dst_port = {DST_PORT}
+proto = "tcp"
+rate = 1
+burst = 1
+
+[[rules]]
+name = "tc-drop"
+dst = "{DST_TC_DROP}/32"
 dst_port = {DST_PORT}
 proto = "tcp"
 rate = 1
@@ -239,6 +248,7 @@ fn run_prog_test_run(dir: &Path) -> Result<()> {
     let mut baselines = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
     load_xdp(&mut baselines, "baseline_pass")?;
     load_xdp(&mut baselines, "baseline_drop")?;
+    load_tc(&mut baselines, "baseline_tc_drop")?;
     let large = load_limiter(LARGE_SOURCES)?;
     let small = load_limiter(SMALL_SOURCES)?;
 
@@ -272,6 +282,31 @@ fn load_xdp(ebpf: &mut Ebpf, name: &str) -> Result<()> {
     prog.load().with_context(|| format!("loading {name}"))
 }
 
+/// Loads (verifies) one TC program of `ebpf`.
+fn load_tc(ebpf: &mut Ebpf, name: &str) -> Result<()> {
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(name)
+        .with_context(|| format!("no program {name} in the object"))?
+        .try_into()
+        .with_context(|| format!("{name} is not a TC program"))?;
+    prog.load().with_context(|| format!("loading {name}"))
+}
+
+fn tc<'a>(ebpf: &'a Ebpf, name: &str) -> Result<&'a SchedClassifier> {
+    ebpf.program(name)
+        .with_context(|| format!("no program {name} in the object"))?
+        .try_into()
+        .with_context(|| format!("{name} is not a TC program"))
+}
+
+/// A program to test-run: an XDP one, or a TC one (its verdicts read as XDP ones,
+/// `fixture::xdp_verdict_of_tc`).
+#[derive(Clone, Copy)]
+enum Prog<'a> {
+    Xdp(&'a Xdp),
+    Tc(&'a SchedClassifier),
+}
+
 fn xdp<'a>(ebpf: &'a Ebpf, name: &str) -> Result<&'a Xdp> {
     ebpf.program(name)
         .with_context(|| format!("no program {name} in the object"))?
@@ -280,15 +315,23 @@ fn xdp<'a>(ebpf: &'a Ebpf, name: &str) -> Result<&'a Xdp> {
 }
 
 /// One BPF_PROG_TEST_RUN call: the last verdict and the kernel's mean ns per run.
-fn test_run(prog: &Xdp, frame: &[u8], repeat: u32) -> Result<(u32, u64)> {
+fn test_run(prog: Prog<'_>, frame: &[u8], repeat: u32) -> Result<(u32, u64)> {
     let mut opts = TestRunOptions::new();
     opts.data_in = Some(frame);
     opts.repeat = repeat;
-    let result = prog
-        .test_run(opts)
-        .with_context(|| format!("BPF_PROG_TEST_RUN, repeat {repeat}"))?;
-    let ns = u64::try_from(result.duration.as_nanos()).context("duration out of range")?;
-    Ok((result.return_value, ns))
+    let context = || format!("BPF_PROG_TEST_RUN, repeat {repeat}");
+    let (verdict, duration) = match prog {
+        Prog::Xdp(p) => {
+            let r = p.test_run(opts).with_context(context)?;
+            (r.return_value, r.duration)
+        }
+        Prog::Tc(p) => {
+            let r = p.test_run(opts).with_context(context)?;
+            (fixture::xdp_verdict_of_tc(r.return_value), r.duration)
+        }
+    };
+    let ns = u64::try_from(duration.as_nanos()).context("duration out of range")?;
+    Ok((verdict, ns))
 }
 
 fn verdict_name(verdict: u32) -> &'static str {
@@ -391,27 +434,34 @@ impl Row {
 /// A frame run `REPEAT` times per call.
 struct RepeatCase<'a> {
     scenario: &'static str,
-    prog: &'a Xdp,
+    prog: Prog<'a>,
     frame: Vec<u8>,
     want: u32,
     hot_path: bool,
+    /// Compared with `baseline_tc_drop` instead of `baseline_pass` (a TC test run builds
+    /// a socket buffer per run, which an XDP one does not).
+    tc: bool,
 }
 
-/// Scenarios 1–4: baselines, no rule matched, hot path passing, hot path dropping.
+/// Scenarios 1–4: baselines, no rule matched, hot path passing, hot path dropping; and
+/// the TC build dropping beside a trivial TC program.
 fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
     let src = Ipv4Addr::new(198, 18, 0, 1);
-    let prog = limiter.program.xdp()?;
-    let linear = limiter.program.xdp_variant(Variant::Linear)?;
+    let prog = Prog::Xdp(limiter.program.xdp()?);
+    let linear = Prog::Xdp(limiter.program.xdp_variant(Variant::Linear)?);
+    let tc_build = Prog::Tc(limiter.program.tc()?);
     let case = |scenario, prog, dst, want, hot_path| RepeatCase {
         scenario,
         prog,
         frame: frame(src, dst),
         want,
         hot_path,
+        tc: matches!(prog, Prog::Tc(_)),
     };
-    let (pass, drop) = (
-        xdp(baselines, "baseline_pass")?,
-        xdp(baselines, "baseline_drop")?,
+    let (pass, drop, tc_drop) = (
+        Prog::Xdp(xdp(baselines, "baseline_pass")?),
+        Prog::Xdp(xdp(baselines, "baseline_drop")?),
+        Prog::Tc(tc(baselines, "baseline_tc_drop")?),
     );
     let cases = [
         case("baseline_pass", pass, DST_HOT_PASS, XDP_PASS, false),
@@ -432,6 +482,20 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
             DST_LINEAR_DROP,
             XDP_DROP,
             true,
+        ),
+        case(
+            "baseline_tc_drop (TC; the ratio base of the row below)",
+            tc_drop,
+            DST_HOT_PASS,
+            XDP_DROP,
+            false,
+        ),
+        case(
+            "hot path dropping, TC build (÷ baseline_tc_drop)",
+            tc_build,
+            DST_TC_DROP,
+            XDP_DROP,
+            false,
         ),
     ];
     // Exhaust the 1/s bucket, and warm everything up (JIT image, caches, map entries).
@@ -454,6 +518,12 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
 
     let medians: Vec<f64> = samples.iter_mut().map(|s| median(s)).collect();
     let baseline_ns = medians[0];
+    let tc_baseline_ns = cases
+        .iter()
+        .zip(&medians)
+        .find(|(case, _)| case.tc && case.scenario.starts_with("baseline_tc_drop"))
+        .map(|(_, &ns)| ns)
+        .context("no baseline_tc_drop case")?;
     Ok(cases
         .iter()
         .zip(medians)
@@ -461,7 +531,7 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
             scenario: case.scenario.to_string(),
             method: Method::Repeat,
             ns,
-            baseline_ns,
+            baseline_ns: if case.tc { tc_baseline_ns } else { baseline_ns },
             verdict: case.want,
             hot_path: case.hot_path,
         })
@@ -480,6 +550,7 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
     };
     let (pass, drop) = (rule("hot-pass")?, rule("hot-drop")?);
     let (precise, linear) = (rule("precise-drop")?, rule("linear-drop")?);
+    let tc_drop = rule("tc-drop")?;
     ensure!(
         delta.global.unmatched == runs,
         "no rule matched: {} of {runs} runs counted as unmatched",
@@ -506,6 +577,14 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
         linear.dropped_packets,
         linear.passed_packets
     );
+    ensure!(
+        tc_drop.dropped_packets + tc_drop.passed_packets == runs
+            && tc_drop.passed_packets <= refills,
+        "hot path dropping, TC build: {} dropped, {} passed of {runs} runs in {elapsed:?} \
+         (at most {refills} may pass)",
+        tc_drop.dropped_packets,
+        tc_drop.passed_packets
+    );
     let precise_refills = PRECISE_RATE * refills;
     ensure!(
         precise.dropped_packets + precise.passed_packets == runs
@@ -527,7 +606,7 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
 /// Frames to one program, each from the next source and each in a call of its own.
 struct Stream<'a> {
     scenario: &'static str,
-    prog: &'a Xdp,
+    prog: Prog<'a>,
     frame: Vec<u8>,
     sources: Sources,
 }
@@ -536,7 +615,7 @@ impl<'a> Stream<'a> {
     fn new(scenario: &'static str, prog: &'a Xdp) -> Self {
         Stream {
             scenario,
-            prog,
+            prog: Prog::Xdp(prog),
             frame: frame(Ipv4Addr::new(198, 18, 0, 1), DST_PER_SOURCE),
             sources: Sources::new(),
         }
@@ -833,7 +912,10 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
         ),
         "builds: `limiter` (multi-buffer aware, reads the frame length with a helper) unless \
          the row says `linear build` (`limiter_linear`, what native mode attaches where the \
-         MTU allows)"
+         MTU allows) or `TC build` (`limiter_tc`, `xdp_mode = \"tc\"`); a TC test run \
+         builds a socket buffer per run, so the TC build's ratio is to a trivial TC program \
+         measured the same way, and its verdicts are shown as their XDP equivalents \
+         (TC_ACT_SHOT as XDP_DROP)"
             .to_string(),
         format!(
             "repeat: {REPEAT} runs per call, median of {REPEAT_ROUNDS} interleaved rounds \

@@ -122,8 +122,8 @@ pub struct ShareStatus {
 pub struct InterfaceStatus {
     pub name: String,
     pub mode: &'static str,
-    /// The build running there: "limiter_linear" (single-buffer frames) or "limiter"
-    /// (multi-buffer aware).
+    /// The build running there: "limiter_linear" (single-buffer frames), "limiter"
+    /// (multi-buffer aware) or "limiter_tc" (TC ingress).
     pub program: &'static str,
     /// "created" or "adopted" (switched over from an earlier daemon's link).
     pub link: &'static str,

@@ -31,9 +31,11 @@ pub mod map_name {
     pub const RULE_COUNTERS: &str = "RULE_COUNTERS";
     pub const GLOBAL_COUNTERS: &str = "GLOBAL_COUNTERS";
     pub const HOSTS: &str = "HOSTS";
+    pub const FRAGMENTS: &str = "FRAGMENTS";
+    pub const HEADER_COUNTERS: &str = "HEADER_COUNTERS";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -45,6 +47,8 @@ pub mod map_name {
         RULE_COUNTERS,
         GLOBAL_COUNTERS,
         HOSTS,
+        FRAGMENTS,
+        HEADER_COUNTERS,
     ];
 }
 
@@ -500,6 +504,83 @@ mod tests {
     }
 }
 
+/// Datagrams whose first fragment is in flight (`FRAGMENTS` capacity). An entry is
+/// written when a first fragment passes and read by the datagram's later fragments; the
+/// table only has to outlive a datagram's fragments, which arrive within microseconds.
+pub const MAX_FRAGMENT_RECORDS: u32 = 16384;
+
+/// Key of a `FRAGMENTS` entry: the datagram, as the destination's stack reassembles it
+/// (IPv4: source, destination, protocol, 16-bit identification; IPv6: source,
+/// destination, 32-bit identification).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentKey {
+    /// 4 or 6.
+    pub family: u16,
+    /// IPv4: the header's protocol; IPv6: 0 (not part of the datagram's identity).
+    pub proto: u16,
+    pub id: u32,
+    pub src: AddrWords,
+    pub dst: AddrWords,
+}
+
+/// What a datagram's first fragment showed, for its later fragments, which carry no
+/// transport header: they are classified with these ports.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragmentRecord {
+    /// Destination port, host order (valid with `has_ports`).
+    pub dst_port: u16,
+    /// Transport protocol found by the first fragment (after IPv6 extension headers).
+    pub proto: u8,
+    /// 1 when the transport header has ports (TCP, UDP).
+    pub has_ports: u8,
+    /// Where the first fragment's payload ends, in 8-byte fragment-offset units: a later
+    /// fragment starting before it would overwrite the headers the first one was
+    /// classified by.
+    pub first_end: u32,
+}
+
+/// Counters of frames whose headers needed more than the plain parse: fragments and the
+/// evasions the program refuses (README, "What each kind of frame gets"). One copy per
+/// CPU (`HEADER_COUNTERS[0]`); a map of its own, so that pins of builds without it are
+/// adopted as they are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeaderCounters {
+    /// IPv4 and IPv6 fragments (first and later ones).
+    pub fragments: u64,
+    /// First fragments that do not hold the whole transport header (RFC 1858, RFC 3128)
+    /// or, for IPv6, the whole header chain (RFC 8200, RFC 7112): refused.
+    pub tiny_fragments: u64,
+    /// Later fragments whose first fragment did not pass here and whose rule depends on
+    /// ports, which only the first fragment shows: refused.
+    pub orphan_fragments: u64,
+    /// Later fragments that overlap the headers of the first one (RFC 1858): refused.
+    pub overlapping_fragments: u64,
+    /// IPv6 frames with a longer extension-header chain than the program walks: refused
+    /// when a rule covers the destination.
+    pub long_header_chains: u64,
+    /// Frames with more VLAN tags than the program walks (it cannot see their
+    /// destination): dropped.
+    pub deep_vlan_stacks: u64,
+}
+
+impl HeaderCounters {
+    pub fn accumulate(&mut self, other: &HeaderCounters) {
+        self.fragments = self.fragments.wrapping_add(other.fragments);
+        self.tiny_fragments = self.tiny_fragments.wrapping_add(other.tiny_fragments);
+        self.orphan_fragments = self.orphan_fragments.wrapping_add(other.orphan_fragments);
+        self.overlapping_fragments = self
+            .overlapping_fragments
+            .wrapping_add(other.overlapping_fragments);
+        self.long_header_chains = self
+            .long_header_chains
+            .wrapping_add(other.long_header_chains);
+        self.deep_vlan_stacks = self.deep_vlan_stacks.wrapping_add(other.deep_vlan_stacks);
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no padding
@@ -515,6 +596,9 @@ mod pod {
     unsafe impl aya::Pod for super::GlobalCounters {}
     unsafe impl aya::Pod for super::RuleCpuState {}
     unsafe impl aya::Pod for super::HostEntry {}
+    unsafe impl aya::Pod for super::FragmentKey {}
+    unsafe impl aya::Pod for super::FragmentRecord {}
+    unsafe impl aya::Pod for super::HeaderCounters {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
@@ -533,6 +617,9 @@ const _: () = {
     assert!(size_of::<SourceKey>() == 24);
     assert!(size_of::<RuleCounters>() == 48);
     assert!(size_of::<GlobalCounters>() == 40);
+    assert!(size_of::<FragmentKey>() == 2 + 2 + 4 + 16 + 16);
+    assert!(size_of::<FragmentRecord>() == 8);
+    assert!(size_of::<HeaderCounters>() == 6 * 8);
     assert!(size_of::<TickClock>() == 16);
     assert!(size_of::<RuleCpuState>() == 64);
     assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>() + 40);

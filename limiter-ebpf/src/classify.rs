@@ -2,21 +2,28 @@
 //! exact-address table when the destination is itself a rule prefix (/32, /128), else
 //! from one longest-prefix lookup in the live generation's trie — then the first of them
 //! (already ordered most specific first by the daemon) whose port and protocol fit.
+//! Frames whose ports (or protocol) only a reassembled datagram shows get the most
+//! specific rule they could belong to instead ([`first_possible`]).
 
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::abi::{
     addr_bytes, host_home_words, host_index, AddrWords, HostEntry, PrefixRules, HOST_PROBES,
-    MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES,
+    IPPROTO_TCP, IPPROTO_UDP, MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES,
 };
 
-use crate::{maps, parse::Packet};
+use crate::{
+    maps,
+    parse::{Packet, PROTO_UNKNOWN},
+};
 
+/// The rules whose destination prefix covers the packet's destination, most specific
+/// first; `None` when no rule covers it.
 #[inline(always)]
-pub fn classify(generation: u32, pkt: &Packet) -> Option<u32> {
+pub fn candidates(generation: u32, pkt: &Packet) -> Option<&'static PrefixRules> {
     if let Some(rules) = exact(generation, pkt) {
-        return first_match(rules, pkt);
+        return Some(rules);
     }
-    let rules = if pkt.family == 4 {
+    if pkt.family == 4 {
         let key = Key::new(32, pkt.dst[0].to_ne_bytes());
         if generation & 1 == 0 {
             maps::PREFIXES_V4_0.get(&key)
@@ -30,8 +37,7 @@ pub fn classify(generation: u32, pkt: &Packet) -> Option<u32> {
         } else {
             maps::PREFIXES_V6_1.get(&key)
         }
-    }?;
-    first_match(rules, pkt)
+    }
 }
 
 /// The exact-address table's entry for the destination: array reads the verifier
@@ -74,8 +80,9 @@ fn same_words(a: &AddrWords, b: &AddrWords, words: usize) -> bool {
     true
 }
 
+/// The rule of a packet whose headers are all known.
 #[inline(always)]
-fn first_match(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
+pub fn first_match(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
     let count = rules.count as usize;
     for i in 0..MAX_CANDIDATES {
         if i >= count {
@@ -89,6 +96,34 @@ fn first_match(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
             continue;
         }
         return Some(u32::from(c.slot));
+    }
+    None
+}
+
+/// For a frame that does not show its datagram's ports (a fragment without its
+/// transport header) or protocol (`PROTO_UNKNOWN`): the most specific rule the datagram
+/// could belong to, and whether it is the only one (the rule asks for no port, and for
+/// no protocol the frame hides). `None`: no rule could match it.
+#[inline(always)]
+pub fn first_possible(rules: &PrefixRules, pkt: &Packet) -> Option<(u32, bool)> {
+    let count = rules.count as usize;
+    let proto_known = pkt.proto != PROTO_UNKNOWN;
+    let may_have_ports = !proto_known || pkt.proto == IPPROTO_TCP || pkt.proto == IPPROTO_UDP;
+    for i in 0..MAX_CANDIDATES {
+        if i >= count {
+            break;
+        }
+        let c = &rules.candidates[i];
+        let wants_port = c.match_flags & MATCH_PORT != 0;
+        let wants_proto = c.match_flags & MATCH_PROTO != 0;
+        if wants_port && !may_have_ports {
+            continue;
+        }
+        if wants_proto && proto_known && c.proto != pkt.proto {
+            continue;
+        }
+        let only = !wants_port && !(wants_proto && !proto_known);
+        return Some((u32::from(c.slot), only));
     }
     None
 }

@@ -9,6 +9,7 @@
 #![allow(internal_features)]
 
 mod classify;
+mod decide;
 mod maps;
 mod meter;
 mod parse;
@@ -106,13 +107,7 @@ fn try_limiter(data: usize, data_end: usize, size: impl Fn() -> Size) -> Result<
         data,
         data_end,
         #[inline(always)]
-        |pkt| {
-            let Some(slot) = classify::classify(generation, pkt) else {
-                count_global(|g| &mut g.unmatched);
-                return Ok(xdp_action::XDP_PASS);
-            };
-            meter::meter(generation, slot, pkt, size())
-        },
+        |pkt| decide::decide(generation, pkt, size),
     ) {
         Ok(verdict) => verdict,
         Err(ParseError::NonIp) => {
@@ -122,6 +117,10 @@ fn try_limiter(data: usize, data_end: usize, size: impl Fn() -> Size) -> Result<
         Err(ParseError::Malformed) => {
             count_global(|g| &mut g.malformed);
             Ok(xdp_action::XDP_PASS)
+        }
+        Err(ParseError::DeepVlan) => {
+            decide::count_headers(|h| &mut h.deep_vlan_stacks);
+            Ok(xdp_action::XDP_DROP)
         }
     }
 }

@@ -6,8 +6,9 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use limiter_common::abi::{
-    AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
-    SourceKey, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
+    AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, HeaderCounters,
+    HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, DEFAULT_MAX_SOURCES, GENERATIONS,
+    HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
@@ -53,3 +54,11 @@ pub static GLOBAL_COUNTERS: PerCpuArray<GlobalCounters, 1> = PerCpuArray::new();
 /// Exact-address tables, one per generation (limiter_common::abi::HostEntry).
 #[btf_map]
 pub static HOSTS: Array<HostEntry, HOST_ENTRIES, PAGE_ALIGNED> = Array::new();
+
+/// First fragments in flight: the ports their later fragments are classified with.
+#[btf_map]
+pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentRecord, { MAX_FRAGMENT_RECORDS as usize }> =
+    LruHashMap::new();
+
+#[btf_map]
+pub static HEADER_COUNTERS: PerCpuArray<HeaderCounters, 1> = PerCpuArray::new();

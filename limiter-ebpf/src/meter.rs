@@ -43,8 +43,16 @@ pub struct Size {
     pub bytes: u64,
 }
 
+/// The verdict of the rule in `slot` on a frame; `refuse`: without metering (decide.rs:
+/// a frame that could carry a datagram past the rule).
 #[inline(always)]
-pub fn meter(generation: u32, slot: u32, pkt: &Packet, size: Size) -> Result<u32, ()> {
+pub fn meter(
+    generation: u32,
+    slot: u32,
+    pkt: &Packet,
+    size: Size,
+    refuse_unmetered: bool,
+) -> Result<u32, ()> {
     let rule = maps::RULES.get(rule_index(generation, slot)).ok_or(())?;
     let cpu_state = maps::RULE_COUNTERS.get_ptr_mut(slot).ok_or(())?;
     // SAFETY: per-CPU value, touched only by this CPU's program run.
@@ -53,6 +61,9 @@ pub fn meter(generation: u32, slot: u32, pkt: &Packet, size: Size) -> Result<u32
     let flags = rule.flags;
     if flags & RULE_IN_USE == 0 {
         return Ok(pass(counters, size));
+    }
+    if refuse_unmetered {
+        return Ok(refuse(counters, size, flags));
     }
     let units = match rule.unit {
         UNIT_SYN if !pkt.syn => return Ok(pass(counters, size)),

@@ -28,15 +28,41 @@ const TCP_FLAG_ACK: u8 = 0x10;
 pub enum ParseError {
     /// Not IPv4/IPv6 (ARP, LLDP…).
     NonIp,
-    /// Truncated or inconsistent headers, more VLAN tags or IPv6 extension headers than
-    /// the parser walks.
+    /// Truncated or inconsistent headers: frames the host's stack would not deliver
+    /// either (a frame shorter than its IP length, a header length below the minimum).
     Malformed,
+    /// More VLAN tags than the parser walks: what they carry may be IP to a rule's
+    /// destination, and the parser cannot see it.
+    DeepVlan,
+}
+
+/// How a frame relates to IP fragmentation (`Packet::kind`).
+pub mod kind {
+    /// A whole datagram (an IPv6 atomic fragment, offset 0 without more fragments, is one:
+    /// RFC 6946).
+    pub const WHOLE: u32 = 0;
+    /// The first fragment of a datagram, with its whole transport header.
+    pub const FIRST_FRAGMENT: u32 = 1;
+    /// A later fragment of a TCP or UDP datagram (or an IPv6 one whose fragmentable part
+    /// starts with an extension header): no transport header, so its ports come from the
+    /// first fragment's record.
+    pub const LATER_FRAGMENT: u32 = 2;
+    /// A later fragment of a datagram without ports (ICMP, …): it classifies as it is.
+    pub const LATER_PORTLESS: u32 = 3;
+    /// A first fragment without its whole transport header (IPv6: header chain).
+    pub const TINY_FRAGMENT: u32 = 4;
+    /// An IPv6 header chain the parser does not follow to its end (longer than it walks,
+    /// or a second fragment header): the transport protocol is unknown.
+    pub const LONG_CHAIN: u32 = 5;
 }
 
 /// What the classifier and the meters need from a frame.
+#[derive(Clone, Copy)]
 pub struct Packet {
     /// 4 or 6.
     pub family: u32,
+    /// `kind::*`.
+    pub kind: u32,
     /// L4 protocol (after IPv6 extension headers).
     pub proto: u8,
     /// The frame carries an L4 header with ports (TCP/UDP, not a non-first fragment).
@@ -45,6 +71,11 @@ pub struct Packet {
     pub syn: bool,
     /// Destination port, host order (valid with `has_ports`).
     pub dst_port: u16,
+    /// Fragment identification (fragments only; IPv4's 16 bits widened).
+    pub frag_id: u32,
+    /// Fragment offset in 8-byte units (later fragments); for a first fragment, where
+    /// its payload ends in the same units.
+    pub frag_offset: u32,
     /// Addresses (limiter_common::abi::AddrWords); IPv4 uses the first word.
     pub src: AddrWords,
     pub dst: AddrWords,
@@ -62,10 +93,7 @@ impl Cursor {
     #[inline(always)]
     fn take<T>(&mut self) -> Result<*const T, ParseError> {
         let start = self.pos;
-        if start + size_of::<T>() > self.end {
-            return Err(ParseError::Malformed);
-        }
-        self.pos = start + size_of::<T>();
+        self.skip(size_of::<T>())?;
         Ok(start as *const T)
     }
 
@@ -77,6 +105,25 @@ impl Cursor {
         }
         self.pos += len;
         Ok(())
+    }
+
+    /// Whether the headers read so far, from `ip` on, run past the IP datagram's own
+    /// length `datagram_len` (`walked`: the result of reading them). They do if they
+    /// were read and end beyond it (what follows the datagram in the frame is padding,
+    /// which the destination ignores), or if the frame ran out and the frame holds the
+    /// whole datagram. A frame that ran out before the datagram's end is truncated.
+    #[inline(always)]
+    fn past_datagram(
+        &self,
+        ip: usize,
+        datagram_len: usize,
+        walked: Result<(), ParseError>,
+    ) -> Result<bool, ParseError> {
+        match walked {
+            Ok(()) => Ok(self.pos - ip > datagram_len),
+            Err(ParseError::Malformed) if self.end - ip >= datagram_len => Ok(true),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -177,17 +224,6 @@ struct FragHdr {
     id: [u8; 4],
 }
 
-/// Ports and flags of TCP (the first 14 bytes).
-#[repr(C)]
-struct TcpHead {
-    src_port: [u8; 2],
-    dst_port: [u8; 2],
-    seq: [u8; 4],
-    ack: [u8; 4],
-    offset: u8,
-    flags: u8,
-}
-
 #[repr(C)]
 struct UdpHdr {
     src_port: [u8; 2],
@@ -207,6 +243,10 @@ fn be16(b: [u8; 2]) -> u16 {
 /// returned `Packet`: each family gets its own inlined copy of what follows, where the
 /// family is a constant (IPv4 code never handles the zero words of a 16-byte address)
 /// and the packet stays in registers instead of being spilled at a join of the two.
+///
+/// Transport headers are read within the datagram's own length, never from padding
+/// after it, which the destination ignores (a first fragment cannot pretend to hold
+/// flags that only a later fragment supplies).
 #[inline(always)]
 pub fn parse<R>(
     data: usize,
@@ -236,59 +276,104 @@ pub fn parse<R>(
             Ok(on_packet(&pkt))
         }
         // A third tag: we cannot see what it carries, and it may be IP trying to slip past.
-        ETH_P_8021Q | ETH_P_8021AD => Err(ParseError::Malformed),
+        ETH_P_8021Q | ETH_P_8021AD => Err(ParseError::DeepVlan),
         _ => Err(ParseError::NonIp),
     }
+}
+
+/// `Packet::proto` when the parser could not find the transport protocol (a reserved
+/// number, never a rule's).
+pub const PROTO_UNKNOWN: u8 = 255;
+
+/// IPv4 fragment offset bits and "more fragments" flag.
+const IPV4_OFFSET_MASK: u16 = 0x1fff;
+const IPV4_MORE_FRAGMENTS: u16 = 0x2000;
+
+/// An IP length field as a byte count: 0 (a GSO buffer larger than 64 KiB, BIG TCP)
+/// counts as 65536, past the end of any frame; without a branch, so the verifier
+/// follows one path.
+#[inline(always)]
+fn length_field(len: u16) -> usize {
+    (usize::from(len).wrapping_add(0xffff) & 0xffff) + 1
 }
 
 #[inline(always)]
 fn parse_ipv4(cur: &mut Cursor) -> Result<Packet, ParseError> {
     let ip = cur.take::<Ipv4Hdr>()? as usize;
     let [version_ihl, _tos, len_hi, len_lo] = load32::<0>(ip).to_ne_bytes();
-    let [_, _, frag_hi, frag_lo] = load32::<4>(ip).to_ne_bytes();
+    let [id_hi, id_lo, frag_hi, frag_lo] = load32::<4>(ip).to_ne_bytes();
     let [_ttl, proto, _, _] = load32::<8>(ip).to_ne_bytes();
-    let total_len = u16::from_be_bytes([len_hi, len_lo]);
+    let total_len = length_field(u16::from_be_bytes([len_hi, len_lo]));
     let frag_off = u16::from_be_bytes([frag_hi, frag_lo]);
     let (src, dst) = (load32::<12>(ip), load32::<16>(ip));
     let header_len = usize::from(version_ihl & 0x0f) * 4;
     if version_ihl >> 4 != 4 || header_len < size_of::<Ipv4Hdr>() {
         return Err(ParseError::Malformed);
     }
-    if usize::from(total_len) < header_len {
+    if total_len < header_len {
         return Err(ParseError::Malformed);
     }
     cur.skip(header_len - size_of::<Ipv4Hdr>())?;
+    let offset = frag_off & IPV4_OFFSET_MASK;
     let mut pkt = Packet {
         family: 4,
+        kind: kind::WHOLE,
         proto,
         has_ports: false,
         syn: false,
         dst_port: 0,
+        frag_id: u32::from(u16::from_be_bytes([id_hi, id_lo])),
+        frag_offset: 0,
         src: [src, 0, 0, 0],
         dst: [dst, 0, 0, 0],
     };
-    let non_first_fragment = frag_off & 0x1fff != 0;
-    if !non_first_fragment {
-        parse_l4(cur, &mut pkt)?;
+    if offset != 0 {
+        pkt.kind = later_kind(proto);
+        pkt.frag_offset = u32::from(offset);
+        return Ok(pkt);
+    }
+    if frag_off & IPV4_MORE_FRAGMENTS != 0 {
+        pkt.kind = kind::FIRST_FRAGMENT;
+        pkt.frag_offset = ((total_len - header_len) / 8) as u32;
+    }
+    let walked = parse_l4(cur, &mut pkt);
+    if cur.past_datagram(ip, total_len, walked)? {
+        cut_short(&mut pkt)?;
     }
     Ok(pkt)
 }
+
+/// The kind of a later fragment whose fragmentable part starts with `next`.
+#[inline(always)]
+fn later_kind(next: u8) -> u32 {
+    if next == IPPROTO_TCP || next == IPPROTO_UDP || is_extension_header(next) {
+        kind::LATER_FRAGMENT
+    } else {
+        kind::LATER_PORTLESS
+    }
+}
+
+/// The IPv6 fragment header's "more fragments" flag (in the offset word).
+const IPV6_MORE_FRAGMENTS: u16 = 1;
 
 #[inline(always)]
 fn parse_ipv6(cur: &mut Cursor) -> Result<Packet, ParseError> {
     let ip = cur.take::<Ipv6Hdr>()? as usize;
     let [first, _, _, _] = load32::<0>(ip).to_ne_bytes();
-    let [_, _, mut next, _hop_limit] = load32::<4>(ip).to_ne_bytes();
+    let [len_hi, len_lo, next, _hop_limit] = load32::<4>(ip).to_ne_bytes();
     if first >> 4 != 6 {
         return Err(ParseError::Malformed);
     }
-
+    let datagram_len = size_of::<Ipv6Hdr>() + length_field(u16::from_be_bytes([len_hi, len_lo]));
     let mut pkt = Packet {
         family: 6,
-        proto: 0,
+        kind: kind::WHOLE,
+        proto: PROTO_UNKNOWN,
         has_ports: false,
         syn: false,
         dst_port: 0,
+        frag_id: 0,
+        frag_offset: 0,
         src: [
             load32::<8>(ip),
             load32::<12>(ip),
@@ -302,7 +387,27 @@ fn parse_ipv6(cur: &mut Cursor) -> Result<Packet, ParseError> {
             load32::<36>(ip),
         ],
     };
-    let mut non_first_fragment = false;
+    let walked = walk_ipv6(cur, &mut pkt, next, ip, datagram_len);
+    if pkt.kind == kind::LATER_FRAGMENT || pkt.kind == kind::LATER_PORTLESS {
+        // It stopped at the fragment header, read in full.
+        walked?;
+        return Ok(pkt);
+    }
+    if cur.past_datagram(ip, datagram_len, walked)? {
+        cut_short(&mut pkt)?;
+    }
+    Ok(pkt)
+}
+
+/// The extension-header chain and the transport header after it.
+#[inline(always)]
+fn walk_ipv6(
+    cur: &mut Cursor,
+    pkt: &mut Packet,
+    mut next: u8,
+    ip: usize,
+    datagram_len: usize,
+) -> Result<(), ParseError> {
     let mut done = false;
     for _ in 0..MAX_IPV6_EXT_HEADERS {
         match next {
@@ -320,13 +425,34 @@ fn parse_ipv6(cur: &mut Cursor) -> Result<Packet, ParseError> {
             }
             IPPROTO_FRAGMENT => {
                 let frag = cur.take::<FragHdr>()?;
-                let (nh, offset) =
-                    unsafe { ((*frag).next_header, be16((*frag).offset_flags) >> 3) };
+                let (nh, offset_flags, id) = unsafe {
+                    (
+                        (*frag).next_header,
+                        be16((*frag).offset_flags),
+                        u32::from_be_bytes((*frag).id),
+                    )
+                };
+                if pkt.kind != kind::WHOLE {
+                    // Fragments nested in a fragment: a chain the parser does not follow.
+                    pkt.kind = kind::LONG_CHAIN;
+                    return Ok(());
+                }
                 next = nh;
+                let offset = offset_flags >> 3;
+                pkt.frag_id = id;
                 if offset != 0 {
-                    non_first_fragment = true;
-                    done = true;
-                    break;
+                    pkt.kind = later_kind(nh);
+                    if !is_extension_header(nh) {
+                        pkt.proto = nh;
+                    }
+                    pkt.frag_offset = u32::from(offset);
+                    return Ok(());
+                }
+                if offset_flags & IPV6_MORE_FRAGMENTS != 0 {
+                    // An atomic fragment (offset 0, no more) is a whole datagram (RFC 6946).
+                    pkt.kind = kind::FIRST_FRAGMENT;
+                    let fragmentable = (ip + datagram_len).saturating_sub(cur.pos);
+                    pkt.frag_offset = (fragmentable / 8) as u32;
                 }
             }
             _ => {
@@ -337,13 +463,28 @@ fn parse_ipv6(cur: &mut Cursor) -> Result<Packet, ParseError> {
     }
     if !done && is_extension_header(next) {
         // Still inside the chain after the walk bound: we cannot find the L4 header.
-        return Err(ParseError::Malformed);
+        pkt.kind = kind::LONG_CHAIN;
+        return Ok(());
     }
     pkt.proto = next;
-    if !non_first_fragment {
-        parse_l4(cur, &mut pkt)?;
+    parse_l4(cur, pkt)
+}
+
+/// Headers that run past the datagram: in a first fragment, the fragment does not hold
+/// what the destination will read from the reassembled datagram — the transport header
+/// (RFC 1858, RFC 3128) or, for IPv6, the whole header chain (RFC 8200 §4.5, RFC 7112):
+/// a tiny fragment. A whole datagram cut short is one the destination drops.
+#[inline(always)]
+fn cut_short(pkt: &mut Packet) -> Result<(), ParseError> {
+    match pkt.kind {
+        kind::FIRST_FRAGMENT => {
+            pkt.kind = kind::TINY_FRAGMENT;
+            Ok(())
+        }
+        // A chain the parser gave up on is refused whatever its length.
+        kind::LONG_CHAIN => Ok(()),
+        _ => Err(ParseError::Malformed),
     }
-    Ok(pkt)
 }
 
 #[inline(always)]
@@ -354,11 +495,27 @@ fn is_extension_header(next: u8) -> bool {
     )
 }
 
+/// The whole minimum TCP header (RFC 1858: a first fragment must hold at least the
+/// flags; 20 bytes make every overlap with them start at fragment offset 1 or 2, which
+/// the first fragment's record then refuses).
+#[repr(C)]
+struct TcpHdr {
+    src_port: [u8; 2],
+    dst_port: [u8; 2],
+    seq: [u8; 4],
+    ack: [u8; 4],
+    offset: u8,
+    flags: u8,
+    window: [u8; 2],
+    check: [u8; 2],
+    urgent: [u8; 2],
+}
+
 #[inline(always)]
 fn parse_l4(cur: &mut Cursor, pkt: &mut Packet) -> Result<(), ParseError> {
     match pkt.proto {
         IPPROTO_TCP => {
-            let tcp = cur.take::<TcpHead>()?;
+            let tcp = cur.take::<TcpHdr>()?;
             let (port, flags) = (be16_at::<2>(tcp as usize), unsafe { (*tcp).flags });
             pkt.has_ports = true;
             pkt.dst_port = port;

@@ -15,8 +15,9 @@ use aya::{
     Ebpf,
 };
 use limiter_common::abi::{
-    map_name, rule_index, AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules,
-    RuleConfig, RuleCounters, RuleCpuState, SourceKey, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
+    map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
+    HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCounters, RuleCpuState, SourceKey,
+    HOST_SLOTS, MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
@@ -38,6 +39,9 @@ pub struct Maps {
     src_buckets_raw: MapData,
     rule_counters: PerCpuArray<MapData, RuleCpuState>,
     global_counters: PerCpuArray<MapData, GlobalCounters>,
+    /// `None` for pins of a build that predates the map (read as zeros).
+    header_counters: Option<PerCpuArray<MapData, HeaderCounters>>,
+    fragments: Option<HashMap<MapData, FragmentKey, FragmentRecord>>,
     hosts: Array<MapData, HostEntry>,
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
     /// process has written the generation (pins adopted from an earlier daemon).
@@ -104,6 +108,14 @@ impl Maps {
             src_buckets_raw,
             rule_counters: typed(take(map_name::RULE_COUNTERS)?, map_name::RULE_COUNTERS)?,
             global_counters: typed(take(map_name::GLOBAL_COUNTERS)?, map_name::GLOBAL_COUNTERS)?,
+            header_counters: take(map_name::HEADER_COUNTERS)
+                .ok()
+                .map(|m| typed(m, map_name::HEADER_COUNTERS))
+                .transpose()?,
+            fragments: take(map_name::FRAGMENTS)
+                .ok()
+                .map(|m| typed(m, map_name::FRAGMENTS))
+                .transpose()?,
             hosts: typed(take(map_name::HOSTS)?, map_name::HOSTS)?,
             hosts_used: [None, None],
         })
@@ -274,6 +286,34 @@ impl Maps {
             total.accumulate(c);
         }
         Ok(total)
+    }
+
+    /// Counters of fragments and refused header tricks, summed over CPUs.
+    pub fn header_counters(&self) -> Result<HeaderCounters, Error> {
+        let mut total = HeaderCounters::default();
+        let Some(map) = &self.header_counters else {
+            return Ok(total);
+        };
+        let per_cpu = map.get(&0, 0).map_err(map_err("reading HEADER_COUNTERS"))?;
+        for c in per_cpu.iter() {
+            total.accumulate(c);
+        }
+        Ok(total)
+    }
+
+    /// The record a datagram's first fragment left, if any.
+    pub fn fragment_record(&self, key: &FragmentKey) -> Result<Option<FragmentRecord>, Error> {
+        let Some(map) = &self.fragments else {
+            return Ok(None);
+        };
+        match map.get(key, 0) {
+            Ok(r) => Ok(Some(r)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::Map {
+                what: "reading FRAGMENTS".into(),
+                source: e,
+            }),
+        }
     }
 
     /// A per-source bucket, if the source has one (it may have been evicted).

@@ -172,6 +172,36 @@ pub fn render(s: &Snapshot) -> String {
             "Frames passed unmetered after losing the bucket update race.",
             g.contended,
         ),
+        (
+            "limiter_fragments_total",
+            "IP fragments (first and later ones).",
+            g.fragments,
+        ),
+        (
+            "limiter_tiny_fragments_total",
+            "First fragments without the whole transport header or IPv6 header chain (refused).",
+            g.tiny_fragments,
+        ),
+        (
+            "limiter_orphan_fragments_total",
+            "Later fragments without a passed first fragment, to a rule that depends on ports (refused).",
+            g.orphan_fragments,
+        ),
+        (
+            "limiter_overlapping_fragments_total",
+            "Later fragments overlapping the first fragment's headers (refused).",
+            g.overlapping_fragments,
+        ),
+        (
+            "limiter_long_header_chains_total",
+            "IPv6 extension-header chains longer than the program walks (refused where a rule covers the destination).",
+            g.long_header_chains,
+        ),
+        (
+            "limiter_deep_vlan_stacks_total",
+            "Frames with more VLAN tags than the program walks (dropped).",
+            g.deep_vlan_stacks,
+        ),
     ] {
         family(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name} {v}");
@@ -303,6 +333,12 @@ mod tests {
                     unmatched: 3,
                     insert_failures: 4,
                     contended: 5,
+                    fragments: 6,
+                    tiny_fragments: 7,
+                    orphan_fragments: 8,
+                    overlapping_fragments: 9,
+                    long_header_chains: 10,
+                    deep_vlan_stacks: 11,
                 },
             },
             quotas: vec![QuotaEntry {
@@ -326,6 +362,8 @@ mod tests {
         assert!(text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"leased\"} 0\n"));
         assert!(text.contains("limiter_source_buckets 9\n"));
         assert!(text.contains("limiter_contended_total 5\n"));
+        assert!(text.contains("limiter_tiny_fragments_total 7\n"));
+        assert!(text.contains("limiter_deep_vlan_stacks_total 11\n"));
         assert!(!text.contains("limiter_program_runs_total"));
         // Every sample line belongs to a family announced with HELP and TYPE.
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -20,9 +20,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use limiter_common::abi::{
-    map_name, AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
-    RuleCpuState, SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
-    PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+    map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
+    HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, GENERATIONS,
+    HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME, PROGRAM_NAME_LINEAR,
+    PROGRAM_NAME_TC,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -180,7 +181,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 13] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -244,6 +245,18 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
             4,
             sz(size_of::<HostEntry>()),
             GENERATIONS * HOST_SLOTS,
+        ),
+        (
+            map_name::FRAGMENTS,
+            sz(size_of::<FragmentKey>()),
+            sz(size_of::<FragmentRecord>()),
+            MAX_FRAGMENT_RECORDS,
+        ),
+        (
+            map_name::HEADER_COUNTERS,
+            4,
+            sz(size_of::<HeaderCounters>()),
+            1,
         ),
     ]
 }

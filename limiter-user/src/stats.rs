@@ -40,6 +40,20 @@ pub struct GlobalStats {
     pub unmatched: u64,
     pub insert_failures: u64,
     pub contended: u64,
+    /// IP fragments seen (first and later ones).
+    pub fragments: u64,
+    /// First fragments without the whole transport header (IPv6: header chain): refused.
+    pub tiny_fragments: u64,
+    /// Later fragments whose first fragment did not pass and whose rule depends on ports:
+    /// refused.
+    pub orphan_fragments: u64,
+    /// Later fragments overlapping the first fragment's headers: refused.
+    pub overlapping_fragments: u64,
+    /// IPv6 header chains longer than the program walks: refused where a rule covers the
+    /// destination.
+    pub long_header_chains: u64,
+    /// Frames with more VLAN tags than the program walks: dropped.
+    pub deep_vlan_stacks: u64,
 }
 
 /// The share state as of `now_ns`: the entry's state advanced by its own deadlines, so a
@@ -100,6 +114,7 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
         .map(|(slot, rule)| rule_stats(rule, maps, *slot))
         .collect::<Result<Vec<_>, _>>()?;
     let g = maps.global_counters()?;
+    let h = maps.header_counters()?;
     Ok(StatsReport {
         rules,
         global: GlobalStats {
@@ -108,6 +123,12 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
             unmatched: g.unmatched,
             insert_failures: g.insert_failures,
             contended: g.contended,
+            fragments: h.fragments,
+            tiny_fragments: h.tiny_fragments,
+            orphan_fragments: h.orphan_fragments,
+            overlapping_fragments: h.overlapping_fragments,
+            long_header_chains: h.long_header_chains,
+            deep_vlan_stacks: h.deep_vlan_stacks,
         },
     })
 }
@@ -135,6 +156,16 @@ pub fn render_table(report: &StatsReport) -> String {
     out.push_str(&format!(
         "global: malformed {} non_ip {} unmatched {} insert_failures {} contended {}\n",
         g.malformed, g.non_ip, g.unmatched, g.insert_failures, g.contended
+    ));
+    out.push_str(&format!(
+        "headers: fragments {} tiny_fragments {} orphan_fragments {} overlapping_fragments {} \
+         long_header_chains {} deep_vlan_stacks {}\n",
+        g.fragments,
+        g.tiny_fragments,
+        g.orphan_fragments,
+        g.overlapping_fragments,
+        g.long_header_chains,
+        g.deep_vlan_stacks
     ));
     out
 }

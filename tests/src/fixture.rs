@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{Context as _, Result};
 use aya::programs::{TestRun, TestRunOptions};
-use limiter_common::abi::{GlobalCounters, RuleCounters};
+use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
 use limiter_user::{
     config::Config,
     daemon::apply_rules,
@@ -51,6 +51,7 @@ pub fn load(config_text: &str) -> Result<Loaded> {
 pub struct Snapshot {
     pub rules: BTreeMap<String, RuleCounters>,
     pub global: GlobalCounters,
+    pub headers: HeaderCounters,
 }
 
 impl Loaded {
@@ -62,6 +63,7 @@ impl Loaded {
         Ok(Snapshot {
             rules,
             global: self.maps.global_counters()?,
+            headers: self.maps.header_counters()?,
         })
     }
 
@@ -122,7 +124,16 @@ pub fn delta(before: &Snapshot, after: &Snapshot) -> Snapshot {
         insert_failures: b.insert_failures - a.insert_failures,
         contended: b.contended - a.contended,
     };
+    let h = |a: &HeaderCounters, b: &HeaderCounters| HeaderCounters {
+        fragments: b.fragments - a.fragments,
+        tiny_fragments: b.tiny_fragments - a.tiny_fragments,
+        orphan_fragments: b.orphan_fragments - a.orphan_fragments,
+        overlapping_fragments: b.overlapping_fragments - a.overlapping_fragments,
+        long_header_chains: b.long_header_chains - a.long_header_chains,
+        deep_vlan_stacks: b.deep_vlan_stacks - a.deep_vlan_stacks,
+    };
     Snapshot {
+        headers: h(&before.headers, &after.headers),
         rules: after
             .rules
             .iter()

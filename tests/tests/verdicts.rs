@@ -4,7 +4,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use limiter_common::abi::{GlobalCounters, RuleCounters};
+use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
 use limiter_tests::{
     fixture::{self, delta, Loaded},
     frame::{self, FrameBuilder, Ipv6Ext, ETH_P_8021AD, ETH_P_8021Q, ETH_P_LLDP, TCP_ACK, TCP_SYN},
@@ -101,6 +101,14 @@ rate = 1000
 burst = 100000
 
 [[rules]]
+name = "v6-dns"
+dst = "2001:db8::53/128"
+dst_port = 53
+proto = "udp"
+rate = 1000
+burst = 100000
+
+[[rules]]
 name = "v6-icmp"
 dst = "2001:db8::/32"
 proto = "icmp"
@@ -116,6 +124,8 @@ enum Expect {
     Malformed,
     NonIp,
     Unmatched,
+    /// No rule and no global counter.
+    None,
 }
 
 struct Row {
@@ -124,6 +134,8 @@ struct Row {
     runs: u32,
     verdict: u32,
     expect: Expect,
+    /// Header counters the row moves (fragments, refused tricks); zero unless said.
+    headers: HeaderCounters,
 }
 
 fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) -> Row {
@@ -133,7 +145,37 @@ fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) ->
         runs: 1,
         verdict,
         expect,
+        headers: HeaderCounters::default(),
     }
+}
+
+impl Row {
+    /// Expects these header counters to move by `runs` each.
+    fn counting(mut self, fields: &[fn(&mut HeaderCounters) -> &mut u64]) -> Row {
+        for field in fields {
+            *field(&mut self.headers) += u64::from(self.runs);
+        }
+        self
+    }
+}
+
+fn fragments(h: &mut HeaderCounters) -> &mut u64 {
+    &mut h.fragments
+}
+fn tiny(h: &mut HeaderCounters) -> &mut u64 {
+    &mut h.tiny_fragments
+}
+fn orphan(h: &mut HeaderCounters) -> &mut u64 {
+    &mut h.orphan_fragments
+}
+fn overlapping(h: &mut HeaderCounters) -> &mut u64 {
+    &mut h.overlapping_fragments
+}
+fn long_chain(h: &mut HeaderCounters) -> &mut u64 {
+    &mut h.long_header_chains
+}
+fn deep_vlan(h: &mut HeaderCounters) -> &mut u64 {
+    &mut h.deep_vlan_stacks
 }
 
 fn repeated(what: &str, frame: Vec<u8>, runs: u32, verdict: u32, expect: Expect) -> Row {
@@ -198,26 +240,6 @@ fn parser_rows() -> Vec<Row> {
         Expect::Malformed,
     ));
     rows.push(row(
-        "IPv4 first fragment carries ports",
-        v4(WEB)
-            .ipv4_fragment(0, true)
-            .tcp(40000, 443, TCP_ACK)
-            .payload_len(64)
-            .build(),
-        XDP_PASS,
-        PASS_WEB,
-    ));
-    rows.push(row(
-        "IPv4 non-first fragment matches only port-wildcard rules",
-        v4(WEB)
-            .ipv4_fragment(100, false)
-            .tcp(40000, 443, TCP_ACK)
-            .payload_len(64)
-            .build(),
-        XDP_PASS,
-        PASS_HOST,
-    ));
-    rows.push(row(
         "IPv4 TCP header cut short",
         {
             let mut f = v4(WEB).tcp(40000, 443, TCP_ACK).build();
@@ -243,26 +265,35 @@ fn parser_rows() -> Vec<Row> {
         ("long hop-by-hop", Ipv6Ext::HopByHopLen(20)),
     ];
     for (name, ext) in exts {
-        rows.push(row(
+        let r = row(
             format!("IPv6 {name} then UDP"),
             v6("2001:db8::10").ipv6_ext(ext).udp(5353, 53).build(),
             XDP_PASS,
             PASS_V6,
-        ));
+        );
+        rows.push(if matches!(ext, Ipv6Ext::Fragment { .. }) {
+            r.counting(&[fragments])
+        } else {
+            r
+        });
     }
-    rows.push(row(
-        "IPv6 non-first fragment matches only port-wildcard rules",
-        v6("2001:db8::10")
-            .ipv6_ext(Ipv6Ext::Fragment {
-                offset: 10,
-                more: false,
-            })
-            .udp(5353, 53)
-            .payload_len(32)
-            .build(),
-        XDP_PASS,
-        PASS_V6,
-    ));
+    rows.push(
+        row(
+            "IPv6 later fragment without a record, port-less rule: metered as it is",
+            v6("2001:db8::10")
+                .ip_id(0x6001)
+                .ipv6_ext(Ipv6Ext::Fragment {
+                    offset: 10,
+                    more: false,
+                })
+                .udp(5353, 53)
+                .payload_len(32)
+                .build(),
+            XDP_PASS,
+            PASS_V6,
+        )
+        .counting(&[fragments]),
+    );
     let mut six = v6("2001:db8::10");
     for _ in 0..6 {
         six = six.ipv6_ext(Ipv6Ext::DestOpts);
@@ -273,12 +304,15 @@ fn parser_rows() -> Vec<Row> {
         XDP_PASS,
         PASS_V6,
     ));
-    rows.push(row(
-        "IPv6 seven extension headers (beyond the walk bound)",
-        six.ipv6_ext(Ipv6Ext::DestOpts).udp(5353, 53).build(),
-        XDP_PASS,
-        Expect::Malformed,
-    ));
+    rows.push(
+        row(
+            "IPv6 seven extension headers (beyond the walk bound): refused",
+            six.ipv6_ext(Ipv6Ext::DestOpts).udp(5353, 53).build(),
+            XDP_DROP,
+            Expect::Rule("v6-host", 0, 1, 0),
+        )
+        .counting(&[long_chain]),
+    );
     rows.push(row(
         "802.1Q",
         v4(WEB)
@@ -298,17 +332,20 @@ fn parser_rows() -> Vec<Row> {
         XDP_PASS,
         PASS_WEB,
     ));
-    rows.push(row(
-        "three VLAN tags",
-        v4(WEB)
-            .vlan(ETH_P_8021AD, 100)
-            .vlan(ETH_P_8021Q, 10)
-            .vlan(ETH_P_8021Q, 11)
-            .tcp(40000, 443, TCP_ACK)
-            .build(),
-        XDP_PASS,
-        Expect::Malformed,
-    ));
+    rows.push(
+        row(
+            "three VLAN tags: dropped (the destination cannot be seen)",
+            v4(WEB)
+                .vlan(ETH_P_8021AD, 100)
+                .vlan(ETH_P_8021Q, 10)
+                .vlan(ETH_P_8021Q, 11)
+                .tcp(40000, 443, TCP_ACK)
+                .build(),
+            XDP_DROP,
+            Expect::None,
+        )
+        .counting(&[deep_vlan]),
+    );
     rows.push(row(
         "ARP",
         FrameBuilder::arp().build(),
@@ -492,6 +529,235 @@ fn metering_rows() -> Vec<Row> {
     ]
 }
 
+/// Sets an IPv6 frame's Payload Length.
+fn set_ipv6_payload_len(frame: &mut [u8], len: u16) {
+    let l3 = frame::l3_offset(frame).unwrap();
+    frame[l3 + 4..l3 + 6].copy_from_slice(&len.to_be_bytes());
+}
+
+/// Fragments and the tricks they allow, in order: rows leave records that later rows
+/// (same identification) rely on. Rules `web-tcp443` and `host-8080` make the ports of
+/// 198.18.1.10's datagrams matter; `v6-dns` those of 2001:db8::53.
+fn fragment_rows() -> Vec<Row> {
+    let web = |id: u16| v4(WEB).ip_id(id);
+    let mut rows = vec![
+        row(
+            "IPv4 first fragment: classified by its ports",
+            web(0x100)
+                .ipv4_fragment(0, true)
+                .tcp(40000, 443, TCP_ACK)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            PASS_WEB,
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv4 later fragment: classified by its first fragment's record",
+            web(0x100)
+                .ipv4_fragment(11, false)
+                .tcp(40000, 443, TCP_ACK)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            PASS_WEB,
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv4 later fragment overlapping the first one's headers (offset 1): refused",
+            web(0x100)
+                .ipv4_fragment(1, false)
+                .tcp(40000, 443, TCP_ACK)
+                .payload_len(64)
+                .build(),
+            XDP_DROP,
+            Expect::Rule("web-tcp443", 0, 1, 0),
+        )
+        .counting(&[fragments, overlapping]),
+        row(
+            "IPv4 later fragment, first never seen, ports matter: refused (orphan)",
+            web(0x101)
+                .ipv4_fragment(11, false)
+                .tcp(40000, 443, TCP_ACK)
+                .payload_len(64)
+                .build(),
+            XDP_DROP,
+            Expect::Rule("web-tcp443", 0, 1, 0),
+        )
+        .counting(&[fragments, orphan]),
+        row(
+            "IPv4 first fragment of an unmatched port: passes, leaves a record",
+            web(0x102)
+                .ipv4_fragment(0, true)
+                .udp(40000, 9)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            Expect::Rule("host-udp", 1, 0, 0),
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv4 later fragment of it: the record's rule",
+            web(0x102)
+                .ipv4_fragment(9, false)
+                .udp(40000, 9)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            Expect::Rule("host-udp", 1, 0, 0),
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv4 later ICMP fragment: no ports, classified as it is",
+            web(0x103)
+                .ipv4_fragment(20, false)
+                .proto(1)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            PASS_HOST,
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv4 later fragment to a destination no rule covers",
+            v4([198, 20, 0, 1])
+                .ipv4_fragment(11, false)
+                .tcp(1, 443, TCP_SYN)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            Expect::Unmatched,
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv6 first fragment: classified by its ports",
+            v6("2001:db8::53")
+                .ip_id(0x200)
+                .ipv6_ext(Ipv6Ext::Fragment {
+                    offset: 0,
+                    more: true,
+                })
+                .udp(5353, 53)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            Expect::Rule("v6-dns", 1, 0, 0),
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv6 later fragment: the record's rule",
+            v6("2001:db8::53")
+                .ip_id(0x200)
+                .ipv6_ext(Ipv6Ext::Fragment {
+                    offset: 9,
+                    more: false,
+                })
+                .udp(5353, 53)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            Expect::Rule("v6-dns", 1, 0, 0),
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv6 later fragment without a record, ports matter: refused (orphan)",
+            v6("2001:db8::53")
+                .ip_id(0x201)
+                .ipv6_ext(Ipv6Ext::Fragment {
+                    offset: 9,
+                    more: false,
+                })
+                .udp(5353, 53)
+                .payload_len(64)
+                .build(),
+            XDP_DROP,
+            Expect::Rule("v6-dns", 0, 1, 0),
+        )
+        .counting(&[fragments, orphan]),
+        row(
+            "IPv6 atomic fragment (offset 0, no more): a whole datagram",
+            v6("2001:db8::53")
+                .ipv6_ext(Ipv6Ext::Fragment {
+                    offset: 0,
+                    more: false,
+                })
+                .udp(5353, 53)
+                .build(),
+            XDP_PASS,
+            Expect::Rule("v6-dns", 1, 0, 0),
+        ),
+    ];
+    // A first fragment holding 8 bytes of TCP (ports, no flags); its Total Length says
+    // so, and the frame ends there or is padded with a whole TCP header's worth of bytes
+    // that the destination ignores.
+    for padded in [false, true] {
+        let mut f = web(0x104)
+            .ipv4_fragment(0, true)
+            .tcp(40000, 443, TCP_ACK)
+            .build();
+        let l3 = frame::l3_offset(&f).unwrap();
+        frame::set_ipv4_total_len(&mut f, 20 + 8).unwrap();
+        if !padded {
+            f.truncate(l3 + 28);
+        }
+        rows.push(
+            row(
+                format!("IPv4 tiny first fragment (8 bytes of TCP, padded: {padded}): refused"),
+                f,
+                XDP_DROP,
+                Expect::Rule("web-tcp443", 0, 1, 0),
+            )
+            .counting(&[fragments, tiny]),
+        );
+    }
+    let mut f = v4([198, 20, 0, 1])
+        .ipv4_fragment(0, true)
+        .tcp(40000, 443, TCP_SYN)
+        .build();
+    frame::set_ipv4_total_len(&mut f, 20 + 8).unwrap();
+    rows.push(
+        row(
+            "IPv4 tiny first fragment to a destination no rule covers: passed",
+            f,
+            XDP_PASS,
+            Expect::Unmatched,
+        )
+        .counting(&[fragments, tiny]),
+    );
+    // A whole datagram (not a fragment) whose TCP header lies in the padding: the
+    // destination drops it as truncated.
+    let mut f = v4(WEB).tcp(40000, 443, TCP_SYN).build();
+    frame::set_ipv4_total_len(&mut f, 20 + 8).unwrap();
+    rows.push(row(
+        "IPv4 whole datagram, TCP header only in the padding: malformed",
+        f,
+        XDP_PASS,
+        Expect::Malformed,
+    ));
+    // An IPv6 first fragment whose header chain goes on past it (RFC 7112).
+    let mut f = v6("2001:db8::53")
+        .ip_id(0x202)
+        .ipv6_ext(Ipv6Ext::Fragment {
+            offset: 0,
+            more: true,
+        })
+        .ipv6_ext(Ipv6Ext::DestOpts)
+        .udp(5353, 53)
+        .payload_len(64)
+        .build();
+    set_ipv6_payload_len(&mut f, 8 + 8);
+    rows.push(
+        row(
+            "IPv6 first fragment without its whole header chain: refused",
+            f,
+            XDP_DROP,
+            Expect::Rule("v6-dns", 0, 1, 0),
+        )
+        .counting(&[fragments, tiny]),
+    );
+    rows
+}
+
 fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
     let before = loaded.snapshot().map_err(|e| e.to_string())?;
     let (verdict, _) = loaded
@@ -520,6 +786,7 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
         Expect::Malformed => want_global.malformed = runs,
         Expect::NonIp => want_global.non_ip = runs,
         Expect::Unmatched => want_global.unmatched = runs,
+        Expect::None => {}
     }
     let mut problems = Vec::new();
     if verdict != row.verdict {
@@ -527,6 +794,12 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
     }
     if d.global != want_global {
         problems.push(format!("global {:?}, expected {want_global:?}", d.global));
+    }
+    if d.headers != row.headers {
+        problems.push(format!(
+            "headers {:?}, expected {:?}",
+            d.headers, row.headers
+        ));
     }
     for (name, counters) in &d.rules {
         let want = match want_rule {
@@ -605,6 +878,11 @@ fn metering_table() {
     run_table(&metering_rows());
 }
 
+#[test]
+fn fragment_table() {
+    run_table(&fragment_rows());
+}
+
 /// Every prefix of every frame in the tables: the program never aborts and never
 /// fails; frames too short for the kernel to run (below an Ethernet header) are refused
 /// by BPF_PROG_TEST_RUN itself. The multi-buffer build and the TC build (up to the
@@ -614,6 +892,7 @@ fn truncation_sweep_never_aborts() {
     let mut frames: Vec<Vec<u8>> = parser_rows().into_iter().map(|r| r.frame).collect();
     frames.extend(classification_rows().into_iter().map(|r| r.frame));
     frames.extend(metering_rows().into_iter().map(|r| r.frame));
+    frames.extend(fragment_rows().into_iter().map(|r| r.frame));
     for variant in [Variant::MultiBuffer, Variant::Tc] {
         let mut loaded = fixture::load(RULES).expect("loading the program with the test rules");
         loaded.variant = variant;

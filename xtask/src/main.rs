@@ -39,6 +39,17 @@ enum Task {
     Test,
     /// BPF_PROG_TEST_RUN cost per frame against a trivial XDP program (a benchmark).
     Bench,
+    /// The evasion fuzz test (tests/tests/evasion.rs) with as many cases as you like:
+    /// random header stacks, fragments, options and chains through every build of the
+    /// program, checked against a model of what a receiving stack delivers (root).
+    Fuzz {
+        /// Cases per build (attacks; single frames get ten times as many).
+        #[arg(long, default_value_t = 5000)]
+        cases: u64,
+        /// Seed of the generator (default: a fresh one, printed).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Fleet simulator in virtual time (500 hosts, section 11's failure cases); writes
     /// target/sim/report.md. Needs no root or eBPF. `cargo xtask sim -- --help` for options.
     Sim {
@@ -74,6 +85,26 @@ fn main() -> Result<()> {
             bench::run()
         }
         Task::Sim { args } => sim::run(&args),
+        Task::Fuzz { cases, seed } => {
+            setup::run()?;
+            let mut cmd = cargo();
+            cmd.args([
+                "test",
+                "--release",
+                "-p",
+                "limiter-tests",
+                "--test",
+                "evasion",
+                "--",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env("LIMITER_FUZZ_CASES", cases.to_string());
+            if let Some(seed) = seed {
+                cmd.env("LIMITER_FUZZ_SEED", seed.to_string());
+            }
+            run_cmd(&mut cmd)
+        }
     }
 }
 

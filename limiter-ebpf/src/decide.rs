@@ -1,0 +1,186 @@
+//! From a parsed frame to a verdict: the rule it belongs to, then that rule's meters.
+//!
+//! A whole datagram is classified by its own headers. A frame that does not show what its
+//! datagram is gets the verdict that holds for the datagram the destination reassembles
+//! (README, "What each kind of frame gets"): a first fragment is metered like a whole
+//! datagram and leaves a record of its ports; later fragments are classified with that
+//! record; what could slip a datagram past a rule without the rule seeing it — a first
+//! fragment without its transport header, a later fragment without a record whose rule
+//! depends on ports, one that overwrites the first fragment's headers, an IPv6 header
+//! chain the parser does not follow — is refused by the most specific rule the datagram
+//! could belong to. The destination never completes a datagram whose first fragment was
+//! refused, so it receives no more whole datagrams than the rule admits.
+
+use aya_ebpf::bindings::xdp_action;
+use limiter_common::abi::{FragmentKey, FragmentRecord, HeaderCounters, PrefixRules};
+
+use crate::{
+    classify, count_global, maps,
+    meter::{self, Size},
+    parse::{kind, Packet},
+};
+
+const BPF_ANY: u64 = 0;
+
+/// What a frame gets from the rules that cover its destination.
+enum Action {
+    /// Metered by the rule in this slot.
+    Meter(u32),
+    /// Refused by the rule in this slot without metering (it could carry a datagram
+    /// past the rule).
+    Refuse(u32),
+    /// No rule: passed.
+    Unmatched,
+}
+
+#[inline(always)]
+pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<u32, ()> {
+    let Some(rules) = classify::candidates(generation, pkt) else {
+        if pkt.kind != kind::WHOLE {
+            count_kind(pkt.kind);
+        }
+        return Ok(unmatched());
+    };
+    // Taken before the paths of the kinds part: the packet pointers it reads are dead
+    // where they join again, so the verifier can prune the joined states.
+    let size = size();
+    let action = if pkt.kind == kind::WHOLE {
+        matched(classify::first_match(rules, pkt))
+    } else {
+        count_kind(pkt.kind);
+        partial(rules, pkt)
+    };
+    // One call site, so the meters are inlined once per family; nothing after it
+    // depends on the frame's kind, so the verifier checks them once for all kinds.
+    match action {
+        Action::Meter(slot) => meter::meter(generation, slot, pkt, size, false),
+        Action::Refuse(slot) => meter::meter(generation, slot, pkt, size, true),
+        Action::Unmatched => Ok(unmatched()),
+    }
+}
+
+#[inline(always)]
+fn matched(slot: Option<u32>) -> Action {
+    match slot {
+        Some(slot) => Action::Meter(slot),
+        None => Action::Unmatched,
+    }
+}
+
+/// Every kind but a whole datagram, whose destination the rules cover. The meters see
+/// the frame itself: a later fragment is never a SYN (a datagram's SYN is metered with
+/// its first fragment).
+#[inline(always)]
+fn partial(rules: &PrefixRules, pkt: &Packet) -> Action {
+    match pkt.kind {
+        kind::FIRST_FRAGMENT => {
+            remember_first(pkt);
+            matched(classify::first_match(rules, pkt))
+        }
+        kind::LATER_PORTLESS => matched(classify::first_match(rules, pkt)),
+        kind::LATER_FRAGMENT => later_fragment(rules, pkt),
+        // Tiny fragments and unfollowed chains: no legitimate sender needs them, and what
+        // the destination would make of them cannot be known here.
+        _ => match classify::first_possible(rules, pkt) {
+            Some((slot, _)) => Action::Refuse(slot),
+            None => Action::Unmatched,
+        },
+    }
+}
+
+#[inline(always)]
+fn later_fragment(rules: &PrefixRules, pkt: &Packet) -> Action {
+    let key = fragment_key(pkt);
+    // SAFETY: the value is copied out at once.
+    let record = unsafe { maps::FRAGMENTS.get(&key) }.copied();
+    let Some(record) = record else {
+        // Its first fragment did not pass here (refused, not seen yet, or never sent).
+        return match classify::first_possible(rules, pkt) {
+            // The rule does not depend on what the first fragment would show.
+            Some((slot, true)) => Action::Meter(slot),
+            Some((slot, false)) => {
+                count_headers(|h| &mut h.orphan_fragments);
+                Action::Refuse(slot)
+            }
+            None => Action::Unmatched,
+        };
+    };
+    let mut datagram = *pkt;
+    datagram.proto = record.proto;
+    datagram.has_ports = record.has_ports != 0;
+    datagram.dst_port = record.dst_port;
+    let slot = classify::first_match(rules, &datagram);
+    if pkt.frag_offset < record.first_end {
+        // It would overwrite part of the first fragment — the headers it was classified
+        // by (RFC 1858's overlapping fragments), ports included where IPv6 extension
+        // headers come first. Refused by the first fragment's rule, or by any rule the
+        // rewritten datagram could belong to.
+        count_headers(|h| &mut h.overlapping_fragments);
+        datagram.has_ports = false;
+        return match slot.or_else(|| classify::first_possible(rules, &datagram).map(|(s, _)| s)) {
+            Some(slot) => Action::Refuse(slot),
+            None => Action::Unmatched,
+        };
+    }
+    matched(slot)
+}
+
+/// A first fragment leaves its ports for the rest of its datagram (replacing an older
+/// record under the same identification: the destination reassembles the rest with the
+/// latest first fragment it got). Whether the first fragment itself passes does not
+/// matter: the destination never completes a datagram without it.
+#[inline(always)]
+fn remember_first(pkt: &Packet) {
+    let record = FragmentRecord {
+        dst_port: pkt.dst_port,
+        proto: pkt.proto,
+        has_ports: u8::from(pkt.has_ports),
+        first_end: pkt.frag_offset,
+    };
+    // A failed insert (no memory) leaves the later fragments to the orphan rule.
+    let _ = maps::FRAGMENTS.insert(&fragment_key(pkt), &record, BPF_ANY);
+}
+
+#[inline(always)]
+fn fragment_key(pkt: &Packet) -> FragmentKey {
+    FragmentKey {
+        family: pkt.family as u16,
+        proto: if pkt.family == 4 {
+            u16::from(pkt.proto)
+        } else {
+            0
+        },
+        id: pkt.frag_id,
+        src: pkt.src,
+        dst: pkt.dst,
+    }
+}
+
+#[inline(always)]
+fn unmatched() -> u32 {
+    count_global(|g| &mut g.unmatched);
+    xdp_action::XDP_PASS
+}
+
+/// Counts a frame of a kind other than a whole datagram.
+#[inline(always)]
+fn count_kind(kind: u32) {
+    match kind {
+        kind::TINY_FRAGMENT => count_headers(|h| {
+            h.fragments = h.fragments.wrapping_add(1);
+            &mut h.tiny_fragments
+        }),
+        kind::LONG_CHAIN => count_headers(|h| &mut h.long_header_chains),
+        _ => count_headers(|h| &mut h.fragments),
+    }
+}
+
+/// Increments one header counter on this CPU.
+#[inline(always)]
+pub(crate) fn count_headers(field: impl FnOnce(&mut HeaderCounters) -> &mut u64) {
+    if let Some(h) = maps::HEADER_COUNTERS.get_ptr_mut(0) {
+        // SAFETY: a per-CPU array value, touched only by this CPU's program run.
+        let counter = field(unsafe { &mut *h });
+        *counter = counter.wrapping_add(1);
+    }
+}

@@ -628,6 +628,7 @@ fn silent_and_excess_connections_delay_nobody() {
         let baseline = timed_reports(&mut real, Duration::from_secs(1)).await;
         // Open: the real host (1) + the silent TLS peer (1) + PER_IP idle ones from each
         // of .2 and .3.
+        let opened = Instant::now();
         let mut tls = silent_tls(&pki, ip(6), port).await;
         let mut idle = Vec::new();
         for source in [2, 3] {
@@ -652,20 +653,31 @@ fn silent_and_excess_connections_delay_nobody() {
             closed_within(&mut over_total, Duration::from_millis(500)).await,
             "a connection beyond max_connections was kept open"
         );
+        // ... and not before it: an idle one is still open now, unless that much passed.
+        let still_open = !closed_within(&mut idle[0], Duration::ZERO).await;
+        let held_for = opened.elapsed();
+        assert!(
+            still_open || held_for >= Duration::from_millis(HANDSHAKE_MS),
+            "an idle connection was closed {held_for:?} after connecting"
+        );
         let during = timed_reports(&mut real, Duration::from_millis(800)).await;
         // The silent ones are closed after handshake_timeout_ms (TLS done or not).
-        let opened = Instant::now();
         let mut all_closed = true;
         for s in &mut idle {
             all_closed &= closed_within(s, Duration::from_millis(HANDSHAKE_MS + 1500)).await;
         }
         let tls_closed = closed_within(&mut tls, Duration::from_millis(HANDSHAKE_MS + 1500)).await;
+        let closed_after = opened.elapsed();
         eprintln!(
             "real host's reports: worst {:?} before, {:?} with the slots held; newcomer's \
-             first report {newcomer_latency:?}; silent ones closed after {:?}",
+             first report {newcomer_latency:?}; silent ones open for {held_for:?} at least, \
+             all closed {closed_after:?} after they connected",
             worst(&baseline),
             worst(&during),
-            opened.elapsed()
+        );
+        assert!(
+            closed_after >= Duration::from_millis(HANDSHAKE_MS),
+            "closed before handshake_timeout_ms: {closed_after:?}"
         );
         assert!(
             all_closed,

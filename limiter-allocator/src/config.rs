@@ -6,6 +6,11 @@
 //! control_socket = "/run/limiter-allocator/allocator.sock"
 //! lease_ttl_ms = 3000
 //! report_interval_ms = 1000
+//! max_hosts = 1024                    # hosts that may report at once (see README)
+//! max_connections = 2048              # default: 2 × max_hosts
+//! max_connections_per_ip = 16
+//! handshake_timeout_ms = 2000
+//! max_reports_per_s = 10              # per host and per connection (default: 2 × a daemon's most)
 //! [tls]
 //! ca = "/etc/limiter/ca.pem"          # signs the daemons' client certificates
 //! cert = "/etc/limiter/allocator.pem"
@@ -22,6 +27,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+use limiter_proto::MIN_REPORT_SPACING_MS;
 use serde::Deserialize;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -36,6 +42,14 @@ struct Raw {
     lease_ttl_ms: u64,
     #[serde(default = "default_interval")]
     report_interval_ms: u64,
+    #[serde(default = "default_max_hosts")]
+    max_hosts: u64,
+    max_connections: Option<u64>,
+    #[serde(default = "default_per_ip")]
+    max_connections_per_ip: u64,
+    #[serde(default = "default_handshake")]
+    handshake_timeout_ms: u64,
+    max_reports_per_s: Option<u64>,
     tls: TlsConfig,
     #[serde(default)]
     quotas: Vec<Quota>,
@@ -52,6 +66,23 @@ fn default_ttl() -> u64 {
 }
 fn default_interval() -> u64 {
     1000
+}
+/// Twice the daemon's default `fleet_size` (500): set it to your fleet's size with a margin.
+pub const DEFAULT_MAX_HOSTS: u64 = 1024;
+fn default_max_hosts() -> u64 {
+    DEFAULT_MAX_HOSTS
+}
+fn default_per_ip() -> u64 {
+    16
+}
+fn default_handshake() -> u64 {
+    2000
+}
+/// The most reports per second a healthy daemon sends with this report interval: one per
+/// interval, or one per `MIN_REPORT_SPACING_MS` when its early reports come as fast as
+/// they may.
+pub fn daemon_max_reports_per_s(report_interval_ms: u64) -> u64 {
+    1000u64.div_ceil(report_interval_ms.clamp(1, MIN_REPORT_SPACING_MS))
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -77,8 +108,25 @@ pub struct Config {
     pub control_socket: PathBuf,
     pub lease_ttl_ms: u64,
     pub report_interval_ms: u64,
+    pub limits: PeerLimits,
     pub tls: TlsConfig,
     pub quotas: Vec<Quota>,
+}
+
+/// What one peer may cost the allocator (README, "Fleet mode": what a rogue or broken
+/// peer gets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerLimits {
+    /// Hosts known at once (reported within a lease TTL); newcomers beyond are refused.
+    pub max_hosts: usize,
+    /// Open TCP connections, handshaking or not; more are closed at accept.
+    pub max_connections: usize,
+    /// Open TCP connections from one source address.
+    pub max_connections_per_ip: usize,
+    /// A TLS handshake not done by then is dropped.
+    pub handshake_timeout_ms: u64,
+    /// Reports per second per host and per connection (also the burst).
+    pub max_reports_per_s: u64,
 }
 
 /// Checks one quota (config file and `quota set` alike).
@@ -112,6 +160,7 @@ impl Config {
                 raw.lease_ttl_ms
             );
         }
+        let limits = Self::limits(&raw).with_context(|| origin.display().to_string())?;
         let mut seen = std::collections::BTreeSet::new();
         for q in &raw.quotas {
             check_quota(q).with_context(|| origin.display().to_string())?;
@@ -129,8 +178,46 @@ impl Config {
             control_socket: raw.control_socket,
             lease_ttl_ms: raw.lease_ttl_ms,
             report_interval_ms: raw.report_interval_ms,
+            limits,
             tls: raw.tls,
             quotas: raw.quotas,
+        })
+    }
+
+    fn limits(raw: &Raw) -> Result<PeerLimits> {
+        let count = |key: &str, v: u64| -> Result<usize> {
+            if !(1..=1_000_000).contains(&v) {
+                bail!("{key} must be between 1 and 1000000, got {v}");
+            }
+            usize::try_from(v).with_context(|| format!("{key} {v}"))
+        };
+        let max_hosts = count("max_hosts", raw.max_hosts)?;
+        let max_connections = count(
+            "max_connections",
+            raw.max_connections.unwrap_or(2 * raw.max_hosts),
+        )?;
+        let max_connections_per_ip = count("max_connections_per_ip", raw.max_connections_per_ip)?;
+        if !(1..=60_000).contains(&raw.handshake_timeout_ms) {
+            bail!(
+                "handshake_timeout_ms must be between 1 and 60000, got {}",
+                raw.handshake_timeout_ms
+            );
+        }
+        let daemon_max = daemon_max_reports_per_s(raw.report_interval_ms);
+        let max_reports_per_s = raw.max_reports_per_s.unwrap_or(2 * daemon_max);
+        if max_reports_per_s < daemon_max {
+            bail!(
+                "max_reports_per_s = {max_reports_per_s} would refuse a healthy host's reports: \
+                 with report_interval_ms = {} a daemon sends up to {daemon_max} per second",
+                raw.report_interval_ms
+            );
+        }
+        Ok(PeerLimits {
+            max_hosts,
+            max_connections,
+            max_connections_per_ip,
+            handshake_timeout_ms: raw.handshake_timeout_ms,
+            max_reports_per_s: max_reports_per_s.min(1_000_000),
         })
     }
 
@@ -169,5 +256,46 @@ mod tests {
             Config::parse(&unknown, Path::new("a.toml")).unwrap_err()
         );
         assert!(e.contains("foo") && e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn the_example_config_parses() {
+        let text = include_str!("../../limiter-allocator.example.toml");
+        let c = Config::parse(text, Path::new("limiter-allocator.example.toml")).unwrap();
+        assert_eq!(c.limits.max_hosts, 1024);
+        assert_eq!(c.limits.handshake_timeout_ms, 2000);
+    }
+
+    #[test]
+    fn peer_limits_default_from_the_fleet_and_are_checked() {
+        let base = "listen = \"127.0.0.1:7443\"\n";
+        let c = Config::parse(&format!("{base}{TLS}"), Path::new("a.toml")).unwrap();
+        assert_eq!(
+            c.limits,
+            PeerLimits {
+                max_hosts: 1024,
+                max_connections: 2048,
+                max_connections_per_ip: 16,
+                handshake_timeout_ms: 2000,
+                max_reports_per_s: 2 * daemon_max_reports_per_s(1000),
+            }
+        );
+        assert_eq!(daemon_max_reports_per_s(1000), 5);
+        assert_eq!(daemon_max_reports_per_s(100), 10);
+        let c =
+            Config::parse(&format!("{base}max_hosts = 10\n{TLS}"), Path::new("a.toml")).unwrap();
+        assert_eq!((c.limits.max_hosts, c.limits.max_connections), (10, 20));
+        for (bad, what) in [
+            ("max_hosts = 0", "max_hosts must be between"),
+            ("max_connections = 0", "max_connections must be between"),
+            ("handshake_timeout_ms = 0", "handshake_timeout_ms"),
+            ("max_reports_per_s = 4", "would refuse a healthy host"),
+        ] {
+            let e = format!(
+                "{:#}",
+                Config::parse(&format!("{base}{bad}\n{TLS}"), Path::new("a.toml")).unwrap_err()
+            );
+            assert!(e.contains(what) && e.contains("a.toml"), "{bad}: {e}");
+        }
     }
 }

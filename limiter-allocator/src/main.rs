@@ -1,6 +1,9 @@
 //! `limiter-allocator`: splits each rule's global quota across LB hosts by demand.
 
 mod config;
+mod hosts;
+mod limits;
+mod listener;
 mod service;
 mod state;
 
@@ -25,7 +28,9 @@ use tokio::{
 
 use crate::{
     config::{Config, Quota},
-    service::Service,
+    hosts::HostLimits,
+    listener::ConnStats,
+    service::{Refused, Service},
     state::State,
 };
 
@@ -118,45 +123,89 @@ fn run(path: &Path) -> Result<()> {
 }
 
 async fn serve(config: Config) -> Result<()> {
+    let limits = config.limits;
+    let lease_ttl = Duration::from_millis(config.lease_ttl_ms);
     let tls = server_tls(&TlsFiles {
         ca: &config.tls.ca,
         cert: &config.tls.cert,
         key: &config.tls.key,
-    })?;
+    })?
+    // A peer that does not finish its handshake in time is dropped; handshakes run in
+    // tasks of their own, so a slow one delays nobody else's.
+    .timeout(Duration::from_millis(limits.handshake_timeout_ms));
     let state = Arc::new(Mutex::new(State::new(
         &config.quotas,
-        Duration::from_millis(config.lease_ttl_ms),
+        lease_ttl,
         Duration::from_millis(config.report_interval_ms),
+        HostLimits {
+            max_hosts: limits.max_hosts,
+            ttl_ns: u64::try_from(lease_ttl.as_nanos()).unwrap_or(u64::MAX),
+            rate: limits.max_reports_per_s,
+            burst: limits.max_reports_per_s,
+        },
         now_ns(),
     )));
+    let refused = Arc::new(Refused::default());
+    let conns = Arc::new(ConnStats::default());
     let control = bind_control(&config.control_socket)?;
     tokio::spawn(serve_control(control, Arc::clone(&state)));
     if let Some(addr) = config.metrics {
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("metrics on {addr}"))?;
-        tokio::spawn(serve_metrics(listener, Arc::clone(&state)));
+        let sources = MetricSources {
+            state: Arc::clone(&state),
+            refused: Arc::clone(&refused),
+            conns: Arc::clone(&conns),
+        };
+        tokio::spawn(serve_metrics(listener, sources));
     }
-    let service = AllocatorServer::new(Service {
-        state: Arc::clone(&state),
-    })
+    let service = AllocatorServer::new(Service::new(
+        Arc::clone(&state),
+        Arc::clone(&refused),
+        limits.max_reports_per_s,
+    ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    tracing::info!(listen = %config.listen, quotas = config.quotas.len(), "allocator serving (mutual TLS)");
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("listening on {}", config.listen))?;
+    tracing::info!(
+        listen = %config.listen,
+        quotas = config.quotas.len(),
+        max_hosts = limits.max_hosts,
+        max_connections = limits.max_connections,
+        "allocator serving (mutual TLS)"
+    );
     let mut term = signal(SignalKind::terminate())?;
+    // Memory per connection is bounded by these: MAX_STREAMS decoded messages of at most
+    // MAX_MESSAGE_BYTES, and the HTTP/2 windows.
+    const MAX_STREAMS: u32 = 4;
+    let window = u32::try_from(MAX_MESSAGE_BYTES).unwrap_or(u32::MAX);
     tonic::transport::Server::builder()
         .tls_config(tls)?
         // Every call has a deadline on this side too: a stalled client cannot hold a slot.
         .timeout(Duration::from_secs(2))
-        .concurrency_limit_per_connection(16)
+        .concurrency_limit_per_connection(MAX_STREAMS as usize)
+        .max_concurrent_streams(MAX_STREAMS)
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
+        .http2_max_header_list_size(16 * 1024)
+        // A peer that stops reading (or answering) is found by its unanswered pings and
+        // closed within two lease TTLs; a daemon's HTTP/2 stack answers them on its own.
+        .http2_keepalive_interval(Some(lease_ttl))
+        .http2_keepalive_timeout(Some(lease_ttl))
         .add_service(service)
-        .serve_with_shutdown(config.listen, async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            tracing::info!("shutting down");
-        })
+        .serve_with_incoming_shutdown(
+            listener::incoming(listener, limits, Arc::clone(&conns)),
+            async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+                tracing::info!("shutting down");
+            },
+        )
         .await
         .context("serving gRPC")?;
     let _ = std::fs::remove_file(&config.control_socket);
@@ -240,27 +289,108 @@ fn control_call(socket: &Path, request: &serde_json::Value) -> Result<serde_json
     Ok(reply["data"].clone())
 }
 
-async fn serve_metrics(listener: TcpListener, state: Arc<Mutex<State>>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
+/// What the metrics endpoint reads.
+struct MetricSources {
+    state: Arc<Mutex<State>>,
+    refused: Arc<Refused>,
+    conns: Arc<ConnStats>,
+}
+
+impl MetricSources {
+    fn render(&self, now: u64) -> String {
+        use std::{fmt::Write as _, sync::atomic::Ordering::Relaxed};
+        let Ok(mut state) = self.state.lock() else {
+            return String::new();
         };
-        let mut head = vec![0u8; 2048];
-        let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await
-        else {
-            continue;
-        };
-        let ok = String::from_utf8_lossy(&head[..n]).starts_with("GET /metrics");
-        let body = match (ok, state.lock()) {
-            (true, Ok(mut s)) => s.metrics(now_ns()),
-            _ => String::new(),
-        };
-        let status = if ok { "200 OK" } else { "404 Not Found" };
-        let _ = stream
-            .write_all(
-                format!("HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
-                    .as_bytes(),
-            )
-            .await;
+        let mut out = state.metrics(now);
+        let (fleet_full, host_rate) = (state.refused_fleet_full, state.refused_host_rate);
+        drop(state);
+        let r = &self.refused;
+        let _ = writeln!(
+            out,
+            "# HELP limiter_allocator_rejected_reports_total Reports refused as malformed or invalid.\n\
+             # TYPE limiter_allocator_rejected_reports_total counter\n\
+             limiter_allocator_rejected_reports_total {}",
+            r.invalid.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP limiter_allocator_refused_reports_total Reports refused by a peer bound: identity \
+             (host id not the certificate's), connection_rate and host_rate (max_reports_per_s), \
+             fleet_full (max_hosts).\n# TYPE limiter_allocator_refused_reports_total counter"
+        );
+        for (reason, v) in [
+            ("identity", r.identity.load(Relaxed)),
+            ("connection_rate", r.connection_rate.load(Relaxed)),
+            ("host_rate", host_rate),
+            ("fleet_full", fleet_full),
+        ] {
+            let _ = writeln!(
+                out,
+                "limiter_allocator_refused_reports_total{{reason=\"{reason}\"}} {v}"
+            );
+        }
+        let c = &self.conns;
+        let _ = writeln!(
+            out,
+            "# HELP limiter_allocator_connections Open gRPC connections (handshaking or not).\n\
+             # TYPE limiter_allocator_connections gauge\nlimiter_allocator_connections {}\n\
+             # HELP limiter_allocator_connections_accepted_total Connections accepted.\n\
+             # TYPE limiter_allocator_connections_accepted_total counter\n\
+             limiter_allocator_connections_accepted_total {}\n\
+             # HELP limiter_allocator_connections_refused_total Connections closed at accept, by the bound reached.\n\
+             # TYPE limiter_allocator_connections_refused_total counter\n\
+             limiter_allocator_connections_refused_total{{limit=\"max_connections\"}} {}\n\
+             limiter_allocator_connections_refused_total{{limit=\"max_connections_per_ip\"}} {}",
+            c.open.load(Relaxed),
+            c.accepted.load(Relaxed),
+            c.refused_total.load(Relaxed),
+            c.refused_per_ip.load(Relaxed)
+        );
+        out
     }
+}
+
+/// Scrapes in flight at once; more are closed at accept.
+const MAX_SCRAPES: usize = 4;
+
+/// One task per scrape, at most [`MAX_SCRAPES`], each done within 5 s: a scraper that
+/// sends nothing or reads nothing delays no other.
+async fn serve_metrics(listener: TcpListener, sources: MetricSources) {
+    let sources = Arc::new(sources);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            continue;
+        };
+        let sources = Arc::clone(&sources);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), scrape(stream, &sources)).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn scrape(mut stream: tokio::net::TcpStream, sources: &MetricSources) {
+    let mut head = vec![0u8; 2048];
+    let Ok(n) = stream.read(&mut head).await else {
+        return;
+    };
+    let ok = String::from_utf8_lossy(&head[..n]).starts_with("GET /metrics");
+    let body = if ok {
+        sources.render(now_ns())
+    } else {
+        String::new()
+    };
+    let status = if ok { "200 OK" } else { "404 Not Found" };
+    let _ = stream
+        .write_all(
+            format!("HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                .as_bytes(),
+        )
+        .await;
 }

@@ -1,17 +1,72 @@
-//! The gRPC service: validate, then hand the report to the state.
+//! The gRPC service. A report passes, in this order (each step cheap, none under the
+//! state lock but the last two): the sender's identity (the host id must be a name of
+//! the connection's client certificate: PERMISSION_DENIED), the connection's report rate
+//! (RESOURCE_EXHAUSTED), validation (INVALID_ARGUMENT), then under the lock the host
+//! table (fleet full, or the host's own report rate: RESOURCE_EXHAUSTED) and only then the
+//! allocation, the one step that costs O(hosts log hosts). So a flood costs a bucket
+//! check per report, and real hosts' reports wait for nothing but other real reports.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc, Mutex,
+};
 
 use limiter_proto::{
     pb::{allocator_server::Allocator, ReportReply, ReportRequest},
     validate,
 };
-use tonic::{Request, Response, Status};
+use tonic::{transport::server::TlsConnectInfo, Request, Response, Status};
 
-use crate::{now_ns, state::State};
+use crate::{hosts::Refusal, limits::LogBudget, listener::ConnInfo, now_ns, state::State};
+
+/// Reports refused before they reach the state, by reason (the metrics).
+#[derive(Debug, Default)]
+pub struct Refused {
+    pub identity: AtomicU64,
+    pub connection_rate: AtomicU64,
+    pub invalid: AtomicU64,
+}
+
+/// Why a report is refused, for the log budget.
+#[derive(Clone, Copy)]
+enum Kind {
+    Identity,
+    Rate,
+    Invalid,
+    FleetFull,
+}
 
 pub struct Service {
     pub state: Arc<Mutex<State>>,
+    pub refused: Arc<Refused>,
+    pub max_reports_per_s: u64,
+    /// One budget per kind: a flood of one kind does not hide the others.
+    logs: Mutex<[LogBudget; 4]>,
+}
+
+impl Service {
+    pub fn new(state: Arc<Mutex<State>>, refused: Arc<Refused>, max_reports_per_s: u64) -> Self {
+        Service {
+            state,
+            refused,
+            max_reports_per_s,
+            logs: Mutex::new(std::array::from_fn(|_| LogBudget::new(10_000_000_000, 5))),
+        }
+    }
+
+    /// Logs a refusal within its budget (5 lines per 10 s per kind; the held-back count
+    /// goes with the next line).
+    fn log(&self, kind: Kind, peer: &str, host: &str, message: &str) {
+        let admitted = self
+            .logs
+            .lock()
+            .ok()
+            .and_then(|mut logs| logs[kind as usize].admit(now_ns()));
+        if let Some(held_back) = admitted {
+            let host: String = host.chars().take(64).collect();
+            tracing::warn!(%peer, %host, held_back, "report refused: {message}");
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -20,16 +75,93 @@ impl Allocator for Service {
         &self,
         request: Request<ReportRequest>,
     ) -> Result<Response<ReportReply>, Status> {
+        let info = request
+            .extensions()
+            .get::<TlsConnectInfo<ConnInfo>>()
+            .cloned()
+            .ok_or_else(|| Status::unauthenticated("no TLS client certificate"))?;
+        let conn = Arc::clone(&info.get_ref().0);
+        conn.reported.store(true, Ordering::Relaxed);
+        let peer = conn
+            .remote
+            .map_or_else(|| "?".to_string(), |a| a.to_string());
+        let certs = info.peer_certs();
+        let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
         let report = request.into_inner();
-        let mut state = self
-            .state
+        match conn.host_names(leaf) {
+            Ok(names) if names.contains(&report.host) => {}
+            Ok(names) => {
+                self.refused.identity.fetch_add(1, Ordering::Relaxed);
+                let message = format!(
+                    "host id {:?} is not this client certificate's identity ({}): a host \
+                     reports only as itself",
+                    report.host.chars().take(64).collect::<String>(),
+                    names.join(", ")
+                );
+                self.log(Kind::Identity, &peer, &report.host, &message);
+                return Err(Status::permission_denied(message));
+            }
+            Err(e) => {
+                self.refused.identity.fetch_add(1, Ordering::Relaxed);
+                let message = e.to_string();
+                self.log(Kind::Identity, &peer, &report.host, &message);
+                return Err(Status::permission_denied(message));
+            }
+        }
+        let allowed = conn
+            .bucket
             .lock()
-            .map_err(|_| Status::internal("allocator state poisoned"))?;
+            .map(|mut b| b.allow(now_ns()))
+            .unwrap_or(false);
+        if !allowed {
+            self.refused.connection_rate.fetch_add(1, Ordering::Relaxed);
+            let message = format!(
+                "more than {} reports per second on this connection (max_reports_per_s)",
+                self.max_reports_per_s
+            );
+            self.log(Kind::Rate, &peer, &report.host, &message);
+            return Err(Status::resource_exhausted(message));
+        }
         if let Err(e) = validate(&report) {
-            state.rejected += 1;
-            tracing::warn!(host = %report.host.chars().take(64).collect::<String>(), "report refused: {e}");
+            self.refused.invalid.fetch_add(1, Ordering::Relaxed);
+            self.log(Kind::Invalid, &peer, &report.host, &e.to_string());
             return Err(Status::invalid_argument(e.to_string()));
         }
-        Ok(Response::new(state.handle(&report, now_ns())))
+        let now = now_ns();
+        let admitted = {
+            let mut state = self
+                .state
+                .lock()
+                .map_err(|_| Status::internal("allocator state poisoned"))?;
+            state
+                .admit(&report.host, now)
+                .map(|()| state.handle(&report, now))
+        };
+        match admitted {
+            Ok(reply) => Ok(Response::new(reply)),
+            Err(refusal) => {
+                let (kind, message) = match refusal {
+                    Refusal::FleetFull { max_hosts } => (
+                        Kind::FleetFull,
+                        format!(
+                            "the fleet is full: {max_hosts} hosts reported within the last \
+                             lease TTL (max_hosts = {max_hosts}); host {:?} is refused until \
+                             one of them stops reporting",
+                            report.host
+                        ),
+                    ),
+                    Refusal::RateLimited { rate } => (
+                        Kind::Rate,
+                        format!(
+                            "host {:?} sends more than {rate} reports per second \
+                             (max_reports_per_s)",
+                            report.host
+                        ),
+                    ),
+                };
+                self.log(kind, &peer, &report.host, &message);
+                Err(Status::resource_exhausted(message))
+            }
+        }
     }
 }

@@ -6,15 +6,22 @@ use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 use limiter_fleet::alloc::{self, Report, RuleAllocator};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant};
 
-use crate::config::Quota;
+use crate::{
+    config::Quota,
+    hosts::{HostLimits, HostTable, Refusal},
+};
 
 pub struct State {
     rules: BTreeMap<String, RuleAllocator>,
+    hosts: HostTable,
     lease_ttl: Duration,
     report_interval: Duration,
     started: u64,
     pub reports: u64,
-    pub rejected: u64,
+    /// Reports refused by the host table: a newcomer to a full fleet, a host over its
+    /// report rate.
+    pub refused_fleet_full: u64,
+    pub refused_host_rate: u64,
 }
 
 impl State {
@@ -22,6 +29,7 @@ impl State {
         quotas: &[Quota],
         lease_ttl: Duration,
         report_interval: Duration,
+        hosts: HostLimits,
         now: u64,
     ) -> State {
         let rules = quotas
@@ -35,12 +43,26 @@ impl State {
             .collect();
         State {
             rules,
+            hosts: HostTable::new(hosts),
             lease_ttl,
             report_interval,
             started: now,
             reports: 0,
-            rejected: 0,
+            refused_fleet_full: 0,
+            refused_host_rate: 0,
         }
+    }
+
+    /// Whether `host` may report now (the host table: `max_hosts`, its report rate);
+    /// counts the refusals. Cheap: call it before [`State::handle`].
+    pub fn admit(&mut self, host: &str, now: u64) -> Result<(), Refusal> {
+        let result = self.hosts.admit(host, now);
+        match result {
+            Err(Refusal::FleetFull { .. }) => self.refused_fleet_full += 1,
+            Err(Refusal::RateLimited { .. }) => self.refused_host_rate += 1,
+            Ok(()) => {}
+        }
+        result
     }
 
     /// Takes a validated report; returns the host's grants. Rules without a quota get no
@@ -154,23 +176,22 @@ impl State {
                 let _ = writeln!(out, "{name}{{rule=\"{rule}\"}} {}", row[k]);
             }
         }
-        for (name, help, v) in [
-            (
-                "limiter_allocator_reports_total",
-                "Reports handled.",
-                self.reports,
-            ),
-            (
-                "limiter_allocator_rejected_reports_total",
-                "Reports refused as malformed or invalid.",
-                self.rejected,
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        }
+        let _ = writeln!(
+            out,
+            "# HELP limiter_allocator_reports_total Reports handled.\n\
+             # TYPE limiter_allocator_reports_total counter\nlimiter_allocator_reports_total {}",
+            self.reports
+        );
+        let limits = self.hosts.limits();
+        let _ = writeln!(
+            out,
+            "# HELP limiter_allocator_known_hosts Hosts that reported within a lease TTL (at most max_hosts).\n\
+             # TYPE limiter_allocator_known_hosts gauge\nlimiter_allocator_known_hosts {}\n\
+             # HELP limiter_allocator_max_hosts The max_hosts bound.\n\
+             # TYPE limiter_allocator_max_hosts gauge\nlimiter_allocator_max_hosts {}",
+            self.hosts.known(now),
+            limits.max_hosts
+        );
         let _ = writeln!(
             out,
             "# HELP limiter_allocator_uptime_seconds Seconds since start.\n# TYPE limiter_allocator_uptime_seconds gauge\nlimiter_allocator_uptime_seconds {}",
@@ -187,6 +208,12 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000_000;
+    const LIMITS: HostLimits = HostLimits {
+        max_hosts: 16,
+        ttl_ns: 3 * S,
+        rate: 10,
+        burst: 10,
+    };
 
     fn req(host: &str, demand: u64, held: u64) -> ReportRequest {
         ReportRequest {
@@ -208,7 +235,13 @@ mod tests {
             rate: 1000,
             burst: 100,
         }];
-        let mut s = State::new(&quotas, Duration::from_secs(3), Duration::from_secs(1), 0);
+        let mut s = State::new(
+            &quotas,
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
         // Learning: a host holding nothing gets no grant yet.
         assert!(s.handle(&req("a", 900, 0), S).grants.is_empty());
         let t = 4 * S;
@@ -244,7 +277,13 @@ mod tests {
 
     #[test]
     fn unknown_rules_get_no_grant_and_quota_changes_apply() {
-        let mut s = State::new(&[], Duration::from_secs(3), Duration::from_secs(1), 0);
+        let mut s = State::new(
+            &[],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
         assert!(s.handle(&req("a", 10, 0), 10 * S).grants.is_empty());
         s.set_quota(
             &Quota {
@@ -263,7 +302,13 @@ mod tests {
         // The allocator has run for a minute; the rule is new: nobody holds a share of
         // it, so the first reports get real shares, not a lease TTL of learning (which
         // left every host in BOOTSTRAP for ~3 s).
-        let mut s = State::new(&[], Duration::from_secs(3), Duration::from_secs(1), 0);
+        let mut s = State::new(
+            &[],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
         let quota = Quota {
             rule: "web".into(),
             rate: 1000,
@@ -287,7 +332,13 @@ mod tests {
 
         // Added while the allocator itself is still learning (it restarted 1 s ago):
         // hosts may hold shares an earlier process granted, so it learns with the rest.
-        let mut s = State::new(&[], Duration::from_secs(3), Duration::from_secs(1), 0);
+        let mut s = State::new(
+            &[],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
         s.set_quota(&quota, S);
         assert!(s.handle(&req("a", 900, 0), 2 * S).grants.is_empty());
         assert_eq!(s.handle(&req("a", 900, 0), 3 * S + 1).grants[0].rate, 1000);

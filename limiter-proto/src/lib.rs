@@ -5,6 +5,10 @@ use std::path::Path;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
+pub mod identity;
+
+pub use identity::{cert_host_names, pem_cert_host_names, IdentityError};
+
 /// Generated from proto/fleet.proto.
 pub mod pb {
     tonic::include_proto!("limiter.fleet.v1");
@@ -16,6 +20,9 @@ pub const VERSION: u32 = 1;
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// Most rules one report may carry.
 pub const MAX_RULES_PER_REPORT: usize = 1024;
+/// The daemon sends reports at most this often (early reports on refusals wait this long
+/// after the last one); the allocator's default report rate limit allows twice as many.
+pub const MIN_REPORT_SPACING_MS: u64 = 200;
 /// Longest host id and rule name.
 pub const MAX_HOST_LEN: usize = 253;
 pub const MAX_RULE_LEN: usize = 63;

@@ -66,7 +66,8 @@ pub struct FleetSpec {
     pub allocator: SocketAddr,
     /// The name in the allocator's certificate.
     pub server_name: String,
-    /// This host's fleet-unique id (default: the hostname).
+    /// This host's fleet-unique id (default: the hostname); `limiter run` refuses to start
+    /// unless it is a name of `cert` (`fleet::check_host_identity`).
     pub host_id: String,
     /// CA that signs the allocator's certificate; this host's client certificate and key.
     pub ca: PathBuf,

@@ -276,6 +276,27 @@ impl FleetState {
     }
 }
 
+/// The host id must be a name of this host's client certificate (its DNS SANs, or its CN
+/// without any): the allocator refuses reports under any other name. Checked at start, so
+/// a mismatch stops the daemon with this error instead of every report being refused.
+pub fn check_host_identity(spec: &FleetSpec) -> Result<(), crate::Error> {
+    let cert = spec.cert.display();
+    let pem = std::fs::read(&spec.cert)
+        .map_err(|e| crate::Error::Fleet(format!("reading fleet.cert {cert}: {e}")))?;
+    let names = limiter_proto::pem_cert_host_names(&pem)
+        .map_err(|e| crate::Error::Fleet(format!("fleet.cert {cert}: {e}")))?;
+    if names.contains(&spec.host_id) {
+        return Ok(());
+    }
+    Err(crate::Error::Fleet(format!(
+        "fleet.host_id {:?} (default: the hostname) is not a name of the client certificate \
+         {cert} ({}): the allocator refuses reports under any other name; set host_id to one \
+         of them",
+        spec.host_id,
+        names.join(", ")
+    )))
+}
+
 fn lock(
     d: &std::sync::Mutex<crate::daemon::Daemon>,
 ) -> Result<std::sync::MutexGuard<'_, crate::daemon::Daemon>, crate::Error> {
@@ -324,7 +345,8 @@ pub async fn report_loop(
             _ = stop.recv() => return Ok(()),
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
-        let early = last_sent.elapsed() >= Duration::from_millis(200)
+        let early = last_sent.elapsed()
+            >= Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS)
             && lock(&daemon)?.fleet_wants_early_report()?;
         if Instant::now() >= next || early {
             let Some(report) = lock(&daemon)?.fleet_report()? else {

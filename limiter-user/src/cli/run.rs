@@ -33,6 +33,9 @@ pub struct RunArgs {
 
 pub fn execute(args: RunArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config)?;
+    if let Some(spec) = &config.fleet {
+        limiter_user::fleet::check_host_identity(spec)?;
+    }
     let ifaces = if args.ifaces.is_empty() {
         config.interfaces.clone()
     } else {

@@ -31,9 +31,10 @@ pub mod map_name {
     pub const RULE_COUNTERS: &str = "RULE_COUNTERS";
     pub const GLOBAL_COUNTERS: &str = "GLOBAL_COUNTERS";
     pub const HOSTS: &str = "HOSTS";
+    pub const RULE_SYNS: &str = "RULE_SYNS";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -45,6 +46,7 @@ pub mod map_name {
         RULE_COUNTERS,
         GLOBAL_COUNTERS,
         HOSTS,
+        RULE_SYNS,
     ];
 }
 
@@ -437,6 +439,18 @@ impl RuleCounters {
     }
 }
 
+/// SYNs a `unit = "syn"` rule metered (`RULE_SYNS`, a per-CPU array by slot): the rule's
+/// offered load in its unit, which a fleet host reports as demand. The rule's
+/// `passed_packets` cannot tell it: a syn rule passes its other packets unmetered and
+/// counts them as passed. Only a SYN meeting a syn rule touches this map, so no other
+/// frame pays for it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynCounters {
+    /// SYNs offered to the rule's limits (passed, dropped or would-drop alike).
+    pub offered: u64,
+}
+
 /// Program-wide counters, one copy per CPU (`GLOBAL_COUNTERS[0]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -515,6 +529,7 @@ mod pod {
     unsafe impl aya::Pod for super::GlobalCounters {}
     unsafe impl aya::Pod for super::RuleCpuState {}
     unsafe impl aya::Pod for super::HostEntry {}
+    unsafe impl aya::Pod for super::SynCounters {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
@@ -533,6 +548,7 @@ const _: () = {
     assert!(size_of::<SourceKey>() == 24);
     assert!(size_of::<RuleCounters>() == 48);
     assert!(size_of::<GlobalCounters>() == 40);
+    assert!(size_of::<SynCounters>() == 8);
     assert!(size_of::<TickClock>() == 16);
     assert!(size_of::<RuleCpuState>() == 64);
     assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>() + 40);

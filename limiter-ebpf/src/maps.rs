@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use limiter_common::abi::{
     AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
-    SourceKey, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
+    SourceKey, SynCounters, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
@@ -53,3 +53,7 @@ pub static GLOBAL_COUNTERS: PerCpuArray<GlobalCounters, 1> = PerCpuArray::new();
 /// Exact-address tables, one per generation (limiter_common::abi::HostEntry).
 #[btf_map]
 pub static HOSTS: Array<HostEntry, HOST_ENTRIES, PAGE_ALIGNED> = Array::new();
+
+/// SYNs each `unit = "syn"` rule metered, per CPU, by slot (the fleet's demand in SYNs).
+#[btf_map]
+pub static RULE_SYNS: PerCpuArray<SynCounters, SLOTS> = PerCpuArray::new();

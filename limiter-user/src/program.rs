@@ -21,8 +21,8 @@ use aya::{
 };
 use limiter_common::abi::{
     map_name, AggBucket, Bucket, Control, GlobalCounters, HostEntry, PrefixRules, RuleConfig,
-    RuleCpuState, SourceKey, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
-    PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+    RuleCpuState, SourceKey, SynCounters, GENERATIONS, HOST_SLOTS, MAX_PREFIXES, MAX_RULES,
+    PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -180,7 +180,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 12] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -244,6 +244,12 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 11] {
             4,
             sz(size_of::<HostEntry>()),
             GENERATIONS * HOST_SLOTS,
+        ),
+        (
+            map_name::RULE_SYNS,
+            4,
+            sz(size_of::<SynCounters>()),
+            MAX_RULES,
         ),
     ]
 }

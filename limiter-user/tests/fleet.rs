@@ -968,11 +968,6 @@ fn a_bytes_rule_passes_at_its_bootstrap_share_with_the_allocator_unreachable() {
     let share = GLOBAL / u64::from(FLEET);
     assert_eq!(stats["state"], "bootstrap", "{stats}");
     assert_eq!(stats["rate"], share, "{stats}");
-    assert_eq!(
-        stats["burst"],
-        limiter_user::config::MIN_BYTES_BURST,
-        "the floor of a bytes share: one maximal frame; {stats}"
-    );
     let frame = FrameBuilder::ipv4(PEER_V4, Ipv4Addr::new(198, 18, 0, 2))
         .macs(lab.pair.peer_mac, lab.pair.host_mac)
         .udp(1, 9)
@@ -998,7 +993,13 @@ fn a_bytes_rule_passes_at_its_bootstrap_share_with_the_allocator_unreachable() {
         passed as f64 >= 0.85 * expected && passed as f64 <= 1.05 * expected + 1.0,
         "{passed} frames passed, the bootstrap share admits about {expected:.0}"
     );
-    assert_eq!(lab.rule_stats("web")["state"], "bootstrap");
+    let stats = lab.rule_stats("web");
+    assert_eq!(stats["state"], "bootstrap");
+    assert_eq!(
+        stats["burst"],
+        limiter_user::config::MIN_BYTES_BURST,
+        "the floor of a bytes share: one maximal frame; {stats}"
+    );
     daemon.stop();
 }
 
@@ -1240,4 +1241,99 @@ fn allocator_quota_set_refuses_what_no_daemon_could_enforce() {
         list.contains(&format!("\"rate\":{QUOTA}")),
         "the quota changed: {list}"
     );
+}
+
+/// A bytes share granted a burst smaller than a frame (the allocator knows no units: a
+/// global burst of 300 gives a host 300) still admits frames, leased and sticky: the
+/// daemon raises every share's burst to one maximal frame. Old code enforced the 300-byte
+/// burst: no 1000-byte frame passed while leased or sticky.
+#[test]
+fn a_bytes_share_with_a_grant_below_a_frame_passes_frames_leased_and_sticky() {
+    const SHARE: u64 = 1_000_000;
+    const FRAME: u64 = 1000;
+    const SEND_RATE: u64 = 2400;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut allocator = Allocator::new(dir.path(), &pki);
+    let set = Command::new(Allocator::binary())
+        .args([
+            "quota",
+            "set",
+            "web",
+            "--rate",
+            &SHARE.to_string(),
+            "--burst",
+            "300",
+        ])
+        .arg("--socket")
+        .arg(dir.path().join("allocator.sock"))
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let lab = Lab::new(&one_rule_config(
+        &pki,
+        allocator.port,
+        3,
+        &format!(
+            "dst = \"198.18.0.2/32\"\nunit = \"bytes\"\nrate = {SHARE}\nburst = 100000\n\
+             fail_mode = \"static\""
+        ),
+        &format!(
+            "lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\nsticky_max_s = 30\n"
+        ),
+    ));
+    let daemon = lab.start();
+    let start = Instant::now();
+    while !(states(&lab)["web"] == "leased" && web_share(&lab) == SHARE) {
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{}",
+            lab.rule_stats("web")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let floor = limiter_user::config::MIN_BYTES_BURST;
+    assert_eq!(lab.rule_stats("web")["burst"], floor);
+    let frame = FrameBuilder::ipv4(PEER_V4, Ipv4Addr::new(198, 18, 0, 2))
+        .macs(lab.pair.peer_mac, lab.pair.host_mac)
+        .udp(1, 9)
+        .frame_len(FRAME as usize)
+        .build();
+    let sender = send_one_by_one(&lab, frame, SEND_RATE, SEND_RATE * 7);
+    let passed = || lab.rule_stats("web")["passed_packets"].as_u64().unwrap();
+    // Frames a second passed over `window`.
+    let rate = |window: Duration| {
+        let before = passed();
+        let t = Instant::now();
+        std::thread::sleep(window);
+        (passed() - before) as f64 / t.elapsed().as_secs_f64()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let expected = (SHARE / FRAME) as f64;
+    let leased = rate(Duration::from_millis(1500));
+    allocator.kill();
+    wait_state(
+        &[&lab],
+        "web",
+        "sticky",
+        Duration::from_millis(LEASE_MS + 1500),
+    );
+    let sticky = rate(Duration::from_millis(1500));
+    eprintln!(
+        "bytes share {SHARE} B/s, granted burst 300, enforced {floor}: {leased:.0} frames/s \
+         leased, {sticky:.0} sticky, of {SEND_RATE}/s offered (the share admits {expected:.0})"
+    );
+    for (state, r) in [("leased", leased), ("sticky", sticky)] {
+        assert!(
+            r >= 0.85 * expected && r <= 1.05 * expected,
+            "{state}: {r:.0} frames/s passed, the share admits {expected:.0}"
+        );
+    }
+    assert_eq!(web_share(&lab), SHARE);
+    join(sender);
+    daemon.stop();
 }

@@ -357,13 +357,19 @@ impl Daemon {
 
     /// Each rule's offered load in its unit and its refusals (counter totals).
     fn fleet_totals(&self) -> Result<BTreeMap<String, RuleTotals>, Error> {
+        let units: BTreeMap<&str, Unit> = self
+            .config
+            .rules
+            .iter()
+            .map(|r| (r.name.as_str(), r.unit))
+            .collect();
         let mut totals = BTreeMap::new();
         for (name, slot) in &self.table.slots {
-            let Some(spec) = self.config.rules.iter().find(|r| &r.name == name) else {
+            let Some(&unit) = units.get(name.as_str()) else {
                 continue;
             };
             let c = self.maps.rule_counters(*slot)?;
-            let syns = if spec.unit == Unit::Syn {
+            let syns = if unit == Unit::Syn {
                 self.maps.rule_syns(*slot)?
             } else {
                 0
@@ -371,7 +377,7 @@ impl Daemon {
             totals.insert(
                 name.clone(),
                 RuleTotals {
-                    offered: offered_units(spec.unit, &c, syns),
+                    offered: offered_units(unit, &c, syns),
                     refused: c.dropped_packets,
                 },
             );

@@ -194,6 +194,8 @@ impl FleetState {
                         .with_min_burst(min_share_burst(rule, self.xdp_mode));
                     self.shares.insert(name.to_string(), share);
                     self.units.insert(name.to_string(), rule.unit);
+                    // Counted anew (perhaps in another unit).
+                    self.last.remove(name);
                 }
             }
         }

@@ -489,6 +489,7 @@ pub async fn report_loop(
     let mut next = Instant::now();
     let mut last_sent = Instant::now() - interval;
     let mut failures = 0u64;
+    let mut tick_failures = 0u64;
     let mut stop = shutdown.subscribe();
     loop {
         tokio::select! {
@@ -533,7 +534,17 @@ pub async fn report_loop(
                 }
             }
         }
-        lock(&daemon)?.fleet_tick()?;
+        // Like a failed install of grants, a failed tick must not end reporting: the
+        // shares in force stay, the kernel keeps their deadlines, the next tick retries.
+        if let Err(e) = lock(&daemon)?.fleet_tick() {
+            tick_failures += 1;
+            if tick_failures == 1 || tick_failures.is_multiple_of(100) {
+                tracing::warn!(
+                    failures = tick_failures,
+                    "updating the fleet shares failed: {e}"
+                );
+            }
+        }
     }
 }
 

@@ -946,6 +946,16 @@ fn send_one_by_one(
 /// burst 1 byte, no frame ever fits: 0 of 2,400 1000-byte frames passed.
 #[test]
 fn a_bytes_rule_passes_at_its_bootstrap_share_with_the_allocator_unreachable() {
+    // At XDP the floor is one maximal frame; at TC one GRO-built buffer.
+    for (mode, floor) in [
+        ("native", limiter_user::config::MIN_BYTES_BURST),
+        ("tc", limiter_user::config::GRO_MAX_BYTES),
+    ] {
+        bytes_bootstrap_with_the_allocator_unreachable(mode, floor);
+    }
+}
+
+fn bytes_bootstrap_with_the_allocator_unreachable(mode: &'static str, floor: u64) {
     const GLOBAL: u64 = 1_000_000;
     const FLEET: u32 = 4;
     const FRAME: u64 = 1000;
@@ -953,21 +963,24 @@ fn a_bytes_rule_passes_at_its_bootstrap_share_with_the_allocator_unreachable() {
     let pki = Pki::new(dir.path());
     // Nothing listens there.
     let port = free_port();
-    let lab = Lab::new(&one_rule_config(
-        &pki,
-        port,
-        FLEET,
-        &format!(
-            "dst = \"198.18.0.2/32\"\nunit = \"bytes\"\nrate = {GLOBAL}\nburst = 100000\n\
-             fail_mode = \"static\""
+    let lab = Lab::with_mode(
+        &one_rule_config(
+            &pki,
+            port,
+            FLEET,
+            &format!(
+                "dst = \"198.18.0.2/32\"\nunit = \"bytes\"\nrate = {GLOBAL}\nburst = 100000\n\
+                 fail_mode = \"static\""
+            ),
+            "lease_ttl_ms = 1500\nreport_interval_ms = 300\n",
         ),
-        "lease_ttl_ms = 1500\nreport_interval_ms = 300\n",
-    ));
+        mode,
+    );
     let daemon = lab.start();
     let stats = lab.rule_stats("web");
     let share = GLOBAL / u64::from(FLEET);
-    assert_eq!(stats["state"], "bootstrap", "{stats}");
-    assert_eq!(stats["rate"], share, "{stats}");
+    assert_eq!(stats["state"], "bootstrap", "{mode}: {stats}");
+    assert_eq!(stats["rate"], share, "{mode}: {stats}");
     let frame = FrameBuilder::ipv4(PEER_V4, Ipv4Addr::new(198, 18, 0, 2))
         .macs(lab.pair.peer_mac, lab.pair.host_mac)
         .udp(1, 9)
@@ -979,26 +992,25 @@ fn a_bytes_rule_passes_at_its_bootstrap_share_with_the_allocator_unreachable() {
     let after = lab.rule_stats("web");
     let passed = after["passed_packets"].as_u64().unwrap();
     let dropped = after["dropped_packets"].as_u64().unwrap();
-    // What the share admits over the send: its rate for the span, plus the burst.
-    let expected = (share as f64 * report.span.as_secs_f64()
-        + limiter_user::config::MIN_BYTES_BURST as f64)
-        / FRAME as f64;
+    // What the share admits over the send: its rate for the span, plus the burst (the
+    // bucket of a fresh slot starts full).
+    let expected = (share as f64 * report.span.as_secs_f64() + floor as f64) / FRAME as f64;
     eprintln!(
-        "allocator unreachable: {passed} of {} {FRAME}-byte frames passed in {:?} at a \
-         bootstrap share of {share} B/s (expected about {expected:.0}); {dropped} dropped",
+        "{mode}, allocator unreachable: {passed} of {} {FRAME}-byte frames passed in {:?} \
+         at a bootstrap share of {share} B/s, burst {floor} (expected about {expected:.0}); \
+         {dropped} dropped",
         report.sent, report.span
     );
-    assert_eq!(passed + dropped, report.sent);
+    assert_eq!(passed + dropped, report.sent, "{mode}");
     assert!(
         passed as f64 >= 0.85 * expected && passed as f64 <= 1.05 * expected + 1.0,
-        "{passed} frames passed, the bootstrap share admits about {expected:.0}"
+        "{mode}: {passed} frames passed, the bootstrap share admits about {expected:.0}"
     );
     let stats = lab.rule_stats("web");
-    assert_eq!(stats["state"], "bootstrap");
+    assert_eq!(stats["state"], "bootstrap", "{mode}");
     assert_eq!(
-        stats["burst"],
-        limiter_user::config::MIN_BYTES_BURST,
-        "the floor of a bytes share: one maximal frame; {stats}"
+        stats["burst"], floor,
+        "{mode}: the floor of a bytes share; {stats}"
     );
     daemon.stop();
 }

@@ -129,13 +129,22 @@ pub struct PeerLimits {
     pub max_reports_per_s: u64,
 }
 
-/// Checks one quota (config file and `quota set` alike).
+/// Checks one quota (config file and `quota set` alike) against the bounds a daemon's
+/// config holds a rule's rate and burst to (`limiter_common::gcra::Limit::new`): a rate
+/// of 1 up to `MAX_RATE` per second, a burst of at least 1 that refills within a year.
+/// The allocator does not know a rule's unit; whole units (packets, SYNs) are the
+/// stricter case (a byte's cost rounds finer), so a quota that passes here gives every
+/// host a share that compiles in any unit: a share's rate is at most the quota and its
+/// burst the same fraction of the global burst.
 pub fn check_quota(q: &Quota) -> Result<()> {
-    if q.rate == 0 {
-        bail!("quota {:?}: rate must be at least 1 per second", q.rule);
-    }
-    if q.burst == 0 {
-        bail!("quota {:?}: burst must be at least 1", q.rule);
+    use limiter_common::gcra::{Granularity, Limit};
+    if let Err(e) = Limit::new(Granularity::Event, q.rate, q.burst) {
+        bail!(
+            "quota {:?} (rate {}, burst {}): {e}",
+            q.rule,
+            q.rate,
+            q.burst
+        );
     }
     Ok(())
 }
@@ -233,6 +242,30 @@ mod tests {
     use super::*;
 
     const TLS: &str = "[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n";
+
+    /// `quota set` and the file are held to a daemon config's bounds: a rate above
+    /// `MAX_RATE` or a burst that takes over a year to refill is refused, naming the rule.
+    /// Old code accepted any rate and burst above 0.
+    #[test]
+    fn quotas_have_the_upper_bounds_of_a_daemon_config() {
+        use limiter_common::gcra::MAX_RATE;
+        let q = |rate, burst| Quota {
+            rule: "web".into(),
+            rate,
+            burst,
+        };
+        assert!(check_quota(&q(MAX_RATE, 1)).is_ok());
+        assert!(check_quota(&q(10_000, 2_000)).is_ok());
+        for (bad, what) in [
+            (q(MAX_RATE + 1, 1), "at most"),
+            (q(1, u64::MAX), "year"),
+            (q(0, 1), "at least 1"),
+            (q(1, 0), "at least 1"),
+        ] {
+            let e = check_quota(&bad).unwrap_err().to_string();
+            assert!(e.contains("\"web\"") && e.contains(what), "{e}");
+        }
+    }
 
     #[test]
     fn parses_and_validates() {

@@ -33,9 +33,10 @@ pub mod map_name {
     pub const HOSTS: &str = "HOSTS";
     pub const FRAGMENTS: &str = "FRAGMENTS";
     pub const HEADER_COUNTERS: &str = "HEADER_COUNTERS";
+    pub const RULE_SYNS: &str = "RULE_SYNS";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -49,6 +50,7 @@ pub mod map_name {
         HOSTS,
         FRAGMENTS,
         HEADER_COUNTERS,
+        RULE_SYNS,
     ];
 }
 
@@ -441,6 +443,18 @@ impl RuleCounters {
     }
 }
 
+/// SYNs a `unit = "syn"` rule metered (`RULE_SYNS`, a per-CPU array by slot): the rule's
+/// offered load in its unit, which a fleet host reports as demand. The rule's
+/// `passed_packets` cannot tell it: a syn rule passes its other packets unmetered and
+/// counts them as passed. Only a SYN meeting a syn rule touches this map, so no other
+/// frame pays for it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynCounters {
+    /// SYNs offered to the rule's limits (passed, dropped or would-drop alike).
+    pub offered: u64,
+}
+
 /// Program-wide counters, one copy per CPU (`GLOBAL_COUNTERS[0]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -599,6 +613,7 @@ mod pod {
     unsafe impl aya::Pod for super::FragmentKey {}
     unsafe impl aya::Pod for super::FragmentRecord {}
     unsafe impl aya::Pod for super::HeaderCounters {}
+    unsafe impl aya::Pod for super::SynCounters {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
@@ -620,6 +635,7 @@ const _: () = {
     assert!(size_of::<FragmentKey>() == 2 + 2 + 4 + 16 + 16);
     assert!(size_of::<FragmentRecord>() == 8);
     assert!(size_of::<HeaderCounters>() == 6 * 8);
+    assert!(size_of::<SynCounters>() == 8);
     assert!(size_of::<TickClock>() == 16);
     assert!(size_of::<RuleCpuState>() == 64);
     assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>() + 40);

@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use limiter_common::abi::{
     AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, HeaderCounters,
-    HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, DEFAULT_MAX_SOURCES, GENERATIONS,
-    HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
+    HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, SynCounters, DEFAULT_MAX_SOURCES,
+    GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
@@ -62,3 +62,7 @@ pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentRecord, { MAX_FRAGMENT_REC
 
 #[btf_map]
 pub static HEADER_COUNTERS: PerCpuArray<HeaderCounters, 1> = PerCpuArray::new();
+
+/// SYNs each `unit = "syn"` rule metered, per CPU, by slot (the fleet's demand in SYNs).
+#[btf_map]
+pub static RULE_SYNS: PerCpuArray<SynCounters, SLOTS> = PerCpuArray::new();

@@ -68,8 +68,12 @@ pub fn meter(
     let units = match rule.unit {
         UNIT_SYN if !pkt.syn => return Ok(pass(counters, size)),
         UNIT_BYTES => size.bytes,
-        // A SYN is never coalesced: one connection attempt.
-        UNIT_SYN => 1,
+        // A SYN is never coalesced: one connection attempt. Counted as offered here, on
+        // the SYN path alone, for the fleet's demand in SYNs.
+        UNIT_SYN => {
+            count_syn(slot);
+            1
+        }
         _ => size.packets,
     };
     let precise = flags & RULE_TICK_CLOCK == 0;
@@ -144,6 +148,17 @@ pub fn meter(
         return Ok(pass(counters, size));
     }
     Ok(refuse(counters, size, flags))
+}
+
+/// One SYN offered to syn rule `slot` (this CPU's copy: a plain add, as the other
+/// per-CPU counters).
+#[inline(always)]
+fn count_syn(slot: u32) {
+    if let Some(syns) = maps::RULE_SYNS.get_ptr_mut(slot) {
+        // SAFETY: per-CPU value, touched only by this CPU's program run.
+        let syns = unsafe { &mut *syns };
+        syns.offered = syns.offered.wrapping_add(1);
+    }
 }
 
 /// A frame over the rule's limits: dropped, or passed and counted in shadow mode.

@@ -8,6 +8,12 @@
 //!     └── no grant for lease TTL + sticky_max (an LB that joined mid-outage) ──▶ FAIL_OPEN
 //! ```
 //!
+//! A share's burst never falls below the rule's floor ([`Share::with_min_burst`]): the
+//! largest single admission the data path meters (one unit for packets and SYNs at XDP;
+//! one maximal frame in bytes; one GRO-built buffer at TC). "A burst of 1" below means one
+//! such admission, and a grant's token (≤ 1) is worth one of them too. Without the floor
+//! a `bytes` share of burst 1 admits no frame at all.
+//!
 //! `fail_mode = "static"` rules never reach FAIL_OPEN: they keep their last share (or the
 //! bootstrap share) for the whole outage.
 //!
@@ -36,6 +42,18 @@ pub struct ShareParams {
     pub sticky_max: Duration,
     /// Reports (and so renewals) are sent this often.
     pub report_interval: Duration,
+}
+
+/// A grant's TTL is clamped to this many configured lease TTLs
+/// ([`ShareParams::max_grant_ttl`]): an allocator (or whoever speaks for it) cannot pin a
+/// share, a closed one above all, for longer than a few missed renewals.
+pub const MAX_GRANT_TTL_LEASES: u32 = 4;
+
+impl ShareParams {
+    /// The longest lease a grant may set: [`MAX_GRANT_TTL_LEASES`] lease TTLs.
+    pub fn max_grant_ttl(&self) -> Duration {
+        self.lease_ttl.saturating_mul(MAX_GRANT_TTL_LEASES)
+    }
 }
 
 impl Default for ShareParams {
@@ -123,6 +141,20 @@ pub struct Share {
     lease_expires: u64,
     /// When an `open` rule fails open, ns; `None` for static rules.
     fail_open_at: Option<u64>,
+    /// The smallest burst this rule's share may have, in its unit (one admission: see the
+    /// module doc); 1 unless [`Share::with_min_burst`] says otherwise.
+    min_burst: u64,
+}
+
+/// A share as a rule's pinned map entry holds it (an earlier daemon's lease), for
+/// [`Share::resume`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldShare {
+    pub rate: u64,
+    pub burst: u64,
+    /// Absolute deadlines on the host's monotonic clock, ns (0 = none).
+    pub lease_expires: u64,
+    pub fail_open_at: u64,
 }
 
 fn ns(d: Duration) -> u64 {
@@ -130,7 +162,8 @@ fn ns(d: Duration) -> u64 {
 }
 
 impl Share {
-    /// A rule this host has no grant for: quota ÷ fleet_size with a burst of 1.
+    /// A rule this host has no grant for: quota ÷ fleet_size with a burst of 1 (one
+    /// admission: the floor, once [`Share::with_min_burst`] sets it).
     pub fn bootstrap(quota: u64, fail_mode: FailMode, params: ShareParams, now: u64) -> Share {
         let lease_expires = now.saturating_add(ns(params.lease_ttl));
         let mut share = Share {
@@ -143,9 +176,64 @@ impl Share {
             saturated: false,
             lease_expires,
             fail_open_at: None,
+            min_burst: 1,
         };
         share.fail_open_at = share.fail_open_deadline(lease_expires);
         share
+    }
+
+    /// Sets the rule's burst floor (at least 1): the largest single admission its data
+    /// path meters, in the rule's unit. Every burst the share runs at (bootstrap, a
+    /// grant, a rejoin) is raised to it, and a token is worth that many units.
+    pub fn with_min_burst(mut self, min_burst: u64) -> Share {
+        self.min_burst = min_burst.max(1);
+        self.burst = self.burst.max(self.min_burst);
+        self
+    }
+
+    /// A share an earlier daemon on this host held when it stopped (the rule's pinned
+    /// entry), resumed as LEASED with its rate, burst and deadlines: the state then
+    /// follows those deadlines (STICKY once the lease lapsed, FAIL_OPEN on its deadline)
+    /// exactly as the kernel applied them while no daemon ran. Deadlines beyond what a
+    /// grant arriving `now` could set are pulled in (a corrupt or hostile entry cannot
+    /// pin a share for longer), and an `open` rule always has a fail-open deadline.
+    /// `None` if the entry cannot be a share of this rule (burst 0 with a rate, no lease).
+    pub fn resume(
+        quota: u64,
+        fail_mode: FailMode,
+        params: ShareParams,
+        min_burst: u64,
+        held: HeldShare,
+        now: u64,
+    ) -> Option<Share> {
+        if held.lease_expires == 0 || (held.rate > 0 && held.burst == 0) {
+            return None;
+        }
+        let lease_expires = held
+            .lease_expires
+            .min(now.saturating_add(ns(params.max_grant_ttl())));
+        let mut share = Share::bootstrap(quota, fail_mode, params, now).with_min_burst(min_burst);
+        share.state = ShareState::Leased;
+        share.rate = held.rate;
+        share.burst = held.burst.max(share.min_burst);
+        share.lease_expires = lease_expires;
+        let latest = share.fail_open_deadline(lease_expires);
+        share.fail_open_at = match (latest, held.fail_open_at) {
+            (Some(latest), held) if held != 0 => Some(latest.min(held)),
+            (latest, _) => latest,
+        };
+        Some(share)
+    }
+
+    /// The floor of this share's burst (see [`Share::with_min_burst`]).
+    pub fn min_burst(&self) -> u64 {
+        self.min_burst
+    }
+
+    /// Units a bucket holds when a grant carrying `tokens` takes over: at most one token,
+    /// and a token is one admission ([`Share::min_burst`] units).
+    pub fn token_units(&self, tokens: u64) -> u64 {
+        tokens.min(1) * self.min_burst
     }
 
     /// quota ÷ fleet_size, at least 1/s (a bootstrap share of zero would block the rule).
@@ -160,32 +248,35 @@ impl Share {
         }
     }
 
-    /// A grant arrived at `now`: LEASED until now + ttl.
+    /// A grant arrived at `now`: LEASED until now + ttl, the TTL clamped to
+    /// [`ShareParams::max_grant_ttl`]; the burst raised to the floor.
     pub fn on_grant(&mut self, grant: &Grant, now: u64) {
         self.state = ShareState::Leased;
         self.rate = grant.rate;
-        self.burst = grant.burst.max(1);
+        self.burst = grant.burst.max(self.min_burst);
         self.saturated = grant.saturated;
-        self.lease_expires = now.saturating_add(ns(grant.ttl));
+        let ttl = grant.ttl.min(self.params.max_grant_ttl());
+        self.lease_expires = now.saturating_add(ns(ttl));
         self.fail_open_at = self.fail_open_deadline(self.lease_expires);
     }
 
     /// Whether `grant`, arriving at `now`, takes over the rule's bucket with the grant's
     /// token count (≤ 1) instead of keeping its state (the TAT): the bucket was not
     /// metering a granted share (BOOTSTRAP, FAIL_OPEN, a closed share), or the grant
-    /// lifts a share out of a burst of 1. A grant never hands out a fresh burst.
+    /// lifts a share out of a burst of 1 (its floor). A grant never hands out a fresh
+    /// burst.
     ///
     /// Why a burst of 1: GCRA keeps a bucket's fill as time (TAT − now), and a renewal
     /// keeps the TAT. A saturated bucket of burst 1 swings between empty and full (each
     /// frame costs its whole tolerance), so under a larger rate and burst the same TAT is
     /// on average half the new burst: a share grown from 1/s to 88/s would get up to 88
-    /// tokens at once. It held at most one token, so resetting it to the grant's count
-    /// loses at most one.
+    /// tokens at once. It held at most one token (one admission), so resetting it to the
+    /// grant's count loses at most one.
     pub fn takes_over(&self, grant: &Grant, now: u64) -> bool {
         match self.state(now) {
             ShareState::Bootstrap | ShareState::FailOpen => true,
             ShareState::Leased | ShareState::Sticky => {
-                self.rate == 0 || (self.burst <= 1 && grant.burst > 1)
+                self.rate == 0 || (self.burst <= self.min_burst && grant.burst > self.min_burst)
             }
         }
     }
@@ -256,7 +347,7 @@ impl Share {
         }
         self.state = ShareState::Bootstrap;
         self.rate = Self::bootstrap_rate(self.quota, self.params.fleet_size);
-        self.burst = 1;
+        self.burst = self.min_burst;
         self.saturated = false;
         true
     }
@@ -472,6 +563,146 @@ mod tests {
                 burst: 1
             }
         );
+    }
+
+    /// Every burst a share runs at keeps the rule's floor, for each unit's floor (packets
+    /// and SYNs at XDP: 1; bytes: one maximal frame; at TC: one GRO buffer), through
+    /// BOOTSTRAP, LEASED (a grant of a smaller burst), STICKY and a rejoin.
+    #[test]
+    fn every_state_keeps_the_burst_floor_of_the_unit() {
+        let p = ShareParams::default();
+        for floor in [1, 1518, 64, 65_536] {
+            let mut s =
+                Share::bootstrap(250_000 * 500, FailMode::Static, p, 0).with_min_burst(floor);
+            assert_eq!(s.state(0), ShareState::Bootstrap);
+            assert_eq!(
+                s.enforcement(0),
+                Enforcement::Limit {
+                    rate: 250_000,
+                    burst: floor
+                }
+            );
+            assert_eq!(s.token_units(1), floor, "a token is one admission");
+            assert_eq!(s.token_units(7), floor, "never more than one");
+            assert_eq!(s.token_units(0), 0);
+            // A grant whose proportional burst is below the floor is raised to it.
+            let small = Grant {
+                rate: 300,
+                burst: 1,
+                tokens: 1,
+                ttl: Duration::from_secs(3),
+                saturated: false,
+            };
+            assert!(s.takes_over(&small, S));
+            s.on_grant(&small, S);
+            assert_eq!(s.state(S), ShareState::Leased);
+            assert_eq!(s.burst(), floor);
+            assert_eq!(s.state(4 * S), ShareState::Sticky);
+            assert_eq!(
+                s.enforcement(4 * S),
+                Enforcement::Limit {
+                    rate: 300,
+                    burst: floor
+                }
+            );
+            // A renewal at the floor keeps the bucket; a grant above it takes over.
+            assert!(!s.takes_over(&small, 2 * S));
+            let big = Grant {
+                burst: floor * 10,
+                ..small
+            };
+            assert!(s.takes_over(&big, 2 * S));
+            // A zero grant, lapsed, refusing: rejoins at the bootstrap share and the floor.
+            s.on_grant(&Grant { rate: 0, ..small }, 10 * S);
+            assert!(s.rejoin(3, 14 * S));
+            assert_eq!(
+                s.enforcement(14 * S),
+                Enforcement::Limit {
+                    rate: 250_000,
+                    burst: floor
+                }
+            );
+        }
+    }
+
+    /// A grant's TTL is clamped: a zero grant with a one-day TTL closes the rule for at
+    /// most `MAX_GRANT_TTL_LEASES` lease TTLs, not a day.
+    #[test]
+    fn a_grant_ttl_is_clamped_to_a_few_lease_ttls() {
+        let p = ShareParams::default();
+        let mut s = Share::bootstrap(10_000, FailMode::Open, p, 0);
+        let day = Grant {
+            rate: 0,
+            burst: 1,
+            tokens: 0,
+            ttl: Duration::from_secs(86_400),
+            saturated: true,
+        };
+        s.on_grant(&day, S);
+        let max = ns(p.max_grant_ttl());
+        assert_eq!(max, u64::from(MAX_GRANT_TTL_LEASES) * 3 * S);
+        assert_eq!(s.deadlines().0, S + max);
+        assert!(s.closed(S + max - 1));
+        assert_eq!(s.state(S + max), ShareState::Sticky);
+        assert!(
+            s.rejoin(1, S + max),
+            "refusals reopen it once the clamped lease lapsed"
+        );
+        // A TTL within the bound is kept as is.
+        s.on_grant(&grant(250), 100 * S);
+        assert_eq!(s.deadlines().0, 103 * S);
+    }
+
+    /// A restart resumes the lease its pinned entry holds (rate, burst, deadlines), moves
+    /// to STICKY and FAIL_OPEN on those deadlines, and never trusts deadlines beyond what
+    /// a grant could set.
+    #[test]
+    fn a_resumed_share_keeps_its_lease_and_deadlines() {
+        let p = ShareParams::default();
+        let held = HeldShare {
+            rate: 3_000,
+            burst: 300,
+            lease_expires: 12 * S,
+            fail_open_at: 312 * S,
+        };
+        let s = Share::resume(10_000, FailMode::Open, p, 1, held, 10 * S).unwrap();
+        assert_eq!(s.state(10 * S), ShareState::Leased);
+        assert_eq!(
+            s.enforcement(10 * S),
+            Enforcement::Limit {
+                rate: 3_000,
+                burst: 300
+            }
+        );
+        assert_eq!(s.deadlines(), (12 * S, 312 * S));
+        assert_eq!(s.state(12 * S), ShareState::Sticky);
+        assert_eq!(s.state(312 * S), ShareState::FailOpen);
+        // A renewal keeps the (pinned) bucket.
+        assert!(!s.takes_over(&grant(3_000), 11 * S));
+        // Deadlines past a grant's reach are pulled in; a static rule has none to fail open.
+        let far = HeldShare {
+            lease_expires: u64::MAX,
+            fail_open_at: 0,
+            ..held
+        };
+        let s = Share::resume(10_000, FailMode::Open, p, 1, far, 10 * S).unwrap();
+        let max = ns(p.max_grant_ttl());
+        assert_eq!(s.deadlines(), (10 * S + max, 10 * S + max + 300 * S));
+        let s = Share::resume(10_000, FailMode::Static, p, 1518, far, 10 * S).unwrap();
+        assert_eq!(s.deadlines().1, 0);
+        // A closed share resumes closed; an entry without a lease is no share.
+        let closed = HeldShare {
+            rate: 0,
+            burst: 0,
+            ..held
+        };
+        let s = Share::resume(10_000, FailMode::Open, p, 1, closed, 10 * S).unwrap();
+        assert!(s.closed(10 * S));
+        let none = HeldShare {
+            lease_expires: 0,
+            ..held
+        };
+        assert!(Share::resume(10_000, FailMode::Open, p, 1, none, 10 * S).is_none());
     }
 
     #[test]

@@ -253,6 +253,15 @@ impl Unit {
             Unit::Packets | Unit::Syn => Granularity::Event,
         }
     }
+
+    /// The unit as a rule's map entry holds it (`abi::UNIT_*`).
+    pub const fn abi(self) -> u32 {
+        match self {
+            Unit::Packets => abi::UNIT_PACKETS,
+            Unit::Bytes => abi::UNIT_BYTES,
+            Unit::Syn => abi::UNIT_SYN,
+        }
+    }
 }
 
 /// One thing wrong with a config file.

@@ -19,7 +19,7 @@ use crate::{
     config::{Config, RateSpec, RuleSpec, Unit},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
-    fleet::{monotonic_ns, FleetState},
+    fleet::{monotonic_ns, offered_units, FleetState, RuleTotals},
     maps::Maps,
     program::{remove_pins, unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
     ruleset::{self, RuleTable},
@@ -108,6 +108,16 @@ pub struct Status {
     pub shares: Vec<ShareStatus>,
     /// The allocator this host reports to (fleet mode).
     pub allocator: Option<String>,
+    /// The daemon's fleet counters (fleet mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetCounters>,
+}
+
+/// Fleet counters of this daemon process (since it started; not in the pinned maps).
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct FleetCounters {
+    /// Grants refused because their share does not compile in the rule's unit.
+    pub grants_refused: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -224,10 +234,22 @@ impl Daemon {
             max_sources: config.max_sources,
         })?;
         let maps = program.maps()?;
-        let fleet = config
-            .fleet
-            .clone()
-            .map(|spec| FleetState::new(spec, config.fleet_size, &config.rules, monotonic_ns()));
+        let now = monotonic_ns();
+        let mut fleet = config.fleet.clone().map(|spec| {
+            FleetState::new(spec, config.fleet_size, config.xdp_mode, &config.rules, now)
+        });
+        if let Some(fleet) = &mut fleet {
+            // An earlier daemon's shares, from the pinned rule entries: a restart within
+            // a lease resumes it instead of bootstrapping.
+            let pinned: BTreeMap<String, limiter_common::abi::RuleConfig> = maps
+                .live_rules()?
+                .into_values()
+                .map(|r| (String::from_utf8_lossy(r.name_bytes()).into_owned(), r))
+                .collect();
+            for rule in fleet.resume(&config.rules, &pinned, now) {
+                tracing::info!(%rule, "resumed the share the pinned rule entry holds");
+            }
+        }
         let mut daemon = Daemon {
             config_path: config_path.to_path_buf(),
             config,
@@ -333,16 +355,41 @@ impl Daemon {
         Ok(self.fleet.as_mut().map(|f| f.report(&totals, now)))
     }
 
-    fn fleet_totals(&self) -> Result<BTreeMap<String, (u64, u64)>, Error> {
+    /// Each rule's offered load in its unit and its refusals (counter totals).
+    fn fleet_totals(&self) -> Result<BTreeMap<String, RuleTotals>, Error> {
+        let units: BTreeMap<&str, Unit> = self
+            .config
+            .rules
+            .iter()
+            .map(|r| (r.name.as_str(), r.unit))
+            .collect();
         let mut totals = BTreeMap::new();
         for (name, slot) in &self.table.slots {
+            let Some(&unit) = units.get(name.as_str()) else {
+                continue;
+            };
             let c = self.maps.rule_counters(*slot)?;
+            let syns = if unit == Unit::Syn {
+                self.maps.rule_syns(*slot)?
+            } else {
+                0
+            };
             totals.insert(
                 name.clone(),
-                (c.passed_packets + c.dropped_packets, c.dropped_packets),
+                RuleTotals {
+                    offered: offered_units(unit, &c, syns),
+                    refused: c.dropped_packets,
+                },
             );
         }
         Ok(totals)
+    }
+
+    /// The daemon's fleet counters; `None` in standalone mode.
+    pub fn fleet_counters(&self) -> Option<FleetCounters> {
+        self.fleet.as_ref().map(|f| FleetCounters {
+            grants_refused: f.grants_refused(),
+        })
     }
 
     /// Whether refusals on an unsaturated share call for an early report.
@@ -353,11 +400,19 @@ impl Daemon {
         Ok(fleet.wants_early_report(&self.fleet_totals()?, monotonic_ns()))
     }
 
-    /// Applies the allocator's grants and installs the new shares.
+    /// Applies the allocator's grants (each checked first: `FleetState::apply`) and
+    /// installs the new shares. If the install fails the fleet state goes back to what
+    /// is installed.
     pub fn fleet_apply(&mut self, reply: &ReportReply) -> Result<(), Error> {
-        if let Some(fleet) = &mut self.fleet {
-            fleet.apply(reply, monotonic_ns());
-            self.reinstall()?;
+        let Some(fleet) = &mut self.fleet else {
+            return Ok(());
+        };
+        let mut before = fleet.clone();
+        let refused = fleet.apply(reply, monotonic_ns());
+        if let Err(e) = self.reinstall() {
+            before.add_refused(refused);
+            self.fleet = Some(before);
+            return Err(e);
         }
         Ok(())
     }
@@ -385,9 +440,11 @@ impl Daemon {
     /// Re-reads the config file. A file that fails validation changes nothing (the error
     /// names file, line and field); a valid one is installed atomically, keeping the
     /// bucket state of every rule that stays. Runtime quota overrides end: the file is
-    /// the source of truth.
+    /// the source of truth. A rejected reload changes no share either: the fleet state
+    /// is restored as it was.
     pub fn reload(&mut self) -> Result<ReloadReport, Error> {
         let new = Config::load(&self.config_path)?;
+        let old_fleet = self.fleet.clone();
         if let Some(fleet) = &mut self.fleet {
             fleet.sync_rules(&new.rules, monotonic_ns());
         }
@@ -399,9 +456,7 @@ impl Daemon {
         if let Err(e) = self.reinstall() {
             self.config = old_config;
             self.overrides = old_overrides;
-            if let Some(fleet) = &mut self.fleet {
-                fleet.sync_rules(&self.config.rules, monotonic_ns());
-            }
+            self.fleet = old_fleet;
             return Err(e);
         }
         for warning in self.config.tc_burst_warnings() {
@@ -514,6 +569,7 @@ impl Daemon {
             .collect();
         Ok(Status {
             shares,
+            fleet: self.fleet_counters(),
             allocator: self.fleet.as_ref().map(|f| f.spec.allocator.to_string()),
             pid: std::process::id(),
             uptime_seconds: self.started.elapsed().as_secs(),

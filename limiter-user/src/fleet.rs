@@ -14,18 +14,35 @@
 //! with this daemon dead. A lapsed closed share that refuses frames also rejoins here
 //! (`Share::rejoin`): this daemon notices the refusals on its 50 ms poll, rewrites the
 //! rule in BOOTSTRAP with one token and asks for a grant at once.
+//!
+//! Every share's burst keeps the rule's floor ([`min_share_burst`]): "burst 1" and "one
+//! token" mean one admission of the rule's unit, so a `bytes` share admits a full frame
+//! and a share at TC a GRO-built buffer. Demand is reported in the rule's unit (bytes,
+//! SYNs or packets offered: [`offered_units`]).
+//!
+//! A grant is checked before it is stored ([`FleetState::apply`]): one whose share does
+//! not compile (rate above the maximum, a burst that takes over a year to refill) is
+//! refused, logged and counted, and the rule keeps what it had; its TTL is clamped to
+//! `MAX_GRANT_TTL_LEASES` lease TTLs. A restart within a lease resumes the share the
+//! rule's pinned entry holds ([`FleetState::resume`]).
 
 use std::{collections::BTreeMap, time::Duration};
 
-use limiter_common::abi::{
-    RULE_CLOSED_UNTIL_LAPSE, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE,
-    SHARE_STICKY,
+use limiter_common::{
+    abi::{
+        RuleConfig, RuleCounters, RULE_CLOSED_UNTIL_LAPSE, RULE_IN_USE, SHARE_BOOTSTRAP,
+        SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE, SHARE_STICKY,
+    },
+    gcra::Limit,
 };
-use limiter_fleet::share::{FailMode, Grant, Share, ShareParams, ShareState};
-use limiter_proto::pb::{ReportReply, ReportRequest, RuleReport};
+use limiter_fleet::share::{FailMode, Grant, HeldShare, Share, ShareParams, ShareState};
+use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant, RuleReport};
 
 use crate::{
-    config::{self, FleetSpec, RateSpec, RuleSpec},
+    config::{
+        self, FleetSpec, RateSpec, RuleSpec, Unit, XdpMode, GRO_MAX_BYTES, GRO_MAX_SEGMENTS,
+        MIN_BYTES_BURST,
+    },
     ruleset::RuleTable,
 };
 
@@ -49,6 +66,59 @@ fn abi_state(state: ShareState) -> u32 {
     }
 }
 
+/// The smallest burst a share of `rule` may run at, in its unit: one admission as the
+/// data path meters it — one packet or SYN at XDP, one maximal frame (the burst the
+/// config requires of a bytes rule, [`MIN_BYTES_BURST`]) in bytes; at TC one GRO-built
+/// buffer (what `Config::tc_burst_warnings` names), but never above the rule's own
+/// configured burst (the operator's choice, warned about at load). A SYN is never
+/// coalesced.
+pub fn min_share_burst(rule: &RuleSpec, xdp_mode: XdpMode) -> u64 {
+    let tc = xdp_mode == XdpMode::Tc;
+    let (xdp_floor, tc_floor) = match rule.unit {
+        Unit::Bytes => (MIN_BYTES_BURST, GRO_MAX_BYTES),
+        Unit::Packets => (1, GRO_MAX_SEGMENTS),
+        Unit::Syn => (1, 1),
+    };
+    if !tc {
+        return xdp_floor;
+    }
+    let configured = rule.aggregate.map_or(tc_floor, |a| a.burst);
+    tc_floor.min(configured).max(xdp_floor)
+}
+
+/// A rule's offered load in its unit from its counter totals: packets and bytes offered
+/// are passed + dropped (shadow mode counts its would-drops as passed); a syn rule passes
+/// its other packets unmetered, so its SYNs come from their own counter (`RULE_SYNS`).
+pub fn offered_units(unit: Unit, counters: &RuleCounters, syns: u64) -> u64 {
+    match unit {
+        Unit::Packets => counters
+            .passed_packets
+            .wrapping_add(counters.dropped_packets),
+        Unit::Bytes => counters.passed_bytes.wrapping_add(counters.dropped_bytes),
+        Unit::Syn => syns,
+    }
+}
+
+/// One rule's counter totals as the fleet reads them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleTotals {
+    /// Offered load so far, in the rule's unit ([`offered_units`]).
+    pub offered: u64,
+    /// Frames refused so far.
+    pub refused: u64,
+}
+
+/// Why a grant was refused.
+fn check_grant(unit: Unit, share: &Share, g: &RuleGrant) -> Result<(), String> {
+    if g.rate == 0 {
+        // A closed share: `Limit::CLOSED`, nothing to compile.
+        return Ok(());
+    }
+    Limit::new(unit.granularity(), g.rate, g.burst.max(share.min_burst()))
+        .map(|_| ())
+        .map_err(|e| format!("rate {} burst {}: {e}", g.rate, g.burst))
+}
+
 fn fail_mode(rule: &RuleSpec) -> FailMode {
     match rule.fail_mode {
         config::FailMode::Open => FailMode::Open,
@@ -57,56 +127,144 @@ fn fail_mode(rule: &RuleSpec) -> FailMode {
 }
 
 /// Counter totals of one rule at the last report.
-#[derive(Clone, Copy, Debug, Default)]
-struct Sample {
-    offered: u64,
-    dropped: u64,
-}
+type Sample = RuleTotals;
 
+#[derive(Clone)]
 pub struct FleetState {
     pub spec: FleetSpec,
     params: ShareParams,
+    xdp_mode: XdpMode,
     shares: BTreeMap<String, Share>,
+    /// Each share's unit (a rule whose unit changes starts a new share).
+    units: BTreeMap<String, Unit>,
     last: BTreeMap<String, Sample>,
     last_at: u64,
-    /// Rules that left BOOTSTRAP or FAIL_OPEN, with the grant's token count, for the bucket.
+    /// Rules whose bucket a grant (or a rejoin) takes over, with the units it holds then.
     pub pending_tokens: BTreeMap<String, u64>,
     /// A closed share rejoined: report at once (its grant request).
     asking: bool,
+    /// Grants refused because their share does not compile, since start.
+    grants_refused: u64,
 }
 
 impl FleetState {
-    pub fn new(spec: FleetSpec, fleet_size: u32, rules: &[RuleSpec], now: u64) -> FleetState {
+    pub fn new(
+        spec: FleetSpec,
+        fleet_size: u32,
+        xdp_mode: XdpMode,
+        rules: &[RuleSpec],
+        now: u64,
+    ) -> FleetState {
         let mut fleet = FleetState {
             params: share_params(&spec, fleet_size),
             spec,
+            xdp_mode,
             shares: BTreeMap::new(),
+            units: BTreeMap::new(),
             last: BTreeMap::new(),
             last_at: now,
             pending_tokens: BTreeMap::new(),
             asking: false,
+            grants_refused: 0,
         };
         fleet.sync_rules(rules, now);
         fleet
     }
 
-    /// After a (re)load: new rules bootstrap, removed ones go, quotas follow the file.
+    /// After a (re)load: new rules bootstrap, removed ones go, quotas follow the file. A
+    /// rule whose unit changed bootstraps anew (its share was counted in another unit).
+    /// The caller commits this only with the rules it installs: a rejected reload keeps
+    /// the state from before it (`Daemon::reload` restores a copy).
     pub fn sync_rules(&mut self, rules: &[RuleSpec], now: u64) {
         let fleet_rules: BTreeMap<&str, (&RateSpec, &RuleSpec)> = rules
             .iter()
             .filter_map(|r| r.aggregate.as_ref().map(|a| (r.name.as_str(), (a, r))))
             .collect();
-        self.shares
-            .retain(|name, _| fleet_rules.contains_key(name.as_str()));
+        self.shares.retain(|name, _| {
+            fleet_rules
+                .get(name.as_str())
+                .is_some_and(|(_, r)| self.units.get(name) == Some(&r.unit))
+        });
+        self.units.retain(|name, _| self.shares.contains_key(name));
         for (name, (quota, rule)) in fleet_rules {
             match self.shares.get_mut(name) {
                 Some(share) => share.set_quota(quota.rate),
                 None => {
-                    let share = Share::bootstrap(quota.rate, fail_mode(rule), self.params, now);
+                    let share = Share::bootstrap(quota.rate, fail_mode(rule), self.params, now)
+                        .with_min_burst(min_share_burst(rule, self.xdp_mode));
                     self.shares.insert(name.to_string(), share);
+                    self.units.insert(name.to_string(), rule.unit);
+                    // Counted anew (perhaps in another unit).
+                    self.last.remove(name);
                 }
             }
         }
+    }
+
+    /// At start: a rule still in BOOTSTRAP whose pinned entry (`pinned`, the live rules
+    /// by name, from an earlier daemon) holds a lease or a lapsed one of the same unit
+    /// resumes that share ([`Share::resume`]): a restart within the lease changes
+    /// nothing. Returns the rules resumed.
+    pub fn resume(
+        &mut self,
+        rules: &[RuleSpec],
+        pinned: &BTreeMap<String, RuleConfig>,
+        now: u64,
+    ) -> Vec<String> {
+        let mut resumed = Vec::new();
+        for rule in rules {
+            let (Some(share), Some(entry), Some(quota)) = (
+                self.shares.get(&rule.name),
+                pinned.get(&rule.name),
+                rule.aggregate,
+            ) else {
+                continue;
+            };
+            let held_state = matches!(entry.share_state, SHARE_LEASED | SHARE_STICKY);
+            if share.state(now) != ShareState::Bootstrap
+                || !held_state
+                || entry.flags & RULE_IN_USE == 0
+                || entry.unit != rule.unit.abi()
+            {
+                continue;
+            }
+            let closed = entry.flags & RULE_CLOSED_UNTIL_LAPSE != 0;
+            let held = HeldShare {
+                rate: if closed { 0 } else { entry.rate },
+                burst: if closed { 0 } else { entry.burst },
+                lease_expires: entry.lease_expires_ns,
+                fail_open_at: entry.fail_open_at_ns,
+            };
+            let floor = share.min_burst();
+            let Some(share) =
+                Share::resume(quota.rate, fail_mode(rule), self.params, floor, held, now)
+            else {
+                continue;
+            };
+            let grant = RuleGrant {
+                rule: rule.name.clone(),
+                rate: share.rate(),
+                burst: share.burst(),
+                ..RuleGrant::default()
+            };
+            if let Err(e) = check_grant(rule.unit, &share, &grant) {
+                tracing::warn!(rule = %rule.name, "pinned share not resumed: {e}");
+                continue;
+            }
+            self.shares.insert(rule.name.clone(), share);
+            resumed.push(rule.name.clone());
+        }
+        resumed
+    }
+
+    /// Grants refused since start (their share did not compile).
+    pub fn grants_refused(&self) -> u64 {
+        self.grants_refused
+    }
+
+    /// Counts `n` more refused grants (a restored copy keeps the count).
+    pub fn add_refused(&mut self, n: u64) {
+        self.grants_refused += n;
     }
 
     pub fn is_fleet_rule(&self, name: &str) -> bool {
@@ -126,7 +284,7 @@ impl FleetState {
                     r.aggregate = Some(if share.rate() == 0 {
                         RateSpec {
                             rate: share.rejoin_rate(),
-                            burst: 1,
+                            burst: share.min_burst(),
                         }
                     } else {
                         RateSpec {
@@ -177,28 +335,25 @@ impl FleetState {
             .collect()
     }
 
-    /// The report for this interval from counter totals (offered = passed + dropped).
-    pub fn report(&mut self, totals: &BTreeMap<String, (u64, u64)>, now: u64) -> ReportRequest {
+    /// The report for this interval from counter totals: demand is the offered load in
+    /// the rule's unit ([`RuleTotals::offered`]) per second.
+    pub fn report(&mut self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> ReportRequest {
         let elapsed = now.saturating_sub(self.last_at).max(1) as f64 / 1e9;
         let mut rules = Vec::new();
         for (name, share) in &self.shares {
-            let (offered, dropped) = totals.get(name).copied().unwrap_or_default();
-            let last = self
-                .last
-                .get(name)
-                .copied()
-                .unwrap_or(Sample { offered, dropped });
+            let sample = totals.get(name).copied().unwrap_or_default();
+            let last = self.last.get(name).copied().unwrap_or(sample);
             let held = match share.state(now) {
                 ShareState::Leased | ShareState::Sticky => share.rate(),
                 _ => 0,
             };
             rules.push(RuleReport {
                 rule: name.clone(),
-                demand: (offered.saturating_sub(last.offered) as f64 / elapsed) as u64,
+                demand: (sample.offered.saturating_sub(last.offered) as f64 / elapsed) as u64,
                 held,
-                denials: dropped.saturating_sub(last.dropped),
+                denials: sample.refused.saturating_sub(last.refused),
             });
-            self.last.insert(name.clone(), Sample { offered, dropped });
+            self.last.insert(name.clone(), sample);
         }
         self.last_at = now;
         self.asking = false;
@@ -210,15 +365,15 @@ impl FleetState {
     }
 
     /// Refusals since the last report, per the counter totals.
-    fn denials(&self, name: &str, totals: &BTreeMap<String, (u64, u64)>) -> u64 {
-        let dropped = totals.get(name).map_or(0, |t| t.1);
-        let last = self.last.get(name).map_or(dropped, |s| s.dropped);
-        dropped.saturating_sub(last)
+    fn denials(&self, name: &str, totals: &BTreeMap<String, RuleTotals>) -> u64 {
+        let refused = totals.get(name).map_or(0, |t| t.refused);
+        let last = self.last.get(name).map_or(refused, |s| s.refused);
+        refused.saturating_sub(last)
     }
 
     /// Whether refusals since the last report call for an early one, or a closed share
     /// rejoined and asks for its grant.
-    pub fn wants_early_report(&self, totals: &BTreeMap<String, (u64, u64)>, now: u64) -> bool {
+    pub fn wants_early_report(&self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> bool {
         self.asking
             || self
                 .shares
@@ -230,7 +385,7 @@ impl FleetState {
     /// (`Share::rejoin`: BOOTSTRAP at quota ÷ fleet_size, burst 1) with one token, and
     /// the next report goes out at once. Returns whether any did (the rules need a
     /// reinstall).
-    pub fn rejoin(&mut self, totals: &BTreeMap<String, (u64, u64)>, now: u64) -> bool {
+    pub fn rejoin(&mut self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> bool {
         let denials: Vec<(String, u64)> = self
             .shares
             .keys()
@@ -238,13 +393,16 @@ impl FleetState {
             .collect();
         let mut any = false;
         for (name, d) in denials {
-            if self.shares.get_mut(&name).is_some_and(|s| s.rejoin(d, now)) {
+            let Some(share) = self.shares.get_mut(&name) else {
+                continue;
+            };
+            if share.rejoin(d, now) {
                 tracing::info!(
                     rule = %name,
                     "closed share refusing frames with its lease lapsed: bootstrap rate until \
                      a grant"
                 );
-                self.pending_tokens.insert(name, 1);
+                self.pending_tokens.insert(name, share.token_units(1));
                 any = true;
             }
         }
@@ -252,12 +410,22 @@ impl FleetState {
         any
     }
 
-    /// Applies the allocator's grants.
-    pub fn apply(&mut self, reply: &ReportReply, now: u64) {
+    /// Applies the allocator's grants. Each is checked before it is stored: a grant
+    /// whose share does not compile in the rule's unit is refused (logged, counted in
+    /// [`FleetState::grants_refused`]) and the rule keeps what it had, so one bad grant
+    /// neither blocks the others nor stops reporting. Returns the grants refused.
+    pub fn apply(&mut self, reply: &ReportReply, now: u64) -> u64 {
+        let mut refused = 0;
         for g in &reply.grants {
-            let Some(share) = self.shares.get_mut(&g.rule) else {
+            let (Some(share), Some(unit)) = (self.shares.get_mut(&g.rule), self.units.get(&g.rule))
+            else {
                 continue;
             };
+            if let Err(e) = check_grant(*unit, share, g) {
+                refused += 1;
+                tracing::warn!(rule = %g.rule, "grant refused, the share stays as it was: {e}");
+                continue;
+            }
             let grant = Grant {
                 rate: g.rate,
                 burst: g.burst,
@@ -269,10 +437,13 @@ impl FleetState {
             // means no share's fill: the grant takes over with its token count (≤ 1; 0
             // for a zero grant), never a fresh burst (`Share::takes_over`).
             if share.takes_over(&grant, now) {
-                self.pending_tokens.insert(g.rule.clone(), g.tokens.min(1));
+                self.pending_tokens
+                    .insert(g.rule.clone(), share.token_units(g.tokens));
             }
             share.on_grant(&grant, now);
         }
+        self.grants_refused += refused;
+        refused
     }
 }
 
@@ -339,6 +510,7 @@ pub async fn report_loop(
     let mut next = Instant::now();
     let mut last_sent = Instant::now() - interval;
     let mut failures = 0u64;
+    let mut tick_failures = 0u64;
     let mut stop = shutdown.subscribe();
     loop {
         tokio::select! {
@@ -364,7 +536,12 @@ pub async fn report_loop(
                         tracing::info!(after = failures, "allocator reachable again");
                     }
                     failures = 0;
-                    lock(&daemon)?.fleet_apply(&reply)?;
+                    // A failure to install the shares is this host's problem, not the
+                    // allocator's: log it and keep reporting (the shares in force stay,
+                    // and move to STICKY on their deadlines).
+                    if let Err(e) = lock(&daemon)?.fleet_apply(&reply) {
+                        tracing::warn!("installing the allocator's grants failed: {e}");
+                    }
                 }
                 Err(status) => {
                     failures += 1;
@@ -379,7 +556,17 @@ pub async fn report_loop(
                 }
             }
         }
-        lock(&daemon)?.fleet_tick()?;
+        // Like a failed install of grants, a failed tick must not end reporting: the
+        // shares in force stay, the kernel keeps their deadlines, the next tick retries.
+        if let Err(e) = lock(&daemon)?.fleet_tick() {
+            tick_failures += 1;
+            if tick_failures == 1 || tick_failures.is_multiple_of(100) {
+                tracing::warn!(
+                    failures = tick_failures,
+                    "updating the fleet shares failed: {e}"
+                );
+            }
+        }
     }
 }
 
@@ -391,7 +578,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::{FailMode as ConfigFailMode, Mode, Proto, Unit},
+        config::{FailMode as ConfigFailMode, Mode, Proto},
         ruleset,
     };
 
@@ -455,7 +642,7 @@ mod tests {
     #[test]
     fn a_zero_grant_installs_a_closed_limit_shown_as_rate_0() {
         let rules = [rule(ConfigFailMode::Open)];
-        let mut fleet = FleetState::new(spec(), 500, &rules, 0);
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
         let t = installed(&fleet, &rules, 0);
         let (_, c) = t.rules[0];
         assert_eq!((c.rate, c.burst, c.share_state), (20, 1, SHARE_BOOTSTRAP));
@@ -490,9 +677,17 @@ mod tests {
     #[test]
     fn refusals_on_a_closed_unsaturated_share_report_at_once() {
         let rules = [rule(ConfigFailMode::Open)];
-        let mut fleet = FleetState::new(spec(), 500, &rules, 0);
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
         fleet.apply(&reply(0, false), S);
-        let totals = |dropped: u64| BTreeMap::from([("contoso".to_string(), (dropped, dropped))]);
+        let totals = |dropped: u64| {
+            BTreeMap::from([(
+                "contoso".to_string(),
+                RuleTotals {
+                    offered: dropped,
+                    refused: dropped,
+                },
+            )])
+        };
         let _ = fleet.report(&totals(0), S);
         assert!(!fleet.wants_early_report(&totals(0), S + 1));
         assert!(fleet.wants_early_report(&totals(3), S + 1));
@@ -504,11 +699,18 @@ mod tests {
     fn a_lapsed_closed_share_rejoins_at_the_bootstrap_rate_on_refusals() {
         for fail_mode in [ConfigFailMode::Open, ConfigFailMode::Static] {
             let rules = [rule(fail_mode)];
-            let mut fleet = FleetState::new(spec(), 500, &rules, 0);
+            let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
             fleet.apply(&reply(0, false), S);
             fleet.pending_tokens.clear();
-            let totals =
-                |dropped: u64| BTreeMap::from([("contoso".to_string(), (dropped, dropped))]);
+            let totals = |dropped: u64| {
+                BTreeMap::from([(
+                    "contoso".to_string(),
+                    RuleTotals {
+                        offered: dropped,
+                        refused: dropped,
+                    },
+                )])
+            };
             let _ = fleet.report(&totals(0), 4 * S);
             // STICKY (lease lapsed at 4 s), no refusals: stays closed.
             assert!(!fleet.rejoin(&totals(0), 5 * S));
@@ -531,5 +733,237 @@ mod tests {
             assert_eq!(r.rules[0].held, 0, "held like a joiner");
             assert!(!fleet.wants_early_report(&totals(7), 5 * S + 1));
         }
+    }
+
+    /// A rule of its own destination (198.18.1.N, N from the name's first byte).
+    fn unit_rule(name: &str, unit: Unit, rate: u64, burst: u64) -> RuleSpec {
+        let host = name.as_bytes()[0];
+        RuleSpec {
+            name: name.into(),
+            dst: crate::config::parse_dst(&format!("198.18.1.{host}/32")).unwrap(),
+            unit,
+            aggregate: Some(RateSpec { rate, burst }),
+            ..rule(ConfigFailMode::Static)
+        }
+    }
+
+    fn grant_reply(rule: &str, rate: u64, burst: u64, tokens: u64, ttl_ms: u64) -> ReportReply {
+        ReportReply {
+            grants: vec![RuleGrant {
+                rule: rule.into(),
+                rate,
+                burst,
+                tokens,
+                ttl_ms,
+                saturated: false,
+            }],
+            report_interval_ms: 1_000,
+        }
+    }
+
+    fn entry<'t>(t: &'t RuleTable, name: &str) -> &'t RuleConfig {
+        t.rule(t.slots[name]).unwrap()
+    }
+
+    /// The floors: what each unit's share runs at, installed, through BOOTSTRAP, LEASED
+    /// (a grant below the floor), STICKY and a rejoin, at XDP and at TC. Old code: burst
+    /// 1 everywhere, so a bytes share admitted no frame (cost(frame) > tolerance).
+    #[test]
+    fn installed_shares_keep_the_floor_of_their_unit_in_every_state() {
+        let cases = [
+            (Unit::Packets, XdpMode::Auto, 1),
+            (Unit::Syn, XdpMode::Auto, 1),
+            (Unit::Bytes, XdpMode::Auto, MIN_BYTES_BURST),
+            (Unit::Packets, XdpMode::Tc, GRO_MAX_SEGMENTS),
+            (Unit::Syn, XdpMode::Tc, 1),
+            (Unit::Bytes, XdpMode::Tc, GRO_MAX_BYTES),
+        ];
+        for (unit, mode, floor) in cases {
+            let rules = [unit_rule("r", unit, 125_000_000, 1_000_000)];
+            assert_eq!(min_share_burst(&rules[0], mode), floor);
+            let mut fleet = FleetState::new(spec(), 500, mode, &rules, 0);
+            let t = installed(&fleet, &rules, 0);
+            let c = entry(&t, "r");
+            assert_eq!(
+                (c.rate, c.burst),
+                (250_000, floor),
+                "{unit} {mode} bootstrap"
+            );
+            // A maximal admission of the unit fits the installed bucket.
+            assert!(c.aggregate.cost(floor) <= c.aggregate.tolerance);
+            // A grant whose burst is below the floor: LEASED at the floor.
+            fleet.apply(&grant_reply("r", 300_000, 1, 1, 3_000), S);
+            assert_eq!(
+                fleet.pending_tokens.get("r"),
+                Some(&floor),
+                "one token = one admission"
+            );
+            let t = installed(&fleet, &rules, S);
+            let c = entry(&t, "r");
+            assert_eq!((c.burst, c.share_state), (floor, SHARE_LEASED));
+            let t = installed(&fleet, &rules, 5 * S);
+            let c = entry(&t, "r");
+            assert_eq!((c.burst, c.share_state), (floor, SHARE_STICKY));
+            // Zero grant, lapsed, refusing: rejoins at the bootstrap share and the floor.
+            fleet.pending_tokens.clear();
+            fleet.apply(&grant_reply("r", 0, 0, 0, 3_000), 6 * S);
+            let t = installed(&fleet, &rules, 6 * S);
+            assert_eq!(
+                entry(&t, "r").aggregate,
+                Limit::new(unit.granularity(), 250_000, floor).unwrap(),
+                "closed: the bootstrap share it rejoins at, at the floor"
+            );
+            let refused = |n: u64| {
+                BTreeMap::from([(
+                    "r".to_string(),
+                    RuleTotals {
+                        offered: n,
+                        refused: n,
+                    },
+                )])
+            };
+            let _ = fleet.report(&refused(0), 9 * S);
+            assert!(fleet.rejoin(&refused(4), 10 * S));
+            assert_eq!(fleet.pending_tokens.get("r"), Some(&floor));
+            let t = installed(&fleet, &rules, 10 * S);
+            let c = entry(&t, "r");
+            assert_eq!(
+                (c.rate, c.burst, c.share_state),
+                (250_000, floor, SHARE_BOOTSTRAP)
+            );
+        }
+        // At TC a configured burst below a GRO buffer caps the floor (it is warned about),
+        // but never below one maximal frame.
+        let small = unit_rule("r", Unit::Bytes, 1_000_000, 20_000);
+        assert_eq!(min_share_burst(&small, XdpMode::Tc), 20_000);
+        let tiny = unit_rule("r", Unit::Packets, 1_000, 8);
+        assert_eq!(min_share_burst(&tiny, XdpMode::Tc), 8);
+    }
+
+    /// Demand is the offered load in the rule's unit: bytes for bytes rules, SYNs (their
+    /// own counter) for syn rules, packets otherwise. Old code: packets for every unit.
+    #[test]
+    fn demand_is_reported_in_the_rule_unit() {
+        let c = RuleCounters {
+            passed_packets: 10,
+            passed_bytes: 10_000,
+            dropped_packets: 5,
+            dropped_bytes: 5_000,
+            would_drop_packets: 0,
+            would_drop_bytes: 0,
+        };
+        assert_eq!(offered_units(Unit::Packets, &c, 3), 15);
+        assert_eq!(offered_units(Unit::Bytes, &c, 3), 15_000);
+        assert_eq!(offered_units(Unit::Syn, &c, 3), 3);
+        let rules = [unit_rule("r", Unit::Bytes, 1_000_000, 10_000)];
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        let at = |c: &RuleCounters| {
+            BTreeMap::from([(
+                "r".to_string(),
+                RuleTotals {
+                    offered: offered_units(Unit::Bytes, c, 0),
+                    refused: c.dropped_packets,
+                },
+            )])
+        };
+        let _ = fleet.report(&at(&RuleCounters::default()), 0);
+        let r = fleet.report(&at(&c), 2 * S);
+        assert_eq!(r.rules[0].demand, 7_500, "bytes per second");
+        assert_eq!(r.rules[0].denials, 5, "frames");
+    }
+
+    /// A grant that does not compile is refused before it is stored: counted, the rule
+    /// keeps its share, the other grants of the reply apply, and what is installed still
+    /// compiles. Old code stored it, so the next compile failed (and the report loop,
+    /// which propagated that error, stopped for good).
+    #[test]
+    fn a_grant_that_does_not_compile_is_refused_and_counted() {
+        let rules = [
+            unit_rule("a", Unit::Packets, 10_000, 1_000),
+            unit_rule("b", Unit::Bytes, 1_000_000, 10_000),
+        ];
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        fleet.apply(&grant_reply("a", 500, 50, 1, 3_000), 0);
+        let before = entry(&installed(&fleet, &rules, 0), "a").aggregate;
+        let bad = [(limiter_common::gcra::MAX_RATE + 1, 50), (1_000, u64::MAX)];
+        for (i, (rate, burst)) in bad.into_iter().enumerate() {
+            let mut reply = grant_reply("a", rate, burst, 1, 3_000);
+            reply
+                .grants
+                .push(grant_reply("b", 4_000, 4_000, 1, 3_000).grants[0].clone());
+            assert_eq!(fleet.apply(&reply, S), 1);
+            assert_eq!(fleet.grants_refused(), i as u64 + 1);
+            let shaped = fleet.shape(&rules);
+            let slots = ruleset::assign_slots(&BTreeMap::new(), &shaped).unwrap();
+            let t = ruleset::compile(&shaped, &slots).expect("the installed rules still compile");
+            assert_eq!(entry(&t, "a").aggregate, before, "the rule keeps its share");
+            assert_eq!(entry(&t, "b").rate, 4_000, "the good grant applied");
+        }
+    }
+
+    /// A zero grant with a one-day TTL closes the rule for `MAX_GRANT_TTL_LEASES` lease
+    /// TTLs at most. Old code: for a day.
+    #[test]
+    fn a_zero_grant_with_a_long_ttl_closes_the_rule_for_a_few_leases_at_most() {
+        let rules = [rule(ConfigFailMode::Open)];
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        fleet.apply(&grant_reply("contoso", 0, 0, 0, 86_400_000), S);
+        let t = installed(&fleet, &rules, S);
+        let c = entry(&t, "contoso");
+        assert_ne!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
+        let max = u64::from(limiter_fleet::share::MAX_GRANT_TTL_LEASES) * spec().lease_ttl_ms;
+        assert_eq!(c.lease_expires_ns, S + max * 1_000_000);
+    }
+
+    /// A restart reads the pinned entries: a rule that was LEASED resumes its share and
+    /// deadlines (closed ones stay closed); one whose unit changed, or that was in
+    /// BOOTSTRAP, bootstraps.
+    #[test]
+    fn a_restart_resumes_the_pinned_lease() {
+        let rules = [
+            unit_rule("a", Unit::Packets, 10_000, 1_000),
+            unit_rule("b", Unit::Bytes, 1_000_000, 10_000),
+            unit_rule("c", Unit::Packets, 10_000, 1_000),
+            unit_rule("d", Unit::Packets, 10_000, 1_000),
+        ];
+        let mut old = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        let mut reply = grant_reply("a", 3_000, 300, 1, 3_000);
+        reply
+            .grants
+            .push(grant_reply("b", 400_000, 1, 1, 3_000).grants[0].clone());
+        reply
+            .grants
+            .push(grant_reply("c", 0, 0, 0, 3_000).grants[0].clone());
+        old.apply(&reply, S);
+        let t = installed(&old, &rules, S);
+        let pinned: BTreeMap<String, RuleConfig> = t
+            .slots
+            .iter()
+            .map(|(n, s)| (n.clone(), *t.rule(*s).unwrap()))
+            .collect();
+
+        let mut changed = rules.clone();
+        changed[3].unit = Unit::Syn;
+        let mut new = FleetState::new(spec(), 500, XdpMode::Auto, &changed, 2 * S);
+        let resumed = new.resume(&changed, &pinned, 2 * S);
+        assert_eq!(resumed, ["a", "b", "c"]);
+        let states = new.states(2 * S);
+        assert_eq!(states["a"], ShareState::Leased);
+        assert_eq!(states["d"], ShareState::Bootstrap);
+        let t = installed(&new, &changed, 2 * S);
+        let a = entry(&t, "a");
+        assert_eq!((a.rate, a.burst), (3_000, 300));
+        assert_eq!(a.lease_expires_ns, 4 * S, "the lease's own deadline");
+        assert_eq!(entry(&t, "b").burst, MIN_BYTES_BURST);
+        assert_ne!(
+            entry(&t, "c").flags & RULE_CLOSED_UNTIL_LAPSE,
+            0,
+            "closed stays closed"
+        );
+        assert!(new.pending_tokens.is_empty(), "the pinned bucket continues");
+        // Past the lease: STICKY, as the kernel already applied it.
+        assert_eq!(new.states(4 * S)["a"], ShareState::Sticky);
+        let r = new.report(&BTreeMap::new(), 3 * S);
+        assert_eq!(r.rules[0].held, 3_000, "reported as held");
     }
 }

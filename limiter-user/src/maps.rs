@@ -17,7 +17,7 @@ use aya::{
 use limiter_common::abi::{
     map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
     HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCounters, RuleCpuState, SourceKey,
-    HOST_SLOTS, MAX_RULES, RULE_IN_USE,
+    SynCounters, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
@@ -43,6 +43,8 @@ pub struct Maps {
     header_counters: Option<PerCpuArray<MapData, HeaderCounters>>,
     fragments: Option<HashMap<MapData, FragmentKey, FragmentRecord>>,
     hosts: Array<MapData, HostEntry>,
+    /// SYNs each syn rule metered, per CPU (the fleet's demand in SYNs).
+    rule_syns: PerCpuArray<MapData, SynCounters>,
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
     /// process has written the generation (pins adopted from an earlier daemon).
     hosts_used: [Option<BTreeSet<u32>>; 2],
@@ -117,6 +119,7 @@ impl Maps {
                 .map(|m| typed(m, map_name::FRAGMENTS))
                 .transpose()?,
             hosts: typed(take(map_name::HOSTS)?, map_name::HOSTS)?,
+            rule_syns: typed(take(map_name::RULE_SYNS)?, map_name::RULE_SYNS)?,
             hosts_used: [None, None],
         })
     }
@@ -250,7 +253,26 @@ impl Maps {
             })?;
         self.rule_counters
             .set(slot, zeros, 0)
-            .map_err(map_err(format!("resetting RULE_COUNTERS slot {slot}")))
+            .map_err(map_err(format!("resetting RULE_COUNTERS slot {slot}")))?;
+        let zeros =
+            PerCpuValues::try_from(vec![SynCounters::default(); cpus]).map_err(|e| Error::Io {
+                what: "building per-CPU zeros".into(),
+                source: e,
+            })?;
+        self.rule_syns
+            .set(slot, zeros, 0)
+            .map_err(map_err(format!("resetting RULE_SYNS slot {slot}")))
+    }
+
+    /// SYNs a syn rule metered, summed over CPUs (wrapping, as the kernel's adds wrap).
+    pub fn rule_syns(&self, slot: u32) -> Result<u64, Error> {
+        let per_cpu = self
+            .rule_syns
+            .get(&slot, 0)
+            .map_err(map_err(format!("reading RULE_SYNS slot {slot}")))?;
+        Ok(per_cpu
+            .iter()
+            .fold(0u64, |sum, c| sum.wrapping_add(c.offered)))
     }
 
     /// A rule's counters summed over CPUs.

@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub source_capacity: u32,
     /// (run time, run count) of the XDP program when kernel.bpf_stats_enabled = 1.
     pub program_runs: Option<(Duration, u64)>,
+    /// Grants refused since the daemon started (fleet mode).
+    pub grants_refused: Option<u64>,
 }
 
 /// Label values escape backslash, quote and newline.
@@ -206,6 +208,16 @@ pub fn render(s: &Snapshot) -> String {
         family(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name} {v}");
     }
+    if let Some(refused) = s.grants_refused {
+        family(
+            &mut out,
+            "limiter_fleet_grants_refused_total",
+            "counter",
+            "Allocator grants refused because their share does not compile (rate above the \
+             maximum, a burst too long to refill); the rule keeps its share.",
+        );
+        let _ = writeln!(out, "limiter_fleet_grants_refused_total {refused}");
+    }
     if let Some((time, count)) = s.program_runs {
         family(
             &mut out,
@@ -246,6 +258,7 @@ pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
         source_buckets: d.maps().source_bucket_count()?,
         source_capacity: d.config().max_sources,
         program_runs,
+        grants_refused: d.fleet_counters().map(|c| c.grants_refused),
     })
 }
 
@@ -351,8 +364,10 @@ mod tests {
             source_buckets: 9,
             source_capacity: 1024,
             program_runs: None,
+            grants_refused: Some(6),
         };
         let text = render(&snapshot);
+        assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
         assert!(text.contains("limiter_rule_rate{rule=\"we\\\"b\",unit=\"packets\"} 10\n"));

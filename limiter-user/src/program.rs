@@ -21,9 +21,9 @@ use aya::{
 };
 use limiter_common::abi::{
     map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
-    HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, GENERATIONS,
-    HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME, PROGRAM_NAME_LINEAR,
-    PROGRAM_NAME_TC,
+    HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, SynCounters,
+    GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
+    PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
@@ -181,7 +181,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 13] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 14] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -257,6 +257,12 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 13] {
             4,
             sz(size_of::<HeaderCounters>()),
             1,
+        ),
+        (
+            map_name::RULE_SYNS,
+            4,
+            sz(size_of::<SynCounters>()),
+            MAX_RULES,
         ),
     ]
 }

@@ -37,7 +37,7 @@ use limiter_common::abi::{
 };
 use limiter_common::gcra::{Limit, LimitError};
 
-use crate::config::{FailMode, Mode, Proto, RuleSpec, Unit};
+use crate::config::{FailMode, Mode, Proto, RuleSpec};
 
 /// One entry of a prefix table (an LPM trie key and its value). `addr` is in network
 /// byte order with the bits past `prefix_len` zero.
@@ -283,11 +283,7 @@ pub fn rule_config(rule: &RuleSpec) -> Result<RuleConfig, RulesetError> {
     if rule.fail_mode == FailMode::Static {
         config.flags |= abi::RULE_FAIL_STATIC;
     }
-    config.unit = match rule.unit {
-        Unit::Packets => abi::UNIT_PACKETS,
-        Unit::Bytes => abi::UNIT_BYTES,
-        Unit::Syn => abi::UNIT_SYN,
-    };
+    config.unit = rule.unit.abi();
     let limit_error = |field, error| RulesetError::Limit {
         rule: rule.name.clone(),
         field,
@@ -518,7 +514,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::config::{PerSourceSpec, RateSpec};
+    use crate::config::{PerSourceSpec, RateSpec, Unit};
 
     fn spec(name: &str, dst: &str, port: Option<u16>, proto: Proto) -> RuleSpec {
         RuleSpec {

@@ -14,7 +14,12 @@ use std::{
 };
 
 use common::{join, pki::Pki, Lab, LIMITER};
-use limiter_tests::{frame::FrameBuilder, scenario::PEER_V4, traffic::SendPlan};
+use limiter_tests::{
+    frame::FrameBuilder,
+    netns::{ifindex, spawn_in_netns},
+    scenario::PEER_V4,
+    traffic::{PacketSocket, SendPlan, SendReport},
+};
 use limiter_user::maps::Maps;
 
 const QUOTA: u64 = 3000;
@@ -891,4 +896,456 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
         d.stop();
     }
     drop(allocator);
+}
+
+/// A config of one rule `web` (`rule` is its TOML body after the name) in a fleet whose
+/// allocator is at `port`.
+fn one_rule_config(pki: &Pki, port: u16, fleet_size: u32, rule: &str, timing: &str) -> String {
+    let pair = pki.pair("lb-1");
+    format!(
+        "fleet_size = {fleet_size}\n\
+         [[rules]]\nname = \"web\"\n{rule}\n\
+         [fleet]\nallocator = \"127.0.0.1:{port}\"\nhost_id = \"lb-1\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+         {timing}\n",
+        pki.ca().display(),
+        pair.cert.display(),
+        pair.key.display()
+    )
+}
+
+/// Sends `count` copies of `frame` from the lab's peer, one frame per system call, at
+/// `rate` a second.
+fn send_one_by_one(
+    lab: &Lab,
+    frame: Vec<u8>,
+    rate: u64,
+    count: u64,
+) -> std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>> {
+    let peer = lab.pair.peer.clone();
+    spawn_in_netns(&lab.pair.ns, move || {
+        let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+        let start = Instant::now();
+        let mut sent = 0;
+        while sent < count {
+            let due = start + Duration::from_secs_f64(sent as f64 / rate as f64);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            sent += socket.send_batch(&[&frame])? as u64;
+        }
+        Ok(SendReport {
+            sent,
+            span: start.elapsed(),
+        })
+    })
+    .expect("starting the sender")
+}
+
+/// A bytes rule with the allocator unreachable runs at its bootstrap share (quota ÷
+/// fleet_size) with a burst of one maximal frame, so frames pass at that rate. Old code:
+/// burst 1 byte, no frame ever fits: 0 of 2,400 1000-byte frames passed.
+#[test]
+fn a_bytes_rule_passes_at_its_bootstrap_share_with_the_allocator_unreachable() {
+    // At XDP the floor is one maximal frame; at TC one GRO-built buffer.
+    for (mode, floor) in [
+        ("native", limiter_user::config::MIN_BYTES_BURST),
+        ("tc", limiter_user::config::GRO_MAX_BYTES),
+    ] {
+        bytes_bootstrap_with_the_allocator_unreachable(mode, floor);
+    }
+}
+
+fn bytes_bootstrap_with_the_allocator_unreachable(mode: &'static str, floor: u64) {
+    const GLOBAL: u64 = 1_000_000;
+    const FLEET: u32 = 4;
+    const FRAME: u64 = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    // Nothing listens there.
+    let port = free_port();
+    let lab = Lab::with_mode(
+        &one_rule_config(
+            &pki,
+            port,
+            FLEET,
+            &format!(
+                "dst = \"198.18.0.2/32\"\nunit = \"bytes\"\nrate = {GLOBAL}\nburst = 100000\n\
+                 fail_mode = \"static\""
+            ),
+            "lease_ttl_ms = 1500\nreport_interval_ms = 300\n",
+        ),
+        mode,
+    );
+    let daemon = lab.start();
+    let stats = lab.rule_stats("web");
+    let share = GLOBAL / u64::from(FLEET);
+    assert_eq!(stats["state"], "bootstrap", "{mode}: {stats}");
+    assert_eq!(stats["rate"], share, "{mode}: {stats}");
+    let frame = FrameBuilder::ipv4(PEER_V4, Ipv4Addr::new(198, 18, 0, 2))
+        .macs(lab.pair.peer_mac, lab.pair.host_mac)
+        .udp(1, 9)
+        .frame_len(FRAME as usize)
+        .build();
+    // One frame per send, paced: a batch of 64 arriving at once would meet a bucket of
+    // one frame (the bootstrap burst) and pass one frame a batch.
+    let report = join(send_one_by_one(&lab, frame, 1200, 2400));
+    let after = lab.rule_stats("web");
+    let passed = after["passed_packets"].as_u64().unwrap();
+    let dropped = after["dropped_packets"].as_u64().unwrap();
+    // What the share admits over the send: its rate for the span, plus the burst (the
+    // bucket of a fresh slot starts full).
+    let expected = (share as f64 * report.span.as_secs_f64() + floor as f64) / FRAME as f64;
+    eprintln!(
+        "{mode}, allocator unreachable: {passed} of {} {FRAME}-byte frames passed in {:?} \
+         at a bootstrap share of {share} B/s, burst {floor} (expected about {expected:.0}); \
+         {dropped} dropped",
+        report.sent, report.span
+    );
+    assert_eq!(passed + dropped, report.sent, "{mode}");
+    assert!(
+        passed as f64 >= 0.85 * expected && passed as f64 <= 1.05 * expected + 1.0,
+        "{mode}: {passed} frames passed, the bootstrap share admits about {expected:.0}"
+    );
+    let stats = lab.rule_stats("web");
+    assert_eq!(stats["state"], "bootstrap", "{mode}");
+    assert_eq!(
+        stats["burst"], floor,
+        "{mode}: the floor of a bytes share; {stats}"
+    );
+    daemon.stop();
+}
+
+/// A syn rule reports its demand in SYNs, not packets: a host offering 6,000 ACKs and
+/// 200 SYNs a second against a quota of 3,000 SYNs/s is not saturated; 6,000 SYNs a
+/// second are. Old code reported packets (6,200/s: saturated).
+#[test]
+fn a_syn_rule_reports_its_demand_in_syns() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let metrics_port = free_port();
+    let allocator = Allocator::with_metrics(dir.path(), &pki, Some(metrics_port));
+    let lab = Lab::new(&one_rule_config(
+        &pki,
+        allocator.port,
+        3,
+        &format!(
+            "dst = \"198.18.0.2/32\"\nproto = \"tcp\"\nunit = \"syn\"\nrate = {QUOTA}\n\
+             burst = 300\nfail_mode = \"open\""
+        ),
+        &format!(
+            "lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\nsticky_max_s = 30\n"
+        ),
+    ));
+    let daemon = lab.start();
+    wait_state(&[&lab], "web", "leased", Duration::from_secs(8));
+    let tcp = |flags: u8| {
+        FrameBuilder::ipv4(PEER_V4, Ipv4Addr::new(198, 18, 0, 2))
+            .macs(lab.pair.peer_mac, lab.pair.host_mac)
+            .tcp(1000, 443, flags)
+            .frame_len(64)
+            .build()
+    };
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    let saturated = || scrape(metrics_port)["limiter_allocator_saturated_hosts{rule=\"web\"}"];
+    // 30 ACKs to a SYN.
+    let mut frames = vec![tcp(ACK); 30];
+    frames.push(tcp(SYN));
+    let mixed = lab.send_in_background(SendPlan {
+        frames,
+        rate: Some(6200),
+        count: 6200 * 3,
+        duration: Duration::from_secs(6),
+        cpu: None,
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut seen = Vec::new();
+    while !mixed.is_finished() {
+        seen.push(saturated());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    join(mixed);
+    eprintln!("6,000 ACK/s + 200 SYN/s: saturated hosts over time {seen:?}");
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter().all(|&s| s == 0.0),
+        "demand counted the ACKs: {seen:?}"
+    );
+    // SYNs beyond the quota: saturated, so the SYNs are counted.
+    let syns = lab.send_in_background(SendPlan {
+        frames: vec![tcp(SYN)],
+        rate: Some(2 * QUOTA),
+        count: 2 * QUOTA * 3,
+        duration: Duration::from_secs(6),
+        cpu: None,
+    });
+    let start = Instant::now();
+    while saturated() != 1.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{} SYN/s against {QUOTA}: not saturated",
+            2 * QUOTA
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("6,000 SYN/s: saturated after {:?}", start.elapsed());
+    join(syns);
+    daemon.stop();
+    drop(allocator);
+}
+
+/// 17 rules covering 198.18.0.2 (prefixes /16 to /32): valid TOML and fields, refused
+/// when compiled (at most 16 rules apply to one destination).
+fn seventeen_covering_rules() -> String {
+    (16..=32u32)
+        .map(|len| {
+            let mask = u32::MAX << (32 - len);
+            let net = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 2)) & mask);
+            format!("[[rules]]\nname = \"r{len}\"\ndst = \"{net}/{len}\"\nrate = 100\nburst = 10\n")
+        })
+        .collect()
+}
+
+fn lease_test_config(pki: &Pki, port: u16, lease_ms: u64) -> String {
+    one_rule_config(
+        pki,
+        port,
+        3,
+        &format!("dst = \"198.18.0.2/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"open\""),
+        &format!(
+            "lease_ttl_ms = {lease_ms}\nreport_interval_ms = {REPORT_MS}\nsticky_max_s = 60\n"
+        ),
+    )
+}
+
+/// A reload refused after parsing (17 rules covering one destination) changes no share:
+/// the rule it would have removed keeps its share and state. Old code brought it back
+/// as BOOTSTRAP (quota ÷ fleet_size).
+#[test]
+fn a_rejected_reload_changes_no_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut allocator = Allocator::new(dir.path(), &pki);
+    let lab = Lab::new(&lease_test_config(&pki, allocator.port, LEASE_MS));
+    let daemon = lab.start();
+    wait_state(&[&lab], "web", "leased", Duration::from_secs(8));
+    // Alone on the rule: the whole quota.
+    let start = Instant::now();
+    while web_share(&lab) != QUOTA {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{}",
+            web_share(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // No allocator from here on: nothing but the reload can change the share.
+    allocator.kill();
+    let good = std::fs::read_to_string(&lab.config).unwrap();
+    let fleet_section = &good[good.find("[fleet]").unwrap()..];
+    std::fs::write(
+        &lab.config,
+        format!(
+            "{}\nfleet_size = 3\n{}{fleet_section}",
+            &good[..good.find("fleet_size").unwrap()],
+            seventeen_covering_rules()
+        ),
+    )
+    .unwrap();
+    let out = lab.limiter(&["reload"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the reload was accepted");
+    eprintln!("reload refused: {}", err.trim());
+    // The daemon's fleet loop runs every 50 ms: give it a few rounds to act on a change.
+    std::thread::sleep(Duration::from_millis(400));
+    let stats = lab.rule_stats("web");
+    assert_ne!(stats["state"], "bootstrap", "{stats}");
+    assert_eq!(stats["rate"], QUOTA, "{stats}");
+    let status = lab.json(&["status", "--json"]);
+    assert_eq!(status["rules"], 1, "{status}");
+    daemon.stop();
+}
+
+/// A restart within the lease resumes the share it held: LEASED at the granted rate, not
+/// BOOTSTRAP at quota ÷ fleet_size (old code), even with no allocator to ask.
+#[test]
+fn a_restart_within_the_lease_resumes_its_share() {
+    // A lease long enough to outlast a restart.
+    const LEASE: u64 = 8000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut allocator = Allocator::timed(dir.path(), &pki, None, LEASE, REPORT_MS);
+    let lab = Lab::new(&lease_test_config(&pki, allocator.port, LEASE));
+    let daemon = lab.start();
+    wait_state(
+        &[&lab],
+        "web",
+        "leased",
+        Duration::from_secs(LEASE / 1000 + 5),
+    );
+    let start = Instant::now();
+    while web_share(&lab) != QUOTA {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{}",
+            web_share(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    allocator.kill();
+    let granted = Instant::now();
+    daemon.stop();
+    let daemon = lab.start();
+    let restarted = granted.elapsed();
+    let stats = lab.rule_stats("web");
+    eprintln!("restarted {restarted:?} after the last grant: {stats}");
+    assert!(
+        restarted < Duration::from_millis(LEASE),
+        "the restart took longer than the lease"
+    );
+    assert_eq!(stats["state"], "leased", "{stats}");
+    assert_eq!(stats["rate"], QUOTA, "{stats}");
+    // The resumed lease lapses on its own deadline: STICKY, same share.
+    wait_state(
+        &[&lab],
+        "web",
+        "sticky",
+        Duration::from_millis(LEASE + 1000),
+    );
+    assert_eq!(web_share(&lab), QUOTA);
+    daemon.stop();
+}
+
+/// `limiter-allocator quota set` is held to the bounds of a daemon config: a rate above
+/// the maximum or a burst that takes over a year to refill is refused with an error that
+/// says so, and the quota stays. Old code accepted both.
+#[test]
+fn allocator_quota_set_refuses_what_no_daemon_could_enforce() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let _allocator = Allocator::new(dir.path(), &pki);
+    let socket = dir.path().join("allocator.sock");
+    let quota = |args: &[&str]| {
+        Command::new(Allocator::binary())
+            .arg("quota")
+            .args(args)
+            .arg("--socket")
+            .arg(&socket)
+            .output()
+            .unwrap()
+    };
+    let too_fast = (limiter_common::gcra::MAX_RATE + 1).to_string();
+    let too_long = u64::MAX.to_string();
+    for (args, what) in [
+        (vec!["set", "web", "--rate", too_fast.as_str()], "at most"),
+        (
+            vec!["set", "web", "--rate", "10", "--burst", too_long.as_str()],
+            "year",
+        ),
+    ] {
+        let out = quota(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(err.contains("\"web\"") && err.contains(what), "{err}");
+    }
+    let list = String::from_utf8_lossy(&quota(&["list"]).stdout).into_owned();
+    assert!(
+        list.contains(&format!("\"rate\":{QUOTA}")),
+        "the quota changed: {list}"
+    );
+}
+
+/// A bytes share granted a burst smaller than a frame (the allocator knows no units: a
+/// global burst of 300 gives a host 300) still admits frames, leased and sticky: the
+/// daemon raises every share's burst to one maximal frame. Old code enforced the 300-byte
+/// burst: no 1000-byte frame passed while leased or sticky.
+#[test]
+fn a_bytes_share_with_a_grant_below_a_frame_passes_frames_leased_and_sticky() {
+    const SHARE: u64 = 1_000_000;
+    const FRAME: u64 = 1000;
+    const SEND_RATE: u64 = 2400;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut allocator = Allocator::new(dir.path(), &pki);
+    let set = Command::new(Allocator::binary())
+        .args([
+            "quota",
+            "set",
+            "web",
+            "--rate",
+            &SHARE.to_string(),
+            "--burst",
+            "300",
+        ])
+        .arg("--socket")
+        .arg(dir.path().join("allocator.sock"))
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let lab = Lab::new(&one_rule_config(
+        &pki,
+        allocator.port,
+        3,
+        &format!(
+            "dst = \"198.18.0.2/32\"\nunit = \"bytes\"\nrate = {SHARE}\nburst = 100000\n\
+             fail_mode = \"static\""
+        ),
+        &format!(
+            "lease_ttl_ms = {LEASE_MS}\nreport_interval_ms = {REPORT_MS}\nsticky_max_s = 30\n"
+        ),
+    ));
+    let daemon = lab.start();
+    let start = Instant::now();
+    while !(states(&lab)["web"] == "leased" && web_share(&lab) == SHARE) {
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{}",
+            lab.rule_stats("web")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let floor = limiter_user::config::MIN_BYTES_BURST;
+    assert_eq!(lab.rule_stats("web")["burst"], floor);
+    let frame = FrameBuilder::ipv4(PEER_V4, Ipv4Addr::new(198, 18, 0, 2))
+        .macs(lab.pair.peer_mac, lab.pair.host_mac)
+        .udp(1, 9)
+        .frame_len(FRAME as usize)
+        .build();
+    let sender = send_one_by_one(&lab, frame, SEND_RATE, SEND_RATE * 7);
+    let passed = || lab.rule_stats("web")["passed_packets"].as_u64().unwrap();
+    // Frames a second passed over `window`.
+    let rate = |window: Duration| {
+        let before = passed();
+        let t = Instant::now();
+        std::thread::sleep(window);
+        (passed() - before) as f64 / t.elapsed().as_secs_f64()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let expected = (SHARE / FRAME) as f64;
+    let leased = rate(Duration::from_millis(1500));
+    allocator.kill();
+    wait_state(
+        &[&lab],
+        "web",
+        "sticky",
+        Duration::from_millis(LEASE_MS + 1500),
+    );
+    let sticky = rate(Duration::from_millis(1500));
+    eprintln!(
+        "bytes share {SHARE} B/s, granted burst 300, enforced {floor}: {leased:.0} frames/s \
+         leased, {sticky:.0} sticky, of {SEND_RATE}/s offered (the share admits {expected:.0})"
+    );
+    for (state, r) in [("leased", leased), ("sticky", sticky)] {
+        assert!(
+            r >= 0.85 * expected && r <= 1.05 * expected,
+            "{state}: {r:.0} frames/s passed, the share admits {expected:.0}"
+        );
+    }
+    assert_eq!(web_share(&lab), SHARE);
+    join(sender);
+    daemon.stop();
 }

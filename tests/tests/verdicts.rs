@@ -1125,3 +1125,46 @@ fn rule_table_swaps_are_atomic() {
         "frames saw an incomplete rule table during {swaps} swaps"
     );
 }
+
+/// `RULE_SYNS` counts the SYNs a syn rule meets (passed or dropped: what it was offered)
+/// and nothing else: not a syn rule's other packets (passed unmetered, counted as passed),
+/// not SYNs to a packets rule. The fleet reports a syn rule's demand from it.
+#[test]
+fn syn_rules_count_the_syns_they_meter_and_nothing_else() {
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    let config = "[[rules]]\nname = \"syn\"\ndst = \"198.18.9.11/32\"\nproto = \"tcp\"\n\
+                  unit = \"syn\"\nrate = 1\nburst = 3\n\
+                  [[rules]]\nname = \"pkts\"\ndst = \"198.18.9.12/32\"\nrate = 1\nburst = 3\n";
+    for variant in Variant::ALL {
+        let mut loaded = fixture::load(config).expect("loading the program");
+        loaded.variant = variant;
+        let v = variant.as_str();
+        let syns = |loaded: &Loaded, rule: &str| {
+            let slot = loaded.table.slots[rule];
+            loaded.maps.rule_syns(slot).unwrap()
+        };
+        let to = |dst: [u8; 4], flags: u8| v4(dst).tcp(1000, 443, flags).build();
+        let before = loaded.snapshot().unwrap();
+        for _ in 0..10 {
+            loaded.run(&to([198, 18, 9, 11], SYN)).unwrap();
+        }
+        for _ in 0..7 {
+            loaded.run(&to([198, 18, 9, 11], ACK)).unwrap();
+            loaded.run(&to([198, 18, 9, 11], SYN | ACK)).unwrap();
+            loaded.run(&to([198, 18, 9, 12], SYN)).unwrap();
+        }
+        let c = delta(&before, &loaded.snapshot().unwrap()).rules["syn"];
+        assert_eq!(syns(&loaded, "syn"), 10, "{v}: the SYNs offered");
+        assert_eq!(
+            (c.passed_packets, c.dropped_packets),
+            (3 + 14, 7),
+            "{v}: burst 3 of 10 SYNs, the 14 others unmetered"
+        );
+        assert_eq!(
+            syns(&loaded, "pkts"),
+            0,
+            "{v}: a packets rule counts no SYNs"
+        );
+    }
+}

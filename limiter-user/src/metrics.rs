@@ -137,6 +137,14 @@ pub fn render(s: &Snapshot) -> String {
     }
     family(
         &mut out,
+        "limiter_bypass",
+        "gauge",
+        "1 while the CONTROL bypass bit is set: every frame passes unclassified, unmetered \
+         and uncounted.",
+    );
+    let _ = writeln!(out, "limiter_bypass {}", u8::from(s.stats.bypass));
+    family(
+        &mut out,
         "limiter_source_buckets",
         "gauge",
         "Per-source buckets in use.",
@@ -304,6 +312,7 @@ mod tests {
                     insert_failures: 4,
                     contended: 5,
                 },
+                bypass: true,
             },
             quotas: vec![QuotaEntry {
                 rule: "we\"b".into(),
@@ -325,6 +334,7 @@ mod tests {
         );
         assert!(text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"leased\"} 0\n"));
         assert!(text.contains("limiter_source_buckets 9\n"));
+        assert!(text.contains("limiter_bypass 1\n"));
         assert!(text.contains("limiter_contended_total 5\n"));
         assert!(!text.contains("limiter_program_runs_total"));
         // Every sample line belongs to a family announced with HELP and TYPE.

@@ -553,9 +553,29 @@ fn clearing_a_slot_in_a_full_million_entry_map() {
 }
 
 #[test]
-fn status_stats_and_metrics_show_the_bypass_flag() {
-    let lab = Lab::new(RULE);
+fn status_stats_explain_and_metrics_show_the_bypass_flag() {
+    // One frame a second: a refused source stays refused for about a second.
+    let lab = Lab::new("[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 1\nburst = 5\n");
     let daemon = lab.start();
+    // Empty the rule's bucket: explain says a frame now would be dropped.
+    flood(
+        &lab.pair,
+        plan(vec![udp_to_host(&lab.pair, 9, 64)], 10_000, 100),
+    )
+    .unwrap();
+    let explain = || {
+        lab.json(&[
+            "explain",
+            "--src",
+            &PEER_V4.to_string(),
+            "--dst",
+            "198.18.0.2:9",
+            "--proto",
+            "udp",
+            "--json",
+        ])
+    };
+    assert_eq!(explain()["verdict"], "drop");
     assert_eq!(lab.json(&["status", "--json"])["bypass"], false);
     assert_eq!(lab.json(&["stats", "--json"])["bypass"], false);
     assert!(lab.ok(&["status"]).contains("bypass: off"));
@@ -584,6 +604,15 @@ fn status_stats_and_metrics_show_the_bypass_flag() {
     let mut body = String::new();
     std::io::Read::read_to_string(&mut stream, &mut body).unwrap();
     assert!(body.contains("\nlimiter_bypass 1\n"), "{body}");
+    let why = explain();
+    assert!(
+        why["verdict"] == "pass"
+            && why["reason"]
+                .as_str()
+                .unwrap()
+                .contains("bypass bit is set"),
+        "{why}"
+    );
     set(false);
     assert_eq!(lab.json(&["status", "--json"])["bypass"], false);
     daemon.stop();

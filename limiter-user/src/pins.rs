@@ -238,10 +238,13 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
         cleanup.removed.push(path);
     }
     if cleanup.left.is_empty() && pin_dir.exists() {
-        fs::remove_dir(pin_dir).map_err(|e| Error::Io {
-            what: format!("removing {}", pin_dir.display()),
-            source: e,
-        })?;
+        // Best effort: the pins are gone, which is what stops enforcement. A directory
+        // that cannot go (a mount point such as /sys/fs/bpf itself) is reported, kept.
+        if let Err(e) = fs::remove_dir(pin_dir) {
+            cleanup
+                .left
+                .push((pin_dir.to_path_buf(), format!("the directory stays: {e}")));
+        }
     }
     for (path, why) in &cleanup.left {
         tracing::warn!(path = %path.display(), "left in place: {why}");

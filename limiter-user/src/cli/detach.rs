@@ -72,7 +72,7 @@ fn print_left(pin_dir: &std::path::Path, left: &[(std::path::PathBuf, String)]) 
     for (path, why) in left {
         eprintln!("left {} in place: {why}", path.display());
     }
-    if !left.is_empty() {
+    if left.iter().any(|(path, _)| path != pin_dir) {
         eprintln!(
             "kept {} (not empty: it holds pins the limiter did not create)",
             pin_dir.display()

@@ -297,11 +297,26 @@ fn allocator_is_single_and_leaves_what_is_not_its_own() {
 
 /// Pins a map of someone else's with bpftool.
 fn foreign_map(path: &Path, name: &str) {
+    foreign_map_of(path, name, 4);
+}
+
+/// The same with values of `value_size` bytes (8: the layout of the limiter's CONTROL).
+fn foreign_map_of(path: &Path, name: &str, value_size: u32) {
+    let value_size = value_size.to_string();
     let out = Command::new("bpftool")
         .args(["map", "create"])
         .arg(path)
         .args([
-            "type", "array", "key", "4", "value", "4", "entries", "1", "name", name,
+            "type",
+            "array",
+            "key",
+            "4",
+            "value",
+            &value_size,
+            "entries",
+            "1",
+            "name",
+            name,
         ])
         .output()
         .expect("bpftool (apt-get install bpftool)");
@@ -391,6 +406,19 @@ fn a_foreign_object_at_a_link_pin_is_refused_not_replaced() {
         "{err}"
     );
     assert!(pin.exists(), "the foreign pin was removed");
+    assert!(!xdp_attached(&lab.pair.host));
+    std::fs::remove_file(&pin).unwrap();
+
+    // Another's map at a map name of the limiter's, even of the same layout, is not
+    // adopted: the program would run on it.
+    let control = lab.pins.path.join("CONTROL");
+    foreign_map_of(&control, "someones_ctl", 8);
+    let err = run_refused(&lab);
+    assert!(
+        err.contains(&format!("{} is in the way", control.display()))
+            && err.contains("a map named \"someones_ctl\", not the limiter's CONTROL"),
+        "{err}"
+    );
     assert!(!xdp_attached(&lab.pair.host));
 }
 

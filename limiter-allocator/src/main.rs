@@ -9,7 +9,7 @@ mod state;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::{fs::PermissionsExt as _, net::UnixStream},
+    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -123,6 +123,9 @@ fn run(path: &Path) -> Result<()> {
 }
 
 async fn serve(config: Config) -> Result<()> {
+    // First: a second allocator, or something in the socket's way, is refused before
+    // anything else happens. Held to the end; dropping it removes the socket if ours.
+    let (instance, control) = claim_control(&config.control_socket)?;
     let limits = config.limits;
     let lease_ttl = Duration::from_millis(config.lease_ttl_ms);
     let tls = server_tls(&TlsFiles {
@@ -147,7 +150,6 @@ async fn serve(config: Config) -> Result<()> {
     )));
     let refused = Arc::new(Refused::default());
     let conns = Arc::new(ConnStats::default());
-    let control = bind_control(&config.control_socket)?;
     tokio::spawn(serve_control(control, Arc::clone(&state)));
     if let Some(addr) = config.metrics {
         let listener = TcpListener::bind(addr)
@@ -208,20 +210,28 @@ async fn serve(config: Config) -> Result<()> {
         )
         .await
         .context("serving gRPC")?;
-    let _ = std::fs::remove_file(&config.control_socket);
+    drop(instance);
     Ok(())
 }
 
-fn bind_control(path: &Path) -> Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+/// Claims the control socket (`limiter_instance`): its directory made 0700 only if
+/// missing, a single-instance lock beside it, a dead socket replaced, anything else at
+/// the path refused with what is in the way.
+fn claim_control(path: &Path) -> Result<(limiter_instance::Instance, UnixListener)> {
+    let claimed = limiter_instance::claim(path, "limiter-allocator")?;
+    for dir in &claimed.report.created_dirs {
+        tracing::info!(dir = %dir.display(), "created the control socket's directory (mode 0700)");
     }
-    let _ = std::fs::remove_file(path);
+    if claimed.report.replaced_stale {
+        tracing::info!(socket = %path.display(), "replaced a stale control socket");
+    }
+    claimed
+        .listener
+        .set_nonblocking(true)
+        .context("making the control socket non-blocking")?;
     let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+        UnixListener::from_std(claimed.listener).context("serving the control socket")?;
+    Ok((claimed.instance, listener))
 }
 
 /// Root-only JSON control socket: `{"cmd":"list"}`, `{"cmd":"set","rule":..,"rate":..,"burst":..}`.
@@ -234,10 +244,16 @@ async fn serve_control(listener: UnixListener, state: Arc<Mutex<State>>) {
         let (read, mut write) = stream.into_split();
         let mut line = String::new();
         let mut reader = tokio::io::BufReader::new(read.take(64 * 1024));
-        let reply = match (root, reader.read_line(&mut line).await) {
+        // Requests are served one at a time: a client that sends nothing must not hold
+        // the socket (the claim's liveness probe, for one, connects and hangs up).
+        let read = tokio::time::timeout(Duration::from_secs(10), reader.read_line(&mut line)).await;
+        let reply = match (root, read) {
             (false, _) => serde_json::json!({"ok": false, "error": "root only"}),
-            (true, Err(e)) => serde_json::json!({"ok": false, "error": e.to_string()}),
-            (true, Ok(_)) => control(&line, &state),
+            (true, Err(_)) => {
+                serde_json::json!({"ok": false, "error": "timed out waiting for the request"})
+            }
+            (true, Ok(Err(e))) => serde_json::json!({"ok": false, "error": e.to_string()}),
+            (true, Ok(Ok(_))) => control(&line, &state),
         };
         let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
     }

@@ -129,6 +129,13 @@ pub struct RateSpec {
     pub burst: u64,
 }
 
+/// Sources are bucketed by their /32 in IPv4 unless `prefix_v4` says otherwise.
+pub const DEFAULT_PREFIX_V4: u8 = 32;
+/// Sources are bucketed by their /64 in IPv6 unless `prefix_v6` says otherwise: a /64 is
+/// what one subscriber (one LAN, one SLAAC host) gets, so bucketing by /128 would hand
+/// anyone with a /64 2^64 fresh buckets.
+pub const DEFAULT_PREFIX_V6: u8 = 64;
+
 /// `[rules.per_source]`: a limit per source address (or per source prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PerSourceSpec {
@@ -1182,11 +1189,11 @@ impl Checker<'_> {
         };
         let prefix_v4 = match table.get("prefix_v4") {
             Some(v) => self.integer(v, at.field(&v4_path), 0, 32),
-            None => Some(32),
+            None => Some(u64::from(DEFAULT_PREFIX_V4)),
         };
         let prefix_v6 = match table.get("prefix_v6") {
             Some(v) => self.integer(v, at.field(&v6_path), 0, 128),
-            None => Some(128),
+            None => Some(u64::from(DEFAULT_PREFIX_V6)),
         };
         if let (Some(rv), Some(rate), Some(bv), Some(burst), Some(unit)) =
             (rate_value, rate, burst_value, burst, unit)
@@ -1453,7 +1460,7 @@ burst = 10
                 rate: 5,
                 burst: 10,
                 prefix_v4: 32,
-                prefix_v6: 128
+                prefix_v6: 64
             })
         );
         assert_eq!(c.rules[3].proto, Proto::Icmp);
@@ -1796,6 +1803,47 @@ burst = 10
             "rules[0].rate",
             Some("contoso-web"),
             "expected an integer, found float",
+        );
+    }
+
+    /// A per-source rule that names no prefix buckets IPv6 sources by their /64: every
+    /// address of one subscriber's /64 meets the same bucket, another /64 its own.
+    #[test]
+    fn per_source_buckets_an_ipv6_subscriber_by_its_64_by_default() {
+        let c = parse(
+            "[[rules]]\nname = \"v6-subscribers\"\ndst = \"2001:db8::10\"\n\
+             [rules.per_source]\nrate = 10\nburst = 10\n",
+        )
+        .unwrap();
+        let spec = c.rules[0].per_source.unwrap();
+        assert_eq!((spec.prefix_v4, spec.prefix_v6), (32, 64));
+        let slots = crate::ruleset::assign_slots(&BTreeMap::new(), &c.rules).unwrap();
+        let table = crate::ruleset::compile(&c.rules, &slots).unwrap();
+        let rule = table.rule(slots["v6-subscribers"]).unwrap();
+        let key = |addr: &str| {
+            let addr: std::net::Ipv6Addr = addr.parse().unwrap();
+            limiter_common::abi::SourceKey::masked(
+                0,
+                6,
+                &addr.octets(),
+                rule.source_prefix_v4,
+                rule.source_prefix_v6,
+            )
+        };
+        // Rotating through the low 64 bits (privacy addresses, or an attacker walking its
+        // own /64) finds no fresh bucket.
+        let home = key("2001:db8:1:2::1");
+        for other in [
+            "2001:db8:1:2::2",
+            "2001:db8:1:2:ffff:ffff:ffff:ffff",
+            "2001:db8:1:2:8000::",
+        ] {
+            assert_eq!(key(other), home, "{other} left its /64's bucket");
+        }
+        assert_ne!(
+            key("2001:db8:1:3::1"),
+            home,
+            "another /64 shares the bucket"
         );
     }
 

@@ -1,10 +1,12 @@
 //! The control socket: one JSON request per connection, one JSON reply. Unix socket,
-//! mode 0600 in a 0700 directory, and the peer must be root (SO_PEERCRED), so only root
-//! can question or change the daemon.
+//! mode 0600, and the peer must be root (SO_PEERCRED), so only root can question or
+//! change the daemon. `limiter_instance::claim` binds it (when the daemon starts): a
+//! directory it creates is 0700, an existing one keeps its mode, and nothing but a dead
+//! socket at the path is ever replaced.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    os::unix::{fs::PermissionsExt, net::UnixStream},
+    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -115,25 +117,17 @@ pub fn call(socket: &Path, request: &Request) -> Result<Value, ControlError> {
     }
 }
 
-/// Binds the control socket: parent directory 0700, socket 0600. A leftover socket file
-/// is replaced (the caller holds the single-instance lock, so nobody else uses it).
-pub fn bind(path: &Path) -> Result<UnixListener, crate::Error> {
-    let io = |what: String, source| crate::Error::Io { what, source };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| io(format!("creating {}", dir.display()), e))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| io(format!("setting mode 0700 on {}", dir.display()), e))?;
-    }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(format!("removing stale {}", path.display()), e)),
-    }
-    let listener =
-        UnixListener::bind(path).map_err(|e| io(format!("binding {}", path.display()), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| io(format!("setting mode 0600 on {}", path.display()), e))?;
-    Ok(listener)
+/// Serves the control socket the daemon claimed ([`crate::daemon::Daemon::take_control_listener`])
+/// on the async runtime.
+pub fn listen(listener: std::os::unix::net::UnixListener) -> Result<UnixListener, crate::Error> {
+    let io = |what: &str, source| crate::Error::Io {
+        what: what.to_string(),
+        source,
+    };
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io("making the control socket non-blocking", e))?;
+    UnixListener::from_std(listener).map_err(|e| io("serving the control socket", e))
 }
 
 /// Serves requests until shutdown. Requests are handled one at a time: each is a few

@@ -4,14 +4,14 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    fs::{self, File},
-    os::{fd::AsRawFd, unix::fs::DirBuilderExt},
+    os::unix::net::UnixListener,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-use limiter_common::gcra;
+use limiter_common::{abi::CONTROL_BYPASS, gcra};
 use limiter_fleet::share::ShareState;
+use limiter_instance::Instance;
 use limiter_proto::pb::{ReportReply, ReportRequest};
 use serde::Serialize;
 
@@ -21,7 +21,8 @@ use crate::{
     explain::{self, ExplainQuery, Explanation},
     fleet::{monotonic_ns, offered_units, FleetState, RuleTotals},
     maps::Maps,
-    program::{remove_pins, unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
+    pins::{self, Cleanup},
+    program::{unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
     ruleset::{self, RuleTable},
     stats::{self, StatsReport},
 };
@@ -111,6 +112,12 @@ pub struct Status {
     /// The daemon's fleet counters (fleet mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetCounters>,
+    /// `CONTROL` bypass bit: every frame passes without being classified, metered or
+    /// counted. No limiter command sets it (README, "Inspecting with bpftool").
+    pub bypass: bool,
+    /// Interfaces whose link pins this daemon found at start although they are no longer
+    /// configured: it detached them and removed their pins.
+    pub detached_unconfigured: Vec<String>,
 }
 
 /// Fleet counters of this daemon process (since it started; not in the pinned maps).
@@ -179,33 +186,8 @@ impl History {
     }
 }
 
-/// Takes the single-instance lock next to the control socket.
-fn lock_instance(control_socket: &Path) -> Result<File, Error> {
-    let dir = control_socket.parent().unwrap_or(Path::new("/"));
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| Error::Io {
-            what: format!("creating {}", dir.display()),
-            source: e,
-        })?;
-    let path = control_socket.with_extension("lock");
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::Io {
-            what: format!("opening {}", path.display()),
-            source: e,
-        })?;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(Error::AlreadyRunning(path));
-    }
-    Ok(file)
-}
+/// The owner named in the control socket's refusals.
+const OWNER: &str = "limiter daemon";
 
 pub struct Daemon {
     config_path: PathBuf,
@@ -220,7 +202,13 @@ pub struct Daemon {
     fleet: Option<FleetState>,
     /// Share states at the last install (a change calls for a reinstall).
     installed_states: BTreeMap<String, ShareState>,
-    _lock: File,
+    /// The control socket's listener until the binary takes it to serve.
+    control_listener: Option<UnixListener>,
+    /// Interfaces detached at start because they are no longer configured.
+    detached_unconfigured: Vec<String>,
+    /// The claimed control socket and its lock. Dropped last (see [`Daemon::detach_all`]):
+    /// the socket disappears only when everything else is done.
+    instance: Option<Instance>,
 }
 
 impl Daemon {
@@ -228,7 +216,23 @@ impl Daemon {
     /// earlier daemon: buckets and counters continue), installs the rules, then runs it
     /// on every interface through pinned links (adopting earlier links atomically).
     pub fn start(config_path: &Path, config: Config, ifaces: &[String]) -> Result<Daemon, Error> {
-        let lock = lock_instance(&config.control_socket)?;
+        // First, so a second daemon, or something in the socket's way, changes nothing.
+        let claimed = limiter_instance::claim(&config.control_socket, OWNER)?;
+        for dir in &claimed.report.created_dirs {
+            tracing::info!(dir = %dir.display(), "created the control socket's directory (mode 0700)");
+        }
+        if claimed.report.replaced_stale {
+            tracing::info!(socket = %config.control_socket.display(), "replaced a stale control socket");
+        }
+        // Someone else's object where a link of ours would go: refused before anything
+        // is loaded or pinned.
+        for iface in ifaces {
+            let pin = crate::program::link_pin_path(&config.pin_dir, iface);
+            if std::fs::symlink_metadata(&pin).is_ok() {
+                pins::check_ours(&pin, pins::PinName::Link(iface))
+                    .map_err(|why| Error::PinInTheWay { path: pin, why })?;
+            }
+        }
         let mut program = Program::load(&LoadOptions {
             pin_dir: Some(config.pin_dir.clone()),
             max_sources: config.max_sources,
@@ -262,7 +266,9 @@ impl Daemon {
             history: History::default(),
             fleet,
             installed_states: BTreeMap::new(),
-            _lock: lock,
+            control_listener: Some(claimed.listener),
+            detached_unconfigured: Vec::new(),
+            instance: Some(claimed.instance),
         };
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
@@ -292,7 +298,41 @@ impl Daemon {
             );
             daemon.attachments.push(a);
         }
+        daemon.detach_unconfigured(ifaces)?;
+        if daemon.maps.control()?.flags & CONTROL_BYPASS != 0 {
+            tracing::warn!(
+                "CONTROL bypass is set: every frame passes unclassified, unmetered and \
+                 uncounted until it is cleared (README, \"Inspecting with bpftool\")"
+            );
+        }
         Ok(daemon)
+    }
+
+    /// Detaches the interfaces whose link pins (the limiter's) are under `pin_dir` but
+    /// which are no longer configured: the config (or `--iface`) says where the limiter
+    /// enforces, and a link left from an earlier config would keep enforcing unseen.
+    fn detach_unconfigured(&mut self, ifaces: &[String]) -> Result<(), Error> {
+        for (iface, pin) in pins::limiter_links(&self.config.pin_dir)? {
+            if ifaces.contains(&iface) {
+                continue;
+            }
+            std::fs::remove_file(&pin).map_err(|e| Error::Io {
+                what: format!("removing the link pin {}", pin.display()),
+                source: e,
+            })?;
+            tracing::warn!(
+                %iface,
+                pin = %pin.display(),
+                "detached: the interface is no longer configured (its link pin is removed)"
+            );
+            self.detached_unconfigured.push(iface);
+        }
+        Ok(())
+    }
+
+    /// The bound control socket, once (the binary serves it).
+    pub fn take_control_listener(&mut self) -> Option<UnixListener> {
+        self.control_listener.take()
     }
 
     pub fn config(&self) -> &Config {
@@ -571,6 +611,8 @@ impl Daemon {
             shares,
             fleet: self.fleet_counters(),
             allocator: self.fleet.as_ref().map(|f| f.spec.allocator.to_string()),
+            bypass: self.maps.control()?.flags & CONTROL_BYPASS != 0,
+            detached_unconfigured: self.detached_unconfigured.clone(),
             pid: std::process::id(),
             uptime_seconds: self.started.elapsed().as_secs(),
             config: self.config_path.clone(),
@@ -642,9 +684,14 @@ impl Daemon {
     }
 
     /// Detaches from every interface and removes every pin (maps and counters included).
-    pub fn detach_all(self) -> Result<Vec<PathBuf>, Error> {
+    /// The control socket goes last: `limiter detach` waits for it as the sign that all
+    /// is done.
+    pub fn detach_all(mut self) -> Result<Cleanup, Error> {
         let pin_dir = self.config.pin_dir.clone();
+        let instance = self.instance.take();
         drop(self);
-        remove_pins(&pin_dir)
+        let cleanup = pins::remove_pins(&pin_dir);
+        drop(instance);
+        cleanup
     }
 }

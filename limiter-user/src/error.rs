@@ -36,8 +36,9 @@ pub enum Error {
     Quota(String),
     #[error("fleet: {0}")]
     Fleet(String),
-    #[error("another limiter daemon is running (it holds {0}); stop it first")]
-    AlreadyRunning(PathBuf),
+    /// The control socket or its lock: another daemon runs, or something is in the way.
+    #[error(transparent)]
+    Instance(#[from] limiter_instance::ClaimError),
     #[error("map {0} is missing from the object or pin directory")]
     MissingMap(&'static str),
     #[error(
@@ -50,6 +51,12 @@ pub enum Error {
         expected: (u32, u32, u32),
         found: (u32, u32, u32),
     },
+    #[error(
+        "{} is in the way: {why}. The limiter adopts and removes only pins it created: move \
+         it away or choose another pin_dir",
+        path.display()
+    )]
+    PinInTheWay { path: PathBuf, why: String },
     #[error("{0} is not on a bpf filesystem (mount -t bpf bpf /sys/fs/bpf)")]
     NotBpffs(PathBuf),
     #[error("no pinned limiter maps under {0}: is the daemon running with this pin_dir?")]

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use limiter_common::{
     abi::{
-        RuleConfig, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE,
-        RULE_HAS_PER_SOURCE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
+        RuleConfig, SourceKey, CONTROL_BYPASS, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
+        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
     },
     gcra::{self, Limit},
 };
@@ -155,6 +155,26 @@ fn mask_v4(a: std::net::Ipv4Addr, prefix: u32) -> std::net::Ipv4Addr {
 /// Explains `query` against the live `table` and the buckets in `maps`. `recent` gives
 /// (drops in the last 10 s, in the last 60 s) for a rule name and its drop total.
 pub fn explain(
+    table: &RuleTable,
+    maps: &Maps,
+    query: &ExplainQuery,
+    recent: impl Fn(&str, u64) -> (u64, u64),
+) -> Result<Explanation, Error> {
+    let mut out = explain_metered(table, maps, query, recent)?;
+    // The kill switch comes before everything the program does.
+    if maps.control()?.flags & CONTROL_BYPASS != 0 {
+        out.reason = format!(
+            "the CONTROL bypass bit is set: every frame passes unclassified and unmetered \
+             (without it: {}, {})",
+            out.verdict, out.reason
+        );
+        out.verdict = "pass".into();
+    }
+    Ok(out)
+}
+
+/// What the rule's buckets would do with the frame, as if bypass were off.
+fn explain_metered(
     table: &RuleTable,
     maps: &Maps,
     query: &ExplainQuery,

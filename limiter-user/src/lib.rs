@@ -9,6 +9,7 @@ pub mod explain;
 pub mod fleet;
 pub mod maps;
 pub mod metrics;
+pub mod pins;
 pub mod program;
 pub mod ruleset;
 pub mod stats;

@@ -176,12 +176,19 @@ impl Maps {
         let live = self.live_rules()?;
         let next = (control.generation ^ 1) & 1;
 
+        // Slots whose per-source buckets must go: given to another rule, or freed.
+        let mut changed: BTreeSet<u32> = live
+            .keys()
+            .filter(|slot| table.rule(**slot).is_none())
+            .copied()
+            .collect();
         for (slot, rule) in &table.rules {
             let same_owner = live
                 .get(slot)
                 .is_some_and(|old| old.name_bytes() == rule.name_bytes());
             if !same_owner {
                 self.reset_slot(*slot)?;
+                changed.insert(*slot);
             }
         }
 
@@ -206,6 +213,47 @@ impl Maps {
         self.set_control(Control {
             generation: next,
             ..control
+        })?;
+        // After the flip: from now on no packet meters these slots under their old rules,
+        // so nothing can bring an old rule's bucket back (a source of the new rule that
+        // got a bucket in the meantime starts again from a full one, as a new rule should).
+        if !changed.is_empty() {
+            match self.purge_source_buckets(&changed) {
+                Ok(purged) => tracing::debug!(?changed, purged, "per-source buckets cleared"),
+                // Less accurate, never less available: the rules are in force.
+                Err(e) => tracing::error!(
+                    ?changed,
+                    "clearing the per-source buckets of reassigned rule slots: {e}"
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every per-source bucket of the rules in `slots` (keys are slot + source).
+    /// One pass over `SRC_BUCKETS` in batches of 4096 (BPF_MAP_LOOKUP_BATCH), then batched
+    /// deletes: a few hundred syscalls for a million entries. Returns how many went.
+    pub fn purge_source_buckets(&self, slots: &BTreeSet<u32>) -> Result<u64, Error> {
+        let fd = self.src_buckets_raw.fd().as_fd().as_raw_fd();
+        let key_size = std::mem::size_of::<SourceKey>();
+        let mut doomed: Vec<SourceKey> = Vec::new();
+        batch_scan(fd, key_size, std::mem::size_of::<Bucket>(), |keys| {
+            for raw in keys.chunks_exact(key_size) {
+                // SAFETY: `raw` holds key_size bytes the kernel wrote as a SourceKey, a
+                // plain-old-data struct; read unaligned.
+                let key: SourceKey = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+                if slots.contains(&key.slot) {
+                    doomed.push(key);
+                }
+            }
+        })
+        .map_err(|e| Error::Io {
+            what: "listing SRC_BUCKETS".into(),
+            source: e,
+        })?;
+        batch_delete(fd, &doomed).map_err(|e| Error::Io {
+            what: "deleting per-source buckets from SRC_BUCKETS".into(),
+            source: e,
         })
     }
 
@@ -350,6 +398,13 @@ impl Maps {
         }
     }
 
+    /// Sets a per-source bucket (seeding state: tests, benchmarks).
+    pub fn set_source_bucket(&mut self, key: &SourceKey, bucket: Bucket) -> Result<(), Error> {
+        self.src_buckets
+            .insert(key, bucket, 0)
+            .map_err(map_err("writing SRC_BUCKETS"))
+    }
+
     /// How many per-source buckets exist (BPF_MAP_LOOKUP_BATCH: a few syscalls per
     /// hundred thousand entries, instead of one per entry).
     pub fn source_bucket_count(&self) -> Result<u64, Error> {
@@ -421,13 +476,68 @@ const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
 /// Counts a hash map's entries with batched lookups.
 fn batch_count(fd: i32, key_size: usize, value_size: usize) -> std::io::Result<u64> {
+    let mut total = 0u64;
+    batch_scan(fd, key_size, value_size, |keys| {
+        total += (keys.len() / key_size) as u64;
+    })?;
+    Ok(total)
+}
+
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+
+/// Deletes `keys` from a hash map in batches (BPF_MAP_DELETE_BATCH). A key already gone
+/// (evicted by the LRU meanwhile) is skipped. Returns how many were deleted.
+fn batch_delete(fd: i32, keys: &[SourceKey]) -> std::io::Result<u64> {
+    const CHUNK: usize = 4096;
+    let mut deleted = 0u64;
+    let mut rest = keys;
+    while !rest.is_empty() {
+        let chunk = &rest[..rest.len().min(CHUNK)];
+        let mut attr = BatchAttr {
+            keys: chunk.as_ptr() as u64,
+            count: chunk.len() as u32,
+            map_fd: fd as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: attr points at `chunk.len()` keys of the map's key size.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_DELETE_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        // The kernel stops at the first key it cannot delete; `count` says how many went.
+        let done = (attr.count as usize).min(chunk.len());
+        deleted += done as u64;
+        if rc < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::ENOENT) {
+                return Err(err);
+            }
+            // Skip the key that was gone.
+            rest = &rest[(done + 1).min(rest.len())..];
+        } else {
+            rest = &rest[chunk.len()..];
+        }
+    }
+    Ok(deleted)
+}
+
+/// Walks a hash map with batched lookups, handing each batch's keys (packed) to `f`.
+fn batch_scan(
+    fd: i32,
+    key_size: usize,
+    value_size: usize,
+    mut f: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
     const CHUNK: usize = 4096;
     let mut keys = vec![0u8; key_size * CHUNK];
     // Per-CPU maps would need more; SRC_BUCKETS is a plain LRU hash.
     let mut values = vec![0u8; value_size * CHUNK];
     let mut cursor = [0u8; 8];
     let mut next = [0u8; 8];
-    let mut total = 0u64;
     let mut first = true;
     loop {
         let mut attr = BatchAttr {
@@ -448,11 +558,12 @@ fn batch_count(fd: i32, key_size: usize, value_size: usize) -> std::io::Result<u
                 std::mem::size_of::<BatchAttr>(),
             )
         };
-        total += u64::from(attr.count);
+        let got = (attr.count as usize).min(CHUNK);
+        f(&keys[..got * key_size]);
         if rc < 0 {
             let err = std::io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(total);
+                return Ok(());
             }
             return Err(err);
         }

@@ -139,6 +139,14 @@ pub fn render(s: &Snapshot) -> String {
     }
     family(
         &mut out,
+        "limiter_bypass",
+        "gauge",
+        "1 while the CONTROL bypass bit is set: every frame passes unclassified, unmetered \
+         and uncounted.",
+    );
+    let _ = writeln!(out, "limiter_bypass {}", u8::from(s.stats.bypass));
+    family(
+        &mut out,
         "limiter_source_buckets",
         "gauge",
         "Per-source buckets in use.",
@@ -353,6 +361,7 @@ mod tests {
                     long_header_chains: 10,
                     deep_vlan_stacks: 11,
                 },
+                bypass: true,
             },
             quotas: vec![QuotaEntry {
                 rule: "we\"b".into(),
@@ -376,6 +385,7 @@ mod tests {
         );
         assert!(text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"leased\"} 0\n"));
         assert!(text.contains("limiter_source_buckets 9\n"));
+        assert!(text.contains("limiter_bypass 1\n"));
         assert!(text.contains("limiter_contended_total 5\n"));
         assert!(text.contains("limiter_tiny_fragments_total 7\n"));
         assert!(text.contains("limiter_deep_vlan_stacks_total 11\n"));

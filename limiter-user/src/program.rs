@@ -272,9 +272,16 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 14] {
 pub fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), Error> {
     for (name, key_size, value_size, max_entries) in expected_layout(max_sources) {
         let path = pin_dir.join(name);
-        if !path.exists() {
+        if fs::symlink_metadata(&path).is_err() {
             continue;
         }
+        // Someone else's object under one of our names is neither adopted nor replaced.
+        crate::pins::check_ours(&path, crate::pins::PinName::Map(name)).map_err(|why| {
+            Error::PinInTheWay {
+                path: path.clone(),
+                why,
+            }
+        })?;
         let info = MapInfo::from_pin(&path).map_err(|e| Error::Map {
             what: format!("reading pinned map {}", path.display()),
             source: e,
@@ -291,25 +298,42 @@ pub fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), Error
     Ok(())
 }
 
-/// Makes sure `pin_dir` exists (mode 0700) on a bpf filesystem, mounting bpffs at
-/// /sys/fs/bpf when it is missing and the directory lives there.
+/// Makes sure `pin_dir` exists on a bpf filesystem, mounting bpffs at /sys/fs/bpf when
+/// it is missing and the directory lives there. A directory it creates is mode 0700; an
+/// existing one (`/sys/fs/bpf` itself, say) keeps its mode: each pin is 0600 anyway.
 pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), Error> {
     let bpffs_root = Path::new("/sys/fs/bpf");
     if pin_dir.starts_with(bpffs_root) && !is_bpffs(bpffs_root) {
         mount_bpffs(bpffs_root)?;
     }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(pin_dir)
-        .map_err(|e| Error::Io {
-            what: format!("creating pin directory {}", pin_dir.display()),
-            source: e,
-        })?;
-    fs::set_permissions(pin_dir, fs::Permissions::from_mode(0o700)).map_err(|e| Error::Io {
-        what: format!("setting mode 0700 on {}", pin_dir.display()),
-        source: e,
-    })?;
+    match fs::metadata(pin_dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(m) => {
+            return Err(Error::PinInTheWay {
+                path: pin_dir.to_path_buf(),
+                why: format!(
+                    "{}, not a directory",
+                    limiter_instance::kind_of(m.file_type())
+                ),
+            })
+        }
+        Err(_) => {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(pin_dir)
+                .map_err(|e| Error::Io {
+                    what: format!("creating pin directory {}", pin_dir.display()),
+                    source: e,
+                })?;
+            fs::set_permissions(pin_dir, fs::Permissions::from_mode(0o700)).map_err(|e| {
+                Error::Io {
+                    what: format!("setting mode 0700 on {}", pin_dir.display()),
+                    source: e,
+                }
+            })?;
+        }
+    }
     if !is_bpffs(pin_dir) {
         return Err(Error::NotBpffs(pin_dir.to_path_buf()));
     }
@@ -441,13 +465,24 @@ impl Program {
         pin_dir: &Path,
     ) -> Result<Attachment, Error> {
         let pin = link_pin_path(pin_dir, iface);
-        if pin.exists() {
+        if fs::symlink_metadata(&pin).is_ok() {
+            // Only a link of ours is switched over, or replaced when that fails.
+            crate::pins::check_ours(&pin, crate::pins::PinName::Link(iface)).map_err(|why| {
+                Error::PinInTheWay {
+                    path: pin.clone(),
+                    why,
+                }
+            })?;
             match self.adopt(iface, &pin, mode) {
                 Ok(attachment) => return Ok(attachment),
-                // A link whose interface went away: nothing runs through it any more.
+                // A link whose interface went away, or of the other hook (XDP vs TC):
+                // ours, and of no use as it is.
                 Err(e) => {
                     tracing::warn!(%iface, error = %e, "pinned link unusable; replacing it");
-                    let _ = fs::remove_file(&pin);
+                    fs::remove_file(&pin).map_err(|e| Error::Io {
+                        what: format!("removing the unusable link {}", pin.display()),
+                        source: e,
+                    })?;
                 }
             }
         }
@@ -641,42 +676,6 @@ pub fn unpin_link(attachment: Attachment) -> Result<(), Error> {
         what: format!("removing {}", pin.display()),
         source: e,
     })
-}
-
-/// Removes everything limiter pinned under `pin_dir`: links first (enforcement stops on
-/// every interface), then maps, then the directory. Returns what was removed.
-pub fn remove_pins(pin_dir: &Path) -> Result<Vec<PathBuf>, Error> {
-    let mut removed = Vec::new();
-    let entries = match fs::read_dir(pin_dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
-        Err(e) => {
-            return Err(Error::Io {
-                what: format!("listing {}", pin_dir.display()),
-                source: e,
-            });
-        }
-    };
-    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
-    // Links before maps: a link removed last would keep the program running on maps
-    // that no longer have a name.
-    paths.sort_by_key(|p| {
-        !p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(LINK_PIN_PREFIX))
-    });
-    for path in paths {
-        fs::remove_file(&path).map_err(|e| Error::Io {
-            what: format!("removing {}", path.display()),
-            source: e,
-        })?;
-        removed.push(path);
-    }
-    fs::remove_dir(pin_dir).map_err(|e| Error::Io {
-        what: format!("removing {}", pin_dir.display()),
-        source: e,
-    })?;
-    Ok(removed)
 }
 
 fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {

@@ -1,8 +1,8 @@
 //! Counters and rule state as operators read them (`limiter stats`).
 
 use limiter_common::abi::{
-    RuleConfig, RULE_HAS_AGGREGATE, RULE_SHADOW, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN, SHARE_LEASED,
-    SHARE_STICKY,
+    RuleConfig, CONTROL_BYPASS, RULE_HAS_AGGREGATE, RULE_SHADOW, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN,
+    SHARE_LEASED, SHARE_STICKY,
 };
 use serde::Serialize;
 
@@ -13,6 +13,9 @@ use crate::{error::Error, maps::Maps};
 pub struct StatsReport {
     pub rules: Vec<RuleStats>,
     pub global: GlobalStats,
+    /// `CONTROL` bypass bit: every frame passes unclassified, unmetered and uncounted
+    /// (so every counter stands still).
+    pub bypass: bool,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -117,6 +120,7 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
     let h = maps.header_counters()?;
     Ok(StatsReport {
         rules,
+        bypass: maps.control()?.flags & CONTROL_BYPASS != 0,
         global: GlobalStats {
             malformed: g.malformed,
             non_ip: g.non_ip,
@@ -151,6 +155,14 @@ pub fn render_table(report: &StatsReport) -> String {
             r.dropped_packets,
             r.would_drop_packets
         ));
+    }
+    if report.bypass {
+        out.push_str(
+            "BYPASS ON: every frame passes unclassified, unmetered and uncounted (CONTROL flags \
+             bit 0); these counters stand still\n",
+        );
+    } else {
+        out.push_str("bypass: off\n");
     }
     let g = &report.global;
     out.push_str(&format!(

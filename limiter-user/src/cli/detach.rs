@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use limiter_user::{
     control::{call, ControlError, Request},
-    program::remove_pins,
+    pins::{self, Cleanup},
 };
 
 use super::{PinDirArg, SocketArg};
@@ -16,6 +16,7 @@ pub struct DetachArgs {
 }
 
 pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
+    let pin_dir = &args.pin_dir.pin_dir;
     match call(&args.socket.socket, &Request::Detach) {
         Ok(_) => {
             // The daemon detaches, removes its pins and exits; wait for it.
@@ -24,20 +25,57 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
                 std::thread::sleep(Duration::from_millis(50));
             }
             println!("detached; the daemon has exited");
+            // Whatever is still there is not the limiter's: the daemon left it.
+            print_left(pin_dir, &survey_left(pin_dir));
             Ok(())
         }
         // No daemon: remove what an earlier one left pinned.
         Err(ControlError::NotRunning(_)) => {
-            let removed = remove_pins(&args.pin_dir.pin_dir)?;
-            if removed.is_empty() {
-                println!("nothing pinned under {}", args.pin_dir.pin_dir.display());
-            } else {
-                for path in removed {
-                    println!("removed {}", path.display());
-                }
+            let Cleanup { removed, left } = pins::remove_pins(pin_dir)?;
+            if removed.is_empty() && left.is_empty() {
+                println!("nothing pinned under {}", pin_dir.display());
             }
+            for path in removed {
+                println!("removed {}", path.display());
+            }
+            print_left(pin_dir, &left);
             Ok(())
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// What is left under `pin_dir` after the daemon's cleanup, with the reason.
+fn survey_left(pin_dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let Ok(entries) = std::fs::read_dir(pin_dir) else {
+        return Vec::new();
+    };
+    let mut left: Vec<_> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let why = match pins::parse_name(&name) {
+                None => "not a name the limiter pins under".to_string(),
+                Some(pin) => match pins::check_ours(&e.path(), pin) {
+                    Err(why) => why,
+                    Ok(()) => "the limiter's, yet not removed (see the daemon's log)".into(),
+                },
+            };
+            (e.path(), why)
+        })
+        .collect();
+    left.sort();
+    left
+}
+
+fn print_left(pin_dir: &std::path::Path, left: &[(std::path::PathBuf, String)]) {
+    for (path, why) in left {
+        eprintln!("left {} in place: {why}", path.display());
+    }
+    if left.iter().any(|(path, _)| path != pin_dir) {
+        eprintln!(
+            "kept {} (not empty: it holds pins the limiter did not create)",
+            pin_dir.display()
+        );
     }
 }

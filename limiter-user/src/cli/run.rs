@@ -96,7 +96,12 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
             }
         }
     });
-    let listener = control::bind(&socket_path)?;
+    let listener = daemon
+        .lock()
+        .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?
+        .take_control_listener()
+        .context("the control socket was already taken")?;
+    let listener = control::listen(listener)?;
     tracing::info!(socket = %socket_path.display(), "control socket listening");
     tasks.spawn(control::serve(
         listener,
@@ -132,13 +137,17 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
         .map_err(|_| anyhow::anyhow!("daemon state still shared at exit"))?
         .into_inner()
         .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?;
+    // Either way the daemon removes its control socket last (if it is still its own):
+    // `limiter detach` waits for the socket to go as the sign that all is done.
     let result = match reason {
-        Shutdown::Detach => daemon.detach_all().map(|removed| {
-            tracing::info!(pins = removed.len(), "detached and removed every pin");
+        Shutdown::Detach => daemon.detach_all().map(|cleanup| {
+            tracing::info!(
+                pins = cleanup.removed.len(),
+                left = cleanup.left.len(),
+                "detached and removed the limiter's pins"
+            );
         }),
         Shutdown::Exit => daemon.stop(args.detach_on_exit),
     };
-    // Last: `limiter detach` waits for the socket to go as the sign that all is done.
-    let _ = std::fs::remove_file(&socket_path);
     Ok(result?)
 }

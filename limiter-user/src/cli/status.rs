@@ -27,6 +27,14 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
         "rules: {} (generation {}, {} runtime quota overrides)",
         s["rules"], s["generation"], s["overrides"]
     );
+    if s["bypass"] == true {
+        println!(
+            "bypass: ON: every frame passes unclassified, unmetered and uncounted \
+             (CONTROL flags bit 0; clear it to enforce again)"
+        );
+    } else {
+        println!("bypass: off");
+    }
     if let Some(allocator) = s["allocator"].as_str() {
         println!("fleet: reporting to {allocator}");
     }
@@ -48,6 +56,12 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
             i["link"].as_str().unwrap_or("?"),
             i["pin"].as_str().unwrap_or("-"),
             i["program_id"]
+        );
+    }
+    for iface in s["detached_unconfigured"].as_array().into_iter().flatten() {
+        println!(
+            "interface {}: no longer configured; detached at start (its link pin removed)",
+            iface.as_str().unwrap_or("?")
         );
     }
     Ok(())

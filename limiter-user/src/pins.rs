@@ -1,0 +1,291 @@
+//! What lives under `pin_dir`, and which of it is the limiter's.
+//!
+//! The limiter pins its maps under the names of `limiter_common::abi::map_name` and one
+//! bpf_link per interface as `link_<iface>`. Anything else in the directory (another
+//! tool's pins, a subdirectory), and anything under one of those names that is not what
+//! the limiter would have put there (a map of another name, a link running another
+//! program), is someone else's: cleanup leaves it and says so, and nothing replaces it.
+
+use std::{
+    ffi::CString,
+    fs,
+    os::fd::{FromRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use aya::{maps::MapInfo, programs::links::PinnedLink};
+use limiter_common::abi::{map_name, PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC};
+
+use crate::{error::Error, program::LINK_PIN_PREFIX};
+
+/// A name the limiter pins under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinName<'a> {
+    /// One of the program's maps.
+    Map(&'static str),
+    /// The link running the program on this interface.
+    Link(&'a str),
+}
+
+/// Whether `name` is one the limiter pins under (pure: by name only).
+pub fn parse_name(name: &str) -> Option<PinName<'_>> {
+    if let Some(map) = map_name::ALL.iter().find(|m| **m == name) {
+        return Some(PinName::Map(map));
+    }
+    match name.strip_prefix(LINK_PIN_PREFIX) {
+        // Interface names are 1..15 bytes without '/' (IFNAMSIZ).
+        Some(iface) if !iface.is_empty() && iface.len() < 16 => Some(PinName::Link(iface)),
+        _ => None,
+    }
+}
+
+/// The kind of BPF object pinned somewhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Object {
+    Map,
+    Program,
+    Link,
+    /// What the kernel's file says it is.
+    Other(String),
+}
+
+/// Opens the pinned object at `path` (BPF_OBJ_GET) and tells its kind from the file the
+/// kernel hands back (`anon_inode:bpf-map`, `bpf-prog`, `bpf-link`; older kernels `bpf_link`).
+fn object_kind(path: &Path) -> std::io::Result<Object> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct ObjGetAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+        path_fd: i32,
+        // Explicit, so that it is zero: the kernel refuses nonzero bytes past the fields.
+        _pad: u32,
+    }
+    const BPF_OBJ_GET: libc::c_long = 7;
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut attr = ObjGetAttr {
+        pathname: c.as_ptr() as u64,
+        ..ObjGetAttr::default()
+    };
+    // SAFETY: attr is a valid BPF_OBJ_GET attribute pointing at a NUL-terminated path.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &mut attr as *mut ObjGetAttr,
+            std::mem::size_of::<ObjGetAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    use std::os::fd::AsRawFd as _;
+    let target = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    let target = target.to_string_lossy();
+    Ok(if target.contains("bpf-map") {
+        Object::Map
+    } else if target.contains("bpf-prog") {
+        Object::Program
+    } else if target.contains("bpf_link") || target.contains("bpf-link") {
+        Object::Link
+    } else {
+        Object::Other(target.into_owned())
+    })
+}
+
+/// The names of the limiter's programs (the kernel keeps 15 bytes of a name).
+fn is_limiter_program(name: &str) -> bool {
+    [PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC]
+        .iter()
+        .any(|p| p.get(..15).unwrap_or(p) == name)
+}
+
+/// `Ok` if the object pinned at `path` under `name` is what the limiter pins there;
+/// otherwise what it is instead.
+pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
+    let meta = fs::symlink_metadata(path).map_err(|e| format!("unreadable: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "{}, not a pinned BPF object",
+            limiter_instance::kind_of(meta.file_type())
+        ));
+    }
+    let kind = object_kind(path).map_err(|e| format!("not a pinned BPF object ({e})"))?;
+    match (name, kind) {
+        (PinName::Map(expected), Object::Map) => {
+            let info = MapInfo::from_pin(path).map_err(|e| format!("unreadable map: {e}"))?;
+            match info.name_as_str() {
+                Some(found) if found == expected => Ok(()),
+                found => Err(format!(
+                    "a map named {:?}, not the limiter's {expected}",
+                    found.unwrap_or("?")
+                )),
+            }
+        }
+        (PinName::Link(_), Object::Link) => {
+            let link = PinnedLink::from_pin(path).map_err(|e| format!("unreadable link: {e}"))?;
+            let fd_link: aya::programs::links::FdLink = link.into();
+            let prog_id = fd_link
+                .info()
+                .map_err(|e| format!("unreadable link: {e}"))?
+                .program_id();
+            let name = aya::programs::loaded_programs()
+                .filter_map(Result::ok)
+                .find(|p| p.id() == prog_id)
+                .and_then(|p| p.name_as_str().map(str::to_string));
+            match name {
+                Some(n) if is_limiter_program(&n) => Ok(()),
+                Some(n) => Err(format!("a link running program {n:?}, not the limiter")),
+                None => Err(format!(
+                    "a link running program id {prog_id}, not the limiter"
+                )),
+            }
+        }
+        (_, kind) => Err(format!(
+            "a pinned {}, not the limiter's {}",
+            match kind {
+                Object::Map => "map".to_string(),
+                Object::Program => "program".to_string(),
+                Object::Link => "link".to_string(),
+                Object::Other(what) => format!("object ({what})"),
+            },
+            match name {
+                PinName::Map(_) => "map",
+                PinName::Link(_) => "link",
+            }
+        )),
+    }
+}
+
+/// What [`remove_pins`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cleanup {
+    pub removed: Vec<PathBuf>,
+    /// What was left in place, and why it is not the limiter's.
+    pub left: Vec<(PathBuf, String)>,
+}
+
+/// Every entry of `pin_dir` (empty if the directory does not exist).
+fn entries(pin_dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
+    let read = match fs::read_dir(pin_dir) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(Error::Io {
+                what: format!("listing {}", pin_dir.display()),
+                source: e,
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for entry in read {
+        let entry = entry.map_err(|e| Error::Io {
+            what: format!("listing {}", pin_dir.display()),
+            source: e,
+        })?;
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            entry.path(),
+        ));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The interface link pins under `pin_dir` that are the limiter's: (iface, pin).
+pub fn limiter_links(pin_dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
+    Ok(entries(pin_dir)?
+        .into_iter()
+        .filter_map(|(name, path)| match parse_name(&name) {
+            Some(PinName::Link(iface)) if check_ours(&path, PinName::Link(iface)).is_ok() => {
+                Some((iface.to_string(), path))
+            }
+            _ => None,
+        })
+        .collect())
+}
+
+/// Removes what the limiter pinned under `pin_dir`: its links first (enforcement stops
+/// on every interface), then its maps, then the directory if nothing else is in it.
+/// Anything else is left where it is and reported.
+pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
+    let mut cleanup = Cleanup::default();
+    let mut links = Vec::new();
+    let mut maps = Vec::new();
+    for (name, path) in entries(pin_dir)? {
+        match parse_name(&name) {
+            None => cleanup
+                .left
+                .push((path, "not a name the limiter pins under".into())),
+            Some(pin) => match check_ours(&path, pin) {
+                Err(why) => cleanup.left.push((path, why)),
+                Ok(()) if matches!(pin, PinName::Link(_)) => links.push(path),
+                Ok(()) => maps.push(path),
+            },
+        }
+    }
+    // Links before maps: a link removed last would keep the program running on maps
+    // that no longer have a name.
+    for path in links.into_iter().chain(maps) {
+        fs::remove_file(&path).map_err(|e| Error::Io {
+            what: format!("removing {}", path.display()),
+            source: e,
+        })?;
+        cleanup.removed.push(path);
+    }
+    if cleanup.left.is_empty() && pin_dir.exists() {
+        // Best effort: the pins are gone, which is what stops enforcement. A directory
+        // that cannot go (a mount point such as /sys/fs/bpf itself) is reported, kept.
+        if let Err(e) = fs::remove_dir(pin_dir) {
+            cleanup
+                .left
+                .push((pin_dir.to_path_buf(), format!("the directory stays: {e}")));
+        }
+    }
+    for (path, why) in &cleanup.left {
+        tracing::warn!(path = %path.display(), "left in place: {why}");
+    }
+    Ok(cleanup)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use super::*;
+
+    #[test]
+    fn names_the_limiter_pins_under() {
+        for map in map_name::ALL {
+            assert_eq!(parse_name(map), Some(PinName::Map(map)));
+        }
+        assert_eq!(parse_name("link_eth0"), Some(PinName::Link("eth0")));
+        assert_eq!(
+            parse_name("link_abcdefghijklmnop"),
+            None,
+            "longer than an interface name"
+        );
+        for foreign in [
+            "link_",
+            "control",
+            "CONTROL.bak",
+            "cilium_calls",
+            "SRC_BUCKETS2",
+        ] {
+            assert_eq!(parse_name(foreign), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn program_names_as_the_kernel_keeps_them() {
+        assert!(is_limiter_program("limiter"));
+        assert!(is_limiter_program("limiter_linear"));
+        assert!(is_limiter_program("limiter_tc"));
+        assert!(!is_limiter_program("xdp_dispatcher"));
+        assert!(!is_limiter_program("limiter2"));
+    }
+}

@@ -41,9 +41,6 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
         }
         return Ok(unmatched());
     };
-    // Taken before the paths of the kinds part: the packet pointers it reads are dead
-    // where they join again, so the verifier can prune the joined states.
-    let size = size();
     let action = if pkt.kind == kind::WHOLE {
         matched(classify::first_match(rules, pkt))
     } else {
@@ -53,8 +50,9 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
     // One call site, so the meters are inlined once per family; nothing after it
     // depends on the frame's kind, so the verifier checks them once for all kinds.
     match action {
-        Action::Meter(slot) => meter::meter(generation, slot, pkt, size, false),
-        Action::Refuse(slot) => meter::meter(generation, slot, pkt, size, true),
+        // The frame's size only now: the multi-buffer build reads it with a helper call.
+        Action::Meter(slot) => meter::meter(generation, slot, pkt, size(), false),
+        Action::Refuse(slot) => meter::meter(generation, slot, pkt, size(), true),
         Action::Unmatched => Ok(unmatched()),
     }
 }

@@ -29,21 +29,17 @@ const TPIDS: [u16; 2] = [0x8100, 0x88a8];
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_ACK: u8 = 0x10;
 
-/// SplitMix64: small, seedable, good enough to generate test cases.
+/// The simulator's seeded generator (SplitMix64), with the draws the generators need.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(limiter_sim::rng::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(limiter_sim::rng::Rng::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (n > 0).
@@ -53,7 +49,7 @@ impl Rng {
 
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+        self.0.unit() <= p
     }
 
     pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
@@ -172,30 +168,28 @@ pub fn frames_between(
 
 /// The frames a datagram becomes under a disguise.
 pub fn frames(d: &Datagram, g: &Disguise) -> Vec<Vec<u8>> {
-    let transport = d.transport();
-    // The fragmentable part: for IPv6, the extension headers after the fragment header
-    // and the transport; for IPv4, the transport.
-    let (unfrag_exts, frag_exts) = if d.is_v6() {
-        let n = g.unfragmentable.min(g.exts.len());
-        (g.exts[..n].to_vec(), g.exts[n..].to_vec())
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    let whole_exts: Vec<Ext> = g.exts.clone();
     if g.pieces.is_empty() {
         let body = if d.is_v6() {
-            chain(&whole_exts, d.proto, &transport)
+            chain(&g.exts, d.proto, &d.transport())
         } else {
-            transport.clone()
+            d.transport()
         };
         return vec![finish(frame(d, g, &body, None, &[]), g)];
     }
-    let fragmentable = if d.is_v6() {
-        chain(&frag_exts, d.proto, &transport)
+    // IPv6: the extension headers before the fragment header, and the first header of
+    // the fragmentable part.
+    let n = if d.is_v6() {
+        g.unfragmentable.min(g.exts.len())
     } else {
-        transport
+        0
     };
-    let first_next = frag_exts.first().map_or(d.proto, |e| e.protocol());
+    let unfrag_exts = &g.exts[..n];
+    let first_next = g
+        .exts
+        .get(n)
+        .filter(|_| d.is_v6())
+        .map_or(d.proto, |e| e.protocol());
+    let fragmentable = frames_body(d, g);
     g.pieces
         .iter()
         .map(|p| {
@@ -211,7 +205,7 @@ pub fn frames(d: &Datagram, g: &Disguise) -> Vec<Vec<u8>> {
                 more: p.more,
                 next: first_next,
             };
-            finish(frame(d, g, &bytes, Some(frag), &unfrag_exts), g)
+            finish(frame(d, g, &bytes, Some(frag), unfrag_exts), g)
         })
         .collect()
 }
@@ -300,9 +294,9 @@ fn frame(
                     unfrag.first().map_or(IPPROTO_FRAGMENT, |e| e.protocol())
                 }
                 None => {
-                    payload.extend_from_slice(body);
                     // The body starts with the chain (or the transport).
-                    first_of_body(body, d.proto, g)
+                    payload.extend_from_slice(body);
+                    g.exts.first().map_or(d.proto, |e| e.protocol())
                 }
             };
             let len = shrink(payload.len().min(0xffff), g.shrink_length, 0);
@@ -316,10 +310,6 @@ fn frame(
         _ => unreachable!("mixed families"),
     }
     f
-}
-
-fn first_of_body(_body: &[u8], proto: u8, g: &Disguise) -> u8 {
-    g.exts.first().map_or(proto, |e| e.protocol())
 }
 
 fn shrink(len: usize, by: usize, floor: usize) -> usize {
@@ -621,6 +611,14 @@ fn transport_span(d: &Datagram, g: &Disguise) -> (usize, usize) {
 
 const EXTS: [Ext; 3] = [Ext::HopByHop, Ext::DestOpts, Ext::Routing];
 
+/// Up to `most` random IPv6 extension headers, split at random around the fragment
+/// header.
+fn random_chain(rng: &mut Rng, g: &mut Disguise, most: u64) {
+    let n = rng.below(most + 1) as usize;
+    g.exts = (0..n).map(|_| *rng.pick(&EXTS)).collect();
+    g.unfragmentable = rng.below(n as u64 + 1) as usize;
+}
+
 /// Fragments of a fragmentable part of `len` bytes: in order, each but the last a
 /// multiple of 8, the first holding at least `first_min` bytes.
 pub fn honest_pieces(rng: &mut Rng, len: usize, first_min: usize) -> Vec<Piece> {
@@ -661,9 +659,7 @@ pub fn hostile_disguise(rng: &mut Rng, d: &Datagram) -> Disguise {
         g.ipv4_option_words = rng.below(11) as usize;
     }
     if d.is_v6() && rng.chance(0.4) {
-        let n = rng.below(9) as usize;
-        g.exts = (0..n).map(|_| *rng.pick(&EXTS)).collect();
-        g.unfragmentable = rng.below(n as u64 + 1) as usize;
+        random_chain(rng, &mut g, 8);
     }
     if rng.chance(0.2) {
         g.padding = rng.below(48) as usize;
@@ -744,9 +740,7 @@ pub fn honest_disguise(rng: &mut Rng, d: &Datagram) -> Disguise {
     if !d.is_v6() {
         g.ipv4_option_words = rng.below(4) as usize;
     } else {
-        let n = rng.below(4) as usize;
-        g.exts = (0..n).map(|_| *rng.pick(&EXTS)).collect();
-        g.unfragmentable = rng.below(n as u64 + 1) as usize;
+        random_chain(rng, &mut g, 3);
     }
     if rng.chance(0.3) {
         g.padding = rng.below(32) as usize;

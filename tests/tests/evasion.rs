@@ -353,7 +353,7 @@ fn all_dsts() -> Vec<IpAddr> {
 #[test]
 fn single_frames_get_the_verdict_the_model_requires() {
     let seed = seed();
-    let n = cases(150) * 10;
+    let n = cases(3000) * 10;
     println!("seed {seed}, {n} frames per build (LIMITER_FUZZ_SEED, LIMITER_FUZZ_CASES)");
     let dsts = all_dsts();
     let mut failures = Vec::new();
@@ -405,7 +405,7 @@ const RATE: u64 = 1;
 #[test]
 fn fragments_and_decorations_get_no_datagram_past_a_rule() {
     let seed = seed();
-    let n = cases(150);
+    let n = cases(3000);
     println!("seed {seed}, {n} cases per build (LIMITER_FUZZ_SEED, LIMITER_FUZZ_CASES)");
     // Mostly the ruled hosts.
     let attack_dsts = [
@@ -451,7 +451,14 @@ fn fragments_and_decorations_get_no_datagram_past_a_rule() {
             // One attack a case, repeated: a datagram and a disguise, sent as several
             // datagrams (fresh identifications) — enough that a disguise that works gets
             // more of them through than the rule admits.
-            let template = random_datagram(&mut rng, &attack_dsts);
+            let mut template = random_datagram(&mut rng, &attack_dsts);
+            if rng.chance(0.5) {
+                // Aimed at a port rule of a ruled host: where hiding ports or flags pays.
+                template.dst = *rng.pick(&[IpAddr::V4(V4_RULED), v6(V6_RULED)]);
+                template.src = random_datagram(&mut rng, &[template.dst]).src;
+                template.proto = *rng.pick(&[IPPROTO_TCP, IPPROTO_UDP]);
+                template.dst_port = *rng.pick(&[443, 53]);
+            }
             let disguise = hostile_disguise(&mut rng, &template);
             let attacks: Vec<Vec<Vec<u8>>> = (0..BURST * 3 + rng.below(8))
                 .map(|_| {

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::limits::TokenBucket;
+use crate::limits::ReportBucket;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostLimits {
@@ -31,7 +31,7 @@ pub enum Refusal {
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     last_report: u64,
-    bucket: TokenBucket,
+    bucket: ReportBucket,
 }
 
 #[derive(Debug)]
@@ -79,7 +79,7 @@ impl HostTable {
                 });
             }
         }
-        let mut bucket = TokenBucket::new(self.limits.rate, self.limits.burst, now);
+        let mut bucket = ReportBucket::new(self.limits.rate, self.limits.burst);
         bucket.allow(now);
         self.hosts.insert(
             host.to_string(),

@@ -1,42 +1,39 @@
 //! Pure bounds on what one peer may cost: a report-rate bucket and a log budget. Time is
 //! passed in (monotonic ns), so both are tested without a clock.
 
-/// A token bucket over integer nanoseconds: `rate` events per second, up to `burst` at
-/// once. Its fill is kept as time (ns of credit), so refilling is one saturating add.
+use limiter_common::gcra::{self, Granularity, Limit};
+
+/// A report-rate bucket: `rate` events per second, up to `burst` at once, metered by the
+/// project's one rate arithmetic (limiter_common::gcra, what the XDP program meters
+/// with) over monotonic nanoseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TokenBucket {
-    /// Nanoseconds of credit one event costs (1e9 / rate).
-    cost: u64,
-    /// Most credit the bucket holds (burst × cost).
-    capacity: u64,
-    credit: u64,
-    last: u64,
+pub struct ReportBucket {
+    limit: Limit,
+    /// Theoretical arrival time, in gcra ticks (0: never used, full).
+    tat: u64,
 }
 
-impl TokenBucket {
-    /// A full bucket at `now`. `rate` and `burst` are at least 1 (0 is taken as 1).
-    pub fn new(rate: u64, burst: u64, now: u64) -> TokenBucket {
-        let cost = 1_000_000_000 / rate.max(1);
-        let capacity = cost.saturating_mul(burst.max(1));
-        TokenBucket {
-            cost,
-            capacity,
-            credit: capacity,
-            last: now,
-        }
+impl ReportBucket {
+    /// A full bucket. `rate` and `burst` are clamped to what a limit can hold (at least
+    /// 1; a burst of at most an hour of the rate).
+    pub fn new(rate: u64, burst: u64) -> ReportBucket {
+        let rate = rate.clamp(1, gcra::MAX_RATE);
+        let burst = burst.clamp(1, rate.saturating_mul(3600));
+        // Unreachable after the clamps; a closed bucket would be the safe side.
+        let limit = Limit::new(Granularity::Event, rate, burst).unwrap_or(Limit::CLOSED);
+        ReportBucket { limit, tat: 0 }
     }
 
     /// Takes one event's token if there is one.
-    pub fn allow(&mut self, now: u64) -> bool {
-        let elapsed = now.saturating_sub(self.last);
-        self.last = self.last.max(now);
-        self.credit = self.credit.saturating_add(elapsed).min(self.capacity);
-        if self.credit >= self.cost {
-            self.credit -= self.cost;
-            true
-        } else {
-            false
-        }
+    pub fn allow(&mut self, now_ns: u64) -> bool {
+        let step = gcra::conform(
+            self.tat,
+            gcra::ticks_from_ns(now_ns),
+            self.limit.cost(1),
+            self.limit.tolerance,
+        );
+        self.tat = step.tat;
+        step.admit
     }
 }
 
@@ -90,7 +87,7 @@ mod tests {
 
     #[test]
     fn a_bucket_allows_its_burst_then_its_rate() {
-        let mut b = TokenBucket::new(10, 5, 0);
+        let mut b = ReportBucket::new(10, 5);
         assert_eq!((0..20).filter(|_| b.allow(0)).count(), 5);
         // 100 ms buys one report at 10/s.
         assert!(!b.allow(S / 10 - 1));
@@ -110,7 +107,7 @@ mod tests {
             burst in 1u64..50,
             gaps in prop::collection::vec(0u64..20_000_000, 1..2000),
         ) {
-            let mut b = TokenBucket::new(rate, burst, 0);
+            let mut b = ReportBucket::new(rate, burst);
             let (mut now, mut allowed) = (0u64, 0u64);
             for gap in gaps {
                 now += gap;

@@ -33,7 +33,7 @@ use tokio::{
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
-use crate::{config::PeerLimits, limits::TokenBucket, now_ns};
+use crate::{config::PeerLimits, limits::ReportBucket, now_ns};
 
 /// Connection counters for the metrics.
 #[derive(Debug, Default)]
@@ -53,7 +53,7 @@ pub struct ConnState {
     /// A report arrived on this connection (the service sets it).
     pub reported: std::sync::atomic::AtomicBool,
     /// Reports on this connection (per host there is another, in the host table).
-    pub bucket: Mutex<TokenBucket>,
+    pub bucket: Mutex<ReportBucket>,
     names: OnceLock<Result<Vec<String>, IdentityError>>,
 }
 
@@ -243,7 +243,7 @@ async fn accept_loop(
             info: ConnInfo(Arc::new(ConnState {
                 remote: Some(remote),
                 reported: std::sync::atomic::AtomicBool::new(false),
-                bucket: Mutex::new(TokenBucket::new(rate, rate, now_ns())),
+                bucket: Mutex::new(ReportBucket::new(rate, rate)),
                 names: OnceLock::new(),
             })),
             first_report_by: Some(Box::pin(tokio::time::sleep(Duration::from_millis(

@@ -47,8 +47,8 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
         count_kind(pkt.kind);
         partial(rules, pkt)
     };
-    // One call site, so the meters are inlined once per family; nothing after it
-    // depends on the frame's kind, so the verifier checks them once for all kinds.
+    // One call site, so the meters are inlined once per family, and nothing after it
+    // depends on the frame's kind (a first fragment's record is written before).
     match action {
         // The frame's size only now: the multi-buffer build reads it with a helper call.
         Action::Meter(slot) => meter::meter(generation, slot, pkt, size(), false),

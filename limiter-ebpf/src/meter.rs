@@ -43,8 +43,8 @@ pub struct Size {
     pub bytes: u64,
 }
 
-/// The verdict of the rule in `slot` on a frame; `refuse`: without metering (decide.rs:
-/// a frame that could carry a datagram past the rule).
+/// The verdict of the rule in `slot` on a frame; with `refuse_unmetered`, refused
+/// without metering (decide.rs: a frame that could carry a datagram past the rule).
 #[inline(always)]
 pub fn meter(
     generation: u32,

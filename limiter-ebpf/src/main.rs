@@ -5,7 +5,7 @@
 //! XDP_ABORTED.
 #![no_std]
 #![no_main]
-#![feature(core_intrinsics, asm_experimental_arch, stmt_expr_attributes)]
+#![feature(core_intrinsics, asm_experimental_arch)]
 #![allow(internal_features)]
 
 mod classify;

@@ -146,6 +146,9 @@ pub struct InterfaceStatus {
     pub link: &'static str,
     pub pin: Option<PathBuf>,
     pub program_id: Option<u32>,
+    /// What holds the program there: "bpf_link", "tcx link", or the cls_bpf filter's
+    /// slot (TC mode on kernels without tcx).
+    pub hook: String,
 }
 
 /// What a reload did.
@@ -288,12 +291,15 @@ impl Daemon {
             )?;
             let how = match a.origin {
                 LinkOrigin::Created => "attached",
-                LinkOrigin::Adopted => "adopted the pinned link (program replaced atomically)",
+                LinkOrigin::Adopted => {
+                    "adopted the earlier daemon's hook (program replaced atomically)"
+                }
             };
             tracing::info!(
                 iface = %a.iface,
                 mode = a.mode.as_str(),
                 program = a.variant.program_name(),
+                hook = %a.hook(),
                 "{how}"
             );
             daemon.attachments.push(a);
@@ -633,6 +639,7 @@ impl Daemon {
                     },
                     pin: a.pin.clone(),
                     program_id: a.program_id().ok(),
+                    hook: a.hook(),
                 })
                 .collect(),
         })

@@ -165,6 +165,9 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cleanup {
     pub removed: Vec<PathBuf>,
+    /// The limiter's cls_bpf filters removed (TC mode on kernels without tcx): which
+    /// interface, which slot.
+    pub removed_filters: Vec<String>,
     /// What was left in place, and why it is not the limiter's.
     pub left: Vec<(PathBuf, String)>,
 }
@@ -228,8 +231,22 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
             },
         }
     }
-    // Links before maps: a link removed last would keep the program running on maps
-    // that no longer have a name.
+    // Filters and links before maps: one removed last would keep the program running
+    // on maps that no longer have a name. A filter is found by the maps its program
+    // uses, so it must go while they are still pinned.
+    let filters = crate::tc_filter::limiter_filters(pin_dir).map_err(|e| Error::Io {
+        what: "listing the interfaces' TC filters".into(),
+        source: e,
+    })?;
+    for (iface, filter) in filters {
+        crate::tc_filter::remove(&iface, &filter).map_err(|reason| Error::Link {
+            what: format!("removing the limiter's {} from {iface}", filter.describe()),
+            reason,
+        })?;
+        cleanup
+            .removed_filters
+            .push(format!("{iface}: {}", filter.describe()));
+    }
     for path in links.into_iter().chain(maps) {
         fs::remove_file(&path).map_err(|e| Error::Io {
             what: format!("removing {}", path.display()),

@@ -13,7 +13,7 @@ use aya::{
     maps::MapInfo,
     programs::{
         links::{FdLink, PinnedLink},
-        tc::{SchedClassifierLink, SchedClassifierLinkId},
+        tc::{NlOptions, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions, TcHandle},
         xdp::{XdpLink, XdpLinkId},
         SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
@@ -26,7 +26,7 @@ use limiter_common::abi::{
     PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
-use crate::{config::XdpMode as ConfigXdpMode, error::Error, maps::Maps};
+use crate::{config::XdpMode as ConfigXdpMode, error::Error, kernel, maps::Maps, tc_filter};
 
 /// The XDP object, built by build.rs.
 pub static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
@@ -57,7 +57,7 @@ pub struct Program {
 pub enum AttachedMode {
     Native,
     Generic,
-    /// TC ingress (a tcx link), not XDP.
+    /// TC ingress (a tcx link; before Linux 6.6 a cls_bpf filter), not XDP.
     Tc,
 }
 
@@ -137,6 +137,16 @@ enum AttachedLink {
     /// Process-local: owned by the program, detached with it.
     Local(XdpLinkId),
     LocalTc(SchedClassifierLinkId),
+    /// A cls_bpf filter at [`tc_filter::PRIORITY`]/[`tc_filter::HANDLE`] of this
+    /// interface (kernels without tcx): it lives on the interface, not in a pin.
+    Filter {
+        ifindex: u32,
+    },
+    /// The same for the life of this program object only (tests).
+    LocalFilter {
+        ifindex: u32,
+        id: SchedClassifierLinkId,
+    },
 }
 
 /// A link just made, not yet pinned or handed back to its program.
@@ -155,8 +165,24 @@ impl NewLink {
 }
 
 impl Attachment {
-    /// Id of the program a pinned link runs now.
+    /// Id of the program a pinned link (or the limiter's filter) runs now.
     pub fn program_id(&self) -> Result<u32, Error> {
+        if let AttachedLink::Filter { ifindex } | AttachedLink::LocalFilter { ifindex, .. } =
+            &self.link
+        {
+            return tc_filter::ingress_filters(*ifindex)
+                .ok()
+                .and_then(|fs| {
+                    fs.into_iter().find(|f| {
+                        f.priority == tc_filter::PRIORITY && f.handle == tc_filter::HANDLE
+                    })
+                })
+                .and_then(|f| f.program_id)
+                .ok_or_else(|| Error::Link {
+                    what: format!("reading the filter of {}", self.iface),
+                    reason: "no limiter filter at its slot".into(),
+                });
+        }
         let AttachedLink::Pinned(link) = &self.link else {
             return Err(Error::Link {
                 what: format!("reading the link of {}", self.iface),
@@ -169,6 +195,21 @@ impl Attachment {
                 what: format!("reading the link of {}", self.iface),
                 reason: e.to_string(),
             })
+    }
+}
+
+impl Attachment {
+    /// What holds the program on the interface, for `status`.
+    pub fn hook(&self) -> String {
+        match (&self.link, self.mode) {
+            (AttachedLink::Filter { .. } | AttachedLink::LocalFilter { .. }, _) => format!(
+                "cls_bpf filter at clsact ingress, priority {}, handle {:#x}",
+                tc_filter::PRIORITY,
+                tc_filter::HANDLE
+            ),
+            (_, AttachedMode::Tc) => "tcx link".into(),
+            _ => "bpf_link".into(),
+        }
     }
 }
 
@@ -464,6 +505,22 @@ impl Program {
         mode: ConfigXdpMode,
         pin_dir: &Path,
     ) -> Result<Attachment, Error> {
+        if mode == ConfigXdpMode::Tc && !kernel::has_tcx() {
+            return self.attach_filter(iface, pin_dir);
+        }
+        let attachment = self.attach_link(iface, mode, pin_dir)?;
+        // A filter of ours left from a run in TC mode on a kernel without tcx would
+        // meter every frame a second time, unseen: it goes once the link runs.
+        remove_filters(iface, pin_dir, |_| true)?;
+        Ok(attachment)
+    }
+
+    fn attach_link(
+        &mut self,
+        iface: &str,
+        mode: ConfigXdpMode,
+        pin_dir: &Path,
+    ) -> Result<Attachment, Error> {
         let pin = link_pin_path(pin_dir, iface);
         if fs::symlink_metadata(&pin).is_ok() {
             // Only a link of ours is switched over, or replaced when that fails.
@@ -502,6 +559,121 @@ impl Program {
             origin: LinkOrigin::Created,
             pin: Some(pin),
             link: AttachedLink::Pinned(pinned.into()),
+        })
+    }
+
+    /// The TC build as a cls_bpf filter in the limiter's slot of `iface`'s clsact ingress
+    /// (kernels without tcx). A filter of ours already there (an earlier daemon's) gets
+    /// this program in place; an empty slot gets a new filter (and the interface a
+    /// clsact qdisc if it has none); a slot held by someone else's filter is refused.
+    fn attach_filter(&mut self, iface: &str, pin_dir: &Path) -> Result<Attachment, Error> {
+        let ifindex = ifindex_of(iface)?;
+        let control = tc_filter::control_map_id(pin_dir);
+        let ours = |f: &tc_filter::Filter| {
+            f.program_id
+                .zip(control)
+                .is_some_and(|(id, c)| tc_filter::program_uses_map(id, c))
+        };
+        // No clsact qdisc yet: no filters.
+        let filters = tc_filter::ingress_filters(ifindex).unwrap_or_default();
+        let at_slot = filters
+            .iter()
+            .find(|f| f.priority == tc_filter::PRIORITY && f.handle == tc_filter::HANDLE);
+        let prog = tc_mut(&mut self.ebpf)?;
+        let attach_err = |what: String| {
+            move |e: aya::programs::ProgramError| Error::Program {
+                what,
+                source: Box::new(e),
+            }
+        };
+        let (id, origin) = match at_slot {
+            Some(f) if ours(f) => {
+                let link = SchedClassifierLink::attached(
+                    iface,
+                    TcAttachType::Ingress,
+                    tc_filter::PRIORITY,
+                    TcHandle::from(tc_filter::HANDLE),
+                    None,
+                )
+                .map_err(|e| Error::Io {
+                    what: format!("finding {iface}"),
+                    source: e,
+                })?;
+                let id = prog.attach_to_link(link).map_err(attach_err(format!(
+                    "replacing the program of {iface}'s {}",
+                    f.describe()
+                )))?;
+                (id, LinkOrigin::Adopted)
+            }
+            Some(f) => {
+                return Err(Error::Link {
+                    what: format!("attaching {PROGRAM_NAME_TC} to {iface}"),
+                    reason: format!(
+                        "the {} belongs to someone else (program {}, name {:?}); the \
+                         limiter replaces only its own filter there",
+                        f.describe(),
+                        f.program_id.map_or("?".to_string(), |id| id.to_string()),
+                        f.name.as_deref().unwrap_or("?")
+                    ),
+                })
+            }
+            None => {
+                // An interface with a clsact (or ingress) qdisc refuses a second one;
+                // the attach below says whether the hook is there.
+                let qdisc = aya::programs::tc::qdisc_add_clsact(iface);
+                let id = prog
+                    .attach_with_options(
+                        iface,
+                        TcAttachType::Ingress,
+                        TcAttachOptions::Netlink(NlOptions {
+                            priority: tc_filter::PRIORITY,
+                            handle: TcHandle::from(tc_filter::HANDLE),
+                            classid: None,
+                        }),
+                    )
+                    .map_err(|e| Error::Link {
+                        what: format!("adding a cls_bpf filter for {PROGRAM_NAME_TC} to {iface}"),
+                        reason: match &qdisc {
+                            Ok(()) => e.to_string(),
+                            Err(q) => format!("{e} (adding a clsact qdisc first: {q})"),
+                        },
+                    })?;
+                (id, LinkOrigin::Created)
+            }
+        };
+        let link = prog.take_link(id).map_err(|e| Error::Program {
+            what: format!("taking the filter of {iface}"),
+            source: Box::new(e),
+        })?;
+        // Dropping aya's handle would delete the filter: it must outlive this process,
+        // as a pinned link does. It holds no descriptor, so forgetting it leaks nothing.
+        std::mem::forget(link);
+        // Filters of ours in other slots (an older build's, a failed attempt's) go now
+        // that ours runs; so does a pinned XDP link of ours on this interface, which
+        // would meter every frame twice.
+        remove_filters(iface, pin_dir, |f| {
+            f.priority != tc_filter::PRIORITY || f.handle != tc_filter::HANDLE
+        })?;
+        let pin = link_pin_path(pin_dir, iface);
+        if fs::symlink_metadata(&pin).is_ok()
+            && crate::pins::check_ours(&pin, crate::pins::PinName::Link(iface)).is_ok()
+        {
+            fs::remove_file(&pin).map_err(|e| Error::Io {
+                what: format!(
+                    "removing the link pin {} (the filter replaces it)",
+                    pin.display()
+                ),
+                source: e,
+            })?;
+            tracing::warn!(%iface, pin = %pin.display(), "removed the link pinned by an earlier daemon in another mode: the filter replaces it");
+        }
+        Ok(Attachment {
+            iface: iface.to_string(),
+            mode: AttachedMode::Tc,
+            variant: Variant::Tc,
+            origin,
+            pin: None,
+            link: AttachedLink::Filter { ifindex },
         })
     }
 
@@ -622,6 +794,35 @@ impl Program {
     /// Attaches to `iface` for the life of this program object only (tests,
     /// benchmarks): the link is not pinned.
     pub fn attach(&mut self, iface: &str, mode: ConfigXdpMode) -> Result<Attachment, Error> {
+        if mode == ConfigXdpMode::Tc && !kernel::has_tcx() {
+            let ifindex = ifindex_of(iface)?;
+            let qdisc = aya::programs::tc::qdisc_add_clsact(iface);
+            let id = tc_mut(&mut self.ebpf)?
+                .attach_with_options(
+                    iface,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::Netlink(NlOptions {
+                        priority: tc_filter::PRIORITY,
+                        handle: TcHandle::from(tc_filter::HANDLE),
+                        classid: None,
+                    }),
+                )
+                .map_err(|e| Error::Link {
+                    what: format!("adding a cls_bpf filter for {PROGRAM_NAME_TC} to {iface}"),
+                    reason: match &qdisc {
+                        Ok(()) => e.to_string(),
+                        Err(q) => format!("{e} (adding a clsact qdisc first: {q})"),
+                    },
+                })?;
+            return Ok(Attachment {
+                iface: iface.to_string(),
+                mode: AttachedMode::Tc,
+                variant: Variant::Tc,
+                origin: LinkOrigin::Created,
+                pin: None,
+                link: AttachedLink::LocalFilter { ifindex, id },
+            });
+        }
         let (link, mode, variant) = self.attach_new(iface, mode)?;
         let keep_err = |e: aya::programs::ProgramError| Error::Program {
             what: format!("keeping the link of {iface}"),
@@ -660,8 +861,10 @@ impl Program {
             AttachedLink::Local(id) => xdp_mut(&mut self.ebpf, attachment.variant)?
                 .detach(id)
                 .map_err(detach_err),
-            AttachedLink::LocalTc(id) => tc_mut(&mut self.ebpf)?.detach(id).map_err(detach_err),
-            AttachedLink::Pinned(_) => unpin_link(attachment),
+            AttachedLink::LocalTc(id) | AttachedLink::LocalFilter { id, .. } => {
+                tc_mut(&mut self.ebpf)?.detach(id).map_err(detach_err)
+            }
+            AttachedLink::Pinned(_) | AttachedLink::Filter { .. } => unpin_link(attachment),
         }
     }
 }
@@ -669,6 +872,18 @@ impl Program {
 /// Stops enforcement on the interface behind `attachment` by removing its pin; the link
 /// goes away with its last file descriptor.
 pub fn unpin_link(attachment: Attachment) -> Result<(), Error> {
+    if let AttachedLink::Filter { .. } = attachment.link {
+        let filter = tc_filter::Filter {
+            priority: tc_filter::PRIORITY,
+            handle: tc_filter::HANDLE,
+            name: None,
+            program_id: None,
+        };
+        return tc_filter::remove(&attachment.iface, &filter).map_err(|reason| Error::Link {
+            what: format!("removing the {} of {}", filter.describe(), attachment.iface),
+            reason,
+        });
+    }
     let Some(pin) = &attachment.pin else {
         return Ok(());
     };
@@ -676,6 +891,42 @@ pub fn unpin_link(attachment: Attachment) -> Result<(), Error> {
         what: format!("removing {}", pin.display()),
         source: e,
     })
+}
+
+/// Removes the limiter's filters (on `pin_dir`'s maps) from `iface` that `which` selects.
+fn remove_filters(
+    iface: &str,
+    pin_dir: &Path,
+    which: impl Fn(&tc_filter::Filter) -> bool,
+) -> Result<(), Error> {
+    let Ok(ifindex) = ifindex_of(iface) else {
+        return Ok(());
+    };
+    let filters = tc_filter::limiter_filters_on(ifindex, pin_dir).unwrap_or_default();
+    for f in filters.iter().filter(|f| which(f)) {
+        tc_filter::remove(iface, f).map_err(|reason| Error::Link {
+            what: format!("removing the limiter's {} from {iface}", f.describe()),
+            reason,
+        })?;
+        tracing::warn!(%iface, filter = %f.describe(), "removed a filter an earlier daemon left: it would meter every frame a second time");
+    }
+    Ok(())
+}
+
+fn ifindex_of(iface: &str) -> Result<u32, Error> {
+    let c = CString::new(iface).map_err(|_| Error::Link {
+        what: format!("finding interface {iface:?}"),
+        reason: "a NUL byte in the name".into(),
+    })?;
+    // SAFETY: a valid NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if index == 0 {
+        return Err(Error::Io {
+            what: format!("finding interface {iface}"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(index)
 }
 
 fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {

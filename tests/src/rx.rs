@@ -6,7 +6,10 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{PerCpuArray, PerCpuHashMap},
-    programs::{SchedClassifier, TcAttachType},
+    programs::{
+        tc::{NlOptions, TcAttachOptions, TcHandle},
+        SchedClassifier, TcAttachType,
+    },
     Ebpf,
 };
 use limiter_user::program::BASELINE_OBJECT;
@@ -42,8 +45,24 @@ impl RxCounter {
             .context("no rx_count program")?
             .try_into()?;
         prog.load().context("loading rx_count")?;
-        prog.attach(iface, TcAttachType::Ingress)
-            .with_context(|| format!("attaching rx_count to {iface} ingress"))?;
+        if limiter_user::kernel::has_tcx() {
+            prog.attach(iface, TcAttachType::Ingress)
+                .with_context(|| format!("attaching rx_count to {iface} ingress"))?;
+        } else {
+            // Without tcx, a cls_bpf filter behind the limiter's (a larger priority
+            // runs later); the limiter's attach added the clsact qdisc, or this does.
+            let _ = aya::programs::tc::qdisc_add_clsact(iface);
+            prog.attach_with_options(
+                iface,
+                TcAttachType::Ingress,
+                TcAttachOptions::Netlink(NlOptions {
+                    priority: limiter_user::tc_filter::PRIORITY + 0x100,
+                    handle: TcHandle::new(0, 1),
+                    classid: None,
+                }),
+            )
+            .with_context(|| format!("adding rx_count as a cls_bpf filter to {iface}"))?;
+        }
         Ok(RxCounter { ebpf })
     }
 

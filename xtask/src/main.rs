@@ -2,6 +2,7 @@
 //! first, so a fresh machine needs nothing but this repository.
 
 mod bench;
+mod guest;
 mod setup;
 mod sim;
 
@@ -23,7 +24,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Install what this machine lacks: nightly rust-src, LLVM 22, bpf-linker, bpftool,
-    /// iproute2, nftables. Idempotent; quick when everything is present.
+    /// iproute2, nftables, and for `test --kernel` qemu, virtme-ng, udev, xdp-tools.
+    /// Idempotent; quick when everything is present.
     Setup,
     /// Build the XDP program and the `limiter` binary (release).
     Build,
@@ -35,8 +37,22 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run every test: host unit/property tests, then the kernel tests (root).
-    Test,
+    /// Run every test: host unit/property tests, then the kernel tests (root). With
+    /// `--kernel`, the kernel tests also (or only) run on Debian's kernels under qemu;
+    /// `-- FILE [FILTER...]` runs one test file (of tests/ or limiter-user/tests/) only.
+    Test {
+        /// Where: `host` (this machine's kernel, the default), `6.1` (Debian 12),
+        /// `6.12` (its backport), an exact package version such as `6.1.0-57`, or `all`
+        /// (host, 6.1 and 6.12); comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        kernel: Vec<String>,
+        /// How qemu runs a guest: `auto` uses KVM when a probe boot shows it works.
+        #[arg(long, value_enum, default_value_t = guest::Accel::Auto)]
+        accel: guest::Accel,
+        /// A test file and test-name filters.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        selection: Vec<String>,
+    },
     /// BPF_PROG_TEST_RUN cost per frame against a trivial XDP program (a benchmark).
     Bench,
     /// The evasion fuzz test (tests/tests/evasion.rs) with as many cases as you like:
@@ -62,7 +78,10 @@ enum Task {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.task {
-        Task::Setup => setup::run(),
+        Task::Setup => {
+            setup::run()?;
+            setup::guest()
+        }
         Task::Build => {
             setup::run()?;
             build()
@@ -76,9 +95,36 @@ fn main() -> Result<()> {
             }
             run_cmd(Command::new(release.join("limiter")).arg("run").args(&args))
         }
-        Task::Test => {
+        Task::Test {
+            kernel,
+            accel,
+            selection,
+        } => {
             setup::run()?;
-            test()
+            let targets = if kernel.is_empty() {
+                vec![guest::Target::Host]
+            } else {
+                guest::targets(&kernel)?
+            };
+            if targets.iter().any(|t| matches!(t, guest::Target::Guest(_))) {
+                setup::guest()?;
+            }
+            // Every target runs, so one failing kernel does not hide another's result.
+            let mut failed = Vec::new();
+            for target in &targets {
+                let (name, result) = match target {
+                    guest::Target::Host => ("host".to_string(), test(&selection)),
+                    guest::Target::Guest(k) => (k.clone(), guest::run(k, accel, &selection)),
+                };
+                if let Err(e) = result {
+                    eprintln!("test: {name}: {e:#}");
+                    failed.push(name);
+                }
+            }
+            if !failed.is_empty() {
+                bail!("tests failed on: {}", failed.join(", "));
+            }
+            Ok(())
         }
         Task::Bench => {
             setup::run()?;
@@ -153,7 +199,7 @@ fn build() -> Result<()> {
     ]))
 }
 
-fn test() -> Result<()> {
+fn test(selection: &[String]) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc_geteuid() } != 0 {
         bail!(
@@ -163,6 +209,15 @@ fn test() -> Result<()> {
     }
     // The binaries the end-to-end tests run (`limiter`, `limiter-lab`, `limiter-allocator`).
     build()?;
+    if let Some((file, filters)) = selection.split_first() {
+        let package = guest::package_of(file)?;
+        return run_cmd(
+            cargo()
+                .args(["test", "--release", "-p", package, "--test", file, "--"])
+                .arg("--test-threads=1")
+                .args(filters),
+        );
+    }
     // Unit and property tests of pure logic first: they fail fast and run in parallel.
     run_cmd(cargo().args(["test", "--release", "--lib", "--bins"]))?;
     run_cmd(cargo().args(["test", "--release", "--doc"]))?;

@@ -25,6 +25,46 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
+/// What booting Debian's kernels under qemu needs (`cargo xtask test --kernel`): qemu,
+/// kmod's depmod (virtme-ng indexes the package's modules), udev (virtme-ng finds its
+/// virtio-serial ports through it: without it the guest's exit code is lost), busybox for
+/// virtme-ng's initramfs, xdp-tools for the libxdp tests that need a guest's kernel.
+const GUEST_APT_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "kmod",
+    "udev",
+    "busybox-static",
+    "xdp-tools",
+];
+/// virtme-ng from PyPI, at the version this harness was written against.
+const VIRTME_NG: &str = "virtme-ng==1.42";
+
+/// The guest tools (`cargo xtask setup` installs them too). Idempotent.
+pub fn guest() -> Result<()> {
+    install_apt(GUEST_APT_PACKAGES)?;
+    let have =
+        output_ok(Command::new(scripts_dir()?.join("vng")).arg("--version")).is_some_and(|v| {
+            v.trim() == format!("virtme-ng {}", VIRTME_NG.trim_start_matches("virtme-ng=="))
+        });
+    if !have {
+        eprintln!("setup: installing {VIRTME_NG} (PyPI)");
+        run_cmd(Command::new("python3").args(["-m", "pip", "install", "-q", VIRTME_NG]))
+            .context("virtme-ng boots the test guests")?;
+    }
+    Ok(())
+}
+
+/// Where pip puts the scripts of this machine's python3 (vng, virtme-run): not always on
+/// PATH (pyenv shims need a rehash), so the harness runs them from here.
+pub fn scripts_dir() -> Result<std::path::PathBuf> {
+    let dir = output_ok(Command::new("python3").args([
+        "-c",
+        "import sysconfig; print(sysconfig.get_path('scripts'))",
+    ]))
+    .context("python3 is missing: virtme-ng needs it")?;
+    Ok(std::path::PathBuf::from(dir.trim()))
+}
+
 fn output_ok(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
     out.status
@@ -69,11 +109,11 @@ fn installed(package: &str) -> bool {
 }
 
 fn apt_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !installed(p))
-        .collect();
+    install_apt(APT_PACKAGES)
+}
+
+fn install_apt(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }

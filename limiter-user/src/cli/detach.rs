@@ -31,9 +31,16 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
         }
         // No daemon: remove what an earlier one left pinned.
         Err(ControlError::NotRunning(_)) => {
-            let Cleanup { removed, left } = pins::remove_pins(pin_dir)?;
-            if removed.is_empty() && left.is_empty() {
+            let Cleanup {
+                removed,
+                removed_filters,
+                left,
+            } = pins::remove_pins(pin_dir)?;
+            if removed.is_empty() && removed_filters.is_empty() && left.is_empty() {
                 println!("nothing pinned under {}", pin_dir.display());
+            }
+            for filter in removed_filters {
+                println!("removed {filter}");
             }
             for path in removed {
                 println!("removed {}", path.display());

@@ -143,6 +143,7 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
         Shutdown::Detach => daemon.detach_all().map(|cleanup| {
             tracing::info!(
                 pins = cleanup.removed.len(),
+                filters = cleanup.removed_filters.len(),
                 left = cleanup.left.len(),
                 "detached and removed the limiter's pins"
             );

@@ -48,13 +48,22 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
         );
     }
     for i in s["interfaces"].as_array().into_iter().flatten() {
+        let mode = i["mode"].as_str().unwrap_or("?");
         println!(
-            "interface {}: {} XDP, program {}, link {} (pinned at {}), program id {}",
+            "interface {}: {}, program {}, {} {} ({}), program id {}",
             i["name"].as_str().unwrap_or("?"),
-            i["mode"].as_str().unwrap_or("?"),
+            if mode == "tc" {
+                "TC ingress".to_string()
+            } else {
+                format!("{mode} XDP")
+            },
             i["program"].as_str().unwrap_or("?"),
+            i["hook"].as_str().unwrap_or("link"),
             i["link"].as_str().unwrap_or("?"),
-            i["pin"].as_str().unwrap_or("-"),
+            match i["pin"].as_str() {
+                Some(pin) => format!("pinned at {pin}"),
+                None => "on the interface, nothing pinned".to_string(),
+            },
             i["program_id"]
         );
     }

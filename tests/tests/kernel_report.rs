@@ -1,0 +1,136 @@
+//! What this kernel makes of the program: each build loaded on its own (verifier
+//! instructions processed, load time), then attached in each mode to a veth end. Every
+//! build must load and every mode must attach; the table it writes is the README's
+//! kernel × build × mode table (`cargo xtask test --kernel all` fills it for each kernel).
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use aya::{programs::Program as AyaProgram, EbpfLoader};
+use limiter_common::abi::{map_name, DEFAULT_MAX_SOURCES};
+use limiter_tests::netns::VethPair;
+use limiter_user::{
+    config::XdpMode,
+    program::{LoadOptions, Program, Variant, OBJECT},
+};
+
+fn uname(flag: &str) -> String {
+    let out = std::process::Command::new("uname")
+        .arg(flag)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Where the table goes: the guest's writable directory, or target/guest/host.
+fn out_dir() -> PathBuf {
+    std::env::var_os("LIMITER_GUEST_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/guest/host"))
+}
+
+struct Loaded {
+    variant: Variant,
+    result: Result<(Option<u32>, Duration), String>,
+}
+
+/// Loads each build alone, with the default per-source map size, and times the load
+/// (the verifier is nearly all of it).
+fn load_each() -> Vec<Loaded> {
+    let mut out = Vec::new();
+    for variant in Variant::ALL {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(map_name::SRC_BUCKETS, DEFAULT_MAX_SOURCES)
+            .load(OBJECT)
+            .expect("loading the object's maps");
+        let prog = ebpf.program_mut(variant.program_name()).expect("the build");
+        let started = Instant::now();
+        let result = match prog {
+            AyaProgram::Xdp(p) => p
+                .load()
+                .map_err(|e| format!("{e:#}"))
+                .map(|()| p.info().ok().and_then(|i| i.verified_instruction_count())),
+            AyaProgram::SchedClassifier(p) => p
+                .load()
+                .map_err(|e| format!("{e:#}"))
+                .map(|()| p.info().ok().and_then(|i| i.verified_instruction_count())),
+            _ => Err("not an XDP or TC program".to_string()),
+        };
+        out.push(Loaded {
+            variant,
+            result: result.map(|insns| (insns, started.elapsed())),
+        });
+    }
+    out
+}
+
+#[test]
+fn every_build_loads_and_every_mode_attaches() {
+    let release = uname("-r");
+    let loaded = load_each();
+    let pair = VethPair::new(1).expect("creating the veth pair");
+    let mut attached = Vec::new();
+    for mode in [XdpMode::Native, XdpMode::Generic, XdpMode::Tc] {
+        let mut program = Program::load(&LoadOptions {
+            pin_dir: None,
+            max_sources: 1024,
+        })
+        .expect("loading the program");
+        let result = program
+            .attach(&pair.host, mode)
+            .map(|a| {
+                let how = format!("{} ({} build)", a.mode.as_str(), a.variant.as_str());
+                program.detach(a).expect("detaching");
+                how
+            })
+            .map_err(|e| e.to_string());
+        attached.push((mode, result));
+    }
+
+    let mut table = format!(
+        "Kernel `{release}` (`{}`)\n\n| build | loads | verifier insns | load time | \n|---|---|---|---|\n",
+        uname("-v")
+    );
+    for l in &loaded {
+        match &l.result {
+            Ok((insns, took)) => table.push_str(&format!(
+                "| {} | yes | {} | {:.2} s |\n",
+                l.variant.as_str(),
+                insns.map_or("?".to_string(), |n| n.to_string()),
+                took.as_secs_f64()
+            )),
+            Err(e) => table.push_str(&format!("| {} | **no**: {e} | | |\n", l.variant.as_str())),
+        }
+    }
+    table.push_str("\n| xdp_mode | attaches as |\n|---|---|\n");
+    for (mode, r) in &attached {
+        let mode = format!("{mode:?}").to_lowercase();
+        match r {
+            Ok(how) => table.push_str(&format!("| {mode} | {how} |\n")),
+            Err(e) => table.push_str(&format!("| {mode} | **refused**: {e} |\n")),
+        }
+    }
+    println!("{table}");
+    let dir = out_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kernel-report.md"), &table).unwrap();
+
+    let refused: Vec<String> = loaded
+        .iter()
+        .filter_map(|l| {
+            l.result
+                .as_ref()
+                .err()
+                .map(|e| format!("{}: {e}", l.variant.as_str()))
+        })
+        .chain(
+            attached
+                .iter()
+                .filter_map(|(m, r)| r.as_ref().err().map(|e| format!("{m:?}: {e}"))),
+        )
+        .collect();
+    assert!(refused.is_empty(), "on {release}: {refused:#?}");
+}

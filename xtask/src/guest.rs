@@ -1,0 +1,660 @@
+//! `cargo xtask test --kernel VERSION`: the kernel tests on Debian's kernels, booted under
+//! qemu.
+//!
+//! LB fleets run distribution kernels, not this machine's. Each guest boots a kernel
+//! taken from Debian's package (`linux-image-*-amd64-unsigned`, downloaded and unpacked
+//! under target/kernels/, never installed into /boot) with virtme-ng: the guest sees this
+//! machine's filesystem read-only, so it runs the test binaries built here, with the
+//! tools installed here (bpftool, iproute2, xdp-tools), against its own kernel. Only
+//! target/guest/ is writable from inside: each run leaves its log and a result file there.
+//!
+//! Why virtme-ng and not an init of our own: it is Debian-independent, on PyPI, and
+//! solves what an own init would have to (loading the package's virtio and 9p modules
+//! from an initramfs, sharing the root, tmpfs over /tmp and /run, returning the
+//! command's exit code over virtio-serial), which leaves this module only the choice of
+//! kernel and tests.
+
+use std::{
+    fs,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{cargo, run_cmd, workspace_root};
+
+/// One test file and the tests of it a guest runs (none listed: all of them).
+pub struct Suite {
+    pub package: &'static str,
+    pub file: &'static str,
+    pub filters: &'static [&'static str],
+}
+
+/// What every guest runs: the verdict tables and the truncation sweep on every build, the
+/// daemon's attach, restart and adoption tests, one end-to-end rate test per mode, and the
+/// kernel report (what loads, verifier instructions, load time). An emulated guest moves
+/// 15–20 k frames/s, so the rate tests it runs are the ones that scale to that.
+pub const MATRIX: &[Suite] = &[
+    Suite {
+        package: "limiter-tests",
+        file: "kernel_report",
+        filters: &[],
+    },
+    Suite {
+        package: "limiter-tests",
+        file: "verdicts",
+        filters: &[],
+    },
+    Suite {
+        package: "limiter-tests",
+        file: "e2e",
+        filters: &[
+            "native_mode_enforces_the_rate",
+            "generic_mode_enforces_the_rate",
+            "tc_mode_enforces_the_rate",
+            "jumbo_mtu_runs_the_multi_buffer_build",
+            "maps_are_pinned_with_btf",
+        ],
+    },
+    Suite {
+        package: "limiter-user",
+        file: "daemon",
+        filters: &[
+            "kill_9_mid_traffic_then_restart_never_opens_a_gap",
+            "tc_mode_survives_kill_9_and_adopts_its_link",
+            "upgrade_through_the_pinned_link_loses_nothing",
+            "pinned_maps_of_another_layout_are_refused",
+        ],
+    },
+    Suite {
+        package: "limiter-user",
+        file: "ownership",
+        filters: &[
+            "detach_removes_only_the_limiters_pins",
+            "a_foreign_object_at_a_link_pin_is_refused_not_replaced",
+            "links_of_interfaces_dropped_from_the_config_are_detached_at_start",
+        ],
+    },
+    Suite {
+        package: "limiter-user",
+        file: "tc_filters",
+        filters: &[],
+    },
+];
+
+/// A Debian kernel the matrix knows by a short name.
+struct KnownKernel {
+    name: &'static str,
+    /// apt-cache's `--names-only` pattern of its packages; the newest one is taken.
+    pattern: &'static str,
+}
+
+/// Debian 12's kernel and its backport. The newest package of each line is taken: a
+/// pinned ABI number would vanish from the archive within months.
+const KNOWN: &[KnownKernel] = &[
+    KnownKernel {
+        name: "6.1",
+        pattern: r"^linux-image-6\.1\.0-[0-9]+-amd64-unsigned$",
+    },
+    KnownKernel {
+        name: "6.12",
+        pattern: r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$",
+    },
+];
+
+/// Where a kernel runs: this machine, or a guest booting a package.
+pub enum Target {
+    Host,
+    Guest(String),
+}
+
+/// `--kernel` values: `host`, a known short name (`6.1`, `6.12`), a package's version part
+/// (`6.1.0-57`, `6.12.117+deb12`), or `all`; comma-separated.
+pub fn targets(spec: &[String]) -> Result<Vec<Target>> {
+    let mut out = Vec::new();
+    for s in spec {
+        match s.as_str() {
+            "host" => out.push(Target::Host),
+            "all" => {
+                out.push(Target::Host);
+                out.extend(KNOWN.iter().map(|k| Target::Guest(k.name.to_string())));
+            }
+            other if !other.is_empty() => out.push(Target::Guest(other.to_string())),
+            _ => bail!(
+                "--kernel: an empty value (known: host, all, {})",
+                known_names()
+            ),
+        }
+    }
+    Ok(out)
+}
+
+fn known_names() -> String {
+    KNOWN.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+}
+
+/// How qemu runs the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Accel {
+    /// KVM if a probe boot shows it works, else TCG (software emulation).
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+/// An unpacked kernel package.
+struct Kernel {
+    package: String,
+    vmlinuz: PathBuf,
+    release: String,
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The package name for `name`: the newest of a known line, or the exact package of a
+/// version part.
+fn resolve_package(name: &str) -> Result<String> {
+    let pattern = match KNOWN.iter().find(|k| k.name == name) {
+        Some(k) => k.pattern.to_string(),
+        None => {
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".+-".contains(c))
+            {
+                bail!(
+                    "--kernel {name:?}: not a kernel version (known: host, all, {})",
+                    known_names()
+                );
+            }
+            format!("^linux-image-{}-amd64-unsigned$", regex_escape(name))
+        }
+    };
+    let search = |pattern: &str| -> Result<Vec<String>> {
+        Ok(
+            output(Command::new("apt-cache").args(["search", "--names-only", pattern]))?
+                .lines()
+                .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+                .collect(),
+        )
+    };
+    let mut found = search(&pattern)?;
+    if found.is_empty() {
+        // A fresh machine's package lists may be empty or old.
+        run_cmd(Command::new("apt-get").args(["update", "-qq"]))?;
+        found = search(&pattern)?;
+    }
+    found.sort_by_key(|p| version_key(p));
+    found.pop().with_context(|| {
+        format!(
+            "no Debian kernel package matches {pattern} (apt-cache search --names-only); \
+             known names: {}",
+            known_names()
+        )
+    })
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '.' | '+' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect()
+}
+
+/// Orders package names by the numbers in them (6.1.0-9 before 6.1.0-57).
+fn version_key(package: &str) -> Vec<u64> {
+    package
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+/// Downloads and unpacks `package` under target/kernels/ (once).
+fn unpack(package: &str) -> Result<Kernel> {
+    let root = workspace_root()?.join("target/kernels");
+    let dir = root.join(package);
+    let done = dir.join(".unpacked");
+    if !done.exists() {
+        fs::create_dir_all(&root)?;
+        eprintln!("guest: downloading {package} (Debian's package, about 100 MB)");
+        // apt drops privileges to _apt for the download; a directory it cannot write
+        // makes it warn and download as root, which is what runs here anyway.
+        run_cmd(
+            Command::new("apt-get")
+                .args(["download", "-qq", package])
+                .current_dir(&root),
+        )
+        .with_context(|| format!("downloading {package}"))?;
+        let deb = fs::read_dir(&root)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{package}_")) && n.ends_with(".deb"))
+            })
+            .with_context(|| {
+                format!(
+                    "apt-get download left no {package}_*.deb in {}",
+                    root.display()
+                )
+            })?;
+        let _ = fs::remove_dir_all(&dir);
+        run_cmd(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dir))?;
+        fs::remove_file(&deb)?;
+        fs::write(&done, "")?;
+    }
+    let boot = dir.join("boot");
+    let vmlinuz = fs::read_dir(&boot)
+        .with_context(|| format!("{} has no boot/", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("vmlinuz-"))
+        })
+        .with_context(|| format!("{package} has no boot/vmlinuz-*"))?;
+    let release = vmlinuz
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("vmlinuz-"))
+        .unwrap_or_default()
+        .to_string();
+    let modules = dir.join("lib/modules").join(&release);
+    for module in [
+        "kernel/drivers/net/veth.ko",
+        "kernel/net/9p/9pnet_virtio.ko",
+    ] {
+        let m = modules.join(module);
+        let xz = m.with_extension("ko.xz");
+        if !m.exists() && !xz.exists() {
+            bail!(
+                "{package} lacks the module {} the guest needs ({})",
+                module,
+                m.display()
+            );
+        }
+    }
+    Ok(Kernel {
+        package: package.to_string(),
+        vmlinuz,
+        release,
+    })
+}
+
+/// Test executables of `suites`, built here (release), by (package, file).
+fn build_tests(suites: &[&Suite]) -> Result<Vec<(String, PathBuf)>> {
+    let mut cmd = cargo();
+    cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
+    let mut packages: Vec<&str> = suites.iter().map(|s| s.package).collect();
+    packages.dedup();
+    for p in &packages {
+        cmd.args(["-p", p]);
+    }
+    for s in suites {
+        cmd.args(["--test", s.file]);
+    }
+    cmd.stderr(Stdio::inherit());
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(exe), Some(name), Some(kinds)) = (
+            msg["executable"].as_str(),
+            msg["target"]["name"].as_str(),
+            msg["target"]["kind"].as_array(),
+        ) else {
+            continue;
+        };
+        if kinds.iter().any(|k| k == "test") {
+            found.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    for s in suites {
+        if !found.iter().any(|(n, _)| n == s.file) {
+            bail!(
+                "cargo built no test executable for {}/{}",
+                s.package,
+                s.file
+            );
+        }
+    }
+    Ok(found)
+}
+
+/// The package directory of a workspace member (tests run from there, as under cargo).
+fn package_dir(package: &str) -> Result<PathBuf> {
+    let root = workspace_root()?;
+    Ok(match package {
+        "limiter-tests" => root.join("tests"),
+        p => root.join(p),
+    })
+}
+
+/// The shell script the guest runs: every suite, one test at a time, all run even when
+/// one fails; the exit code says whether all passed.
+fn script(
+    suites: &[&Suite],
+    exes: &[(String, PathBuf)],
+    extra: &[String],
+    out: &Path,
+) -> Result<String> {
+    let mut s = String::from(
+        "#!/bin/sh\n# Written by `cargo xtask test --kernel`; runs inside the guest.\n",
+    );
+    s.push_str("failed=0\nexport RUST_BACKTRACE=1 LIMITER_IN_GUEST=1\n");
+    s.push_str(&format!(
+        "export LIMITER_GUEST_OUT={}\n",
+        sh_quote(&out.display().to_string())
+    ));
+    s.push_str("echo \"guest: $(uname -r) ($(uname -v))\"\n");
+    for suite in suites {
+        let exe = exes
+            .iter()
+            .find(|(n, _)| n == suite.file)
+            .map(|(_, p)| p)
+            .with_context(|| format!("no executable for {}", suite.file))?;
+        let mut args: Vec<String> = vec!["--test-threads=1".into()];
+        if extra.is_empty() {
+            args.extend(suite.filters.iter().map(|f| f.to_string()));
+        } else {
+            args.extend(extra.iter().cloned());
+        }
+        let args: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
+        s.push_str(&format!(
+            "echo; echo \"guest: == {file}\"; cd {dir} && {exe} {args} || failed=1\n",
+            file = suite.file,
+            dir = sh_quote(&package_dir(suite.package)?.display().to_string()),
+            exe = sh_quote(&exe.display().to_string()),
+            args = args.join(" "),
+        ));
+    }
+    s.push_str("echo \"$failed\" > \"$LIMITER_GUEST_OUT/result\"\nexit $failed\n");
+    Ok(s)
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// What a fresh machine lacks to boot guests: a missing tool is a failure that says what
+/// to install, never a skip.
+fn check_tools() -> Result<()> {
+    for (tool, from) in [
+        ("qemu-system-x86_64", "Debian's qemu-system-x86"),
+        ("depmod", "Debian's kmod"),
+        ("dpkg-deb", "Debian's dpkg"),
+        ("apt-get", "Debian's apt"),
+    ] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| !s.success())
+            .unwrap_or(true)
+        {
+            bail!("{tool} is missing ({from}): run `cargo xtask setup`");
+        }
+    }
+    if !crate::setup::scripts_dir()?.join("vng").exists() {
+        bail!("vng is missing (virtme-ng from PyPI): run `cargo xtask setup`");
+    }
+    // virtme-ng returns the guest's exit code over virtio-serial ports it finds through
+    // udev's /dev/virtio-ports names; without udevd every run "fails" with 255.
+    if !Path::new("/lib/systemd/systemd-udevd").exists()
+        && !Path::new("/usr/lib/systemd/systemd-udevd").exists()
+    {
+        bail!("systemd-udevd is missing (Debian's udev): the guest cannot return its exit code; run `cargo xtask setup`");
+    }
+    Ok(())
+}
+
+fn vng(kernel: &Kernel, accel: Accel, rwdir: &Path, exec: &str) -> Result<Command> {
+    let scripts = crate::setup::scripts_dir()?;
+    let mut cmd = Command::new(scripts.join("vng"));
+    // vng starts virtme-run, which lives beside it.
+    let path = std::env::var("PATH").unwrap_or_default();
+    cmd.env("PATH", format!("{}:{path}", scripts.display()));
+    cmd.arg("-r").arg(&kernel.vmlinuz);
+    if accel == Accel::Tcg {
+        cmd.arg("--disable-kvm");
+    }
+    cmd.args(["--user", "root", "--memory", "3G", "--cpus", "2"])
+        .arg("--rwdir")
+        .arg(rwdir)
+        .arg("--exec")
+        .arg(exec)
+        .stdin(Stdio::null());
+    Ok(cmd)
+}
+
+/// KVM where it works: a guest that boots and echoes within 30 s. On this project's
+/// VMs /dev/kvm exists (kvm_pvm) but a KVM guest hangs before its first line, so the
+/// probe's answer is kept per host kernel in target/guest/kvm-probe.
+fn choose_accel(requested: Accel, kernel: &Kernel) -> Result<Accel> {
+    if requested == Accel::Tcg {
+        return Ok(Accel::Tcg);
+    }
+    let kvm = Path::new("/dev/kvm");
+    if !kvm.exists() {
+        if requested == Accel::Kvm {
+            bail!("--accel kvm: /dev/kvm is missing (no KVM on this machine); use --accel tcg");
+        }
+        eprintln!("guest: /dev/kvm is missing: TCG emulation");
+        return Ok(Accel::Tcg);
+    }
+    let host = output(Command::new("uname").arg("-r"))?.trim().to_string();
+    let dir = workspace_root()?.join("target/guest");
+    fs::create_dir_all(&dir)?;
+    let cache = dir.join("kvm-probe");
+    let cached = fs::read_to_string(&cache).ok().and_then(|s| {
+        let (h, v) = s.trim().split_once(' ')?;
+        (h == host).then(|| v == "works")
+    });
+    let works = match cached {
+        Some(w) => w,
+        None => {
+            eprintln!("guest: probing KVM (a guest that must echo within 30 s)");
+            let works = probe_kvm(kernel, &dir)?;
+            fs::write(
+                &cache,
+                format!("{host} {}\n", if works { "works" } else { "fails" }),
+            )?;
+            works
+        }
+    };
+    match (works, requested) {
+        (true, _) => Ok(Accel::Kvm),
+        (false, Accel::Kvm) => bail!(
+            "--accel kvm: a KVM guest did not boot within 30 s on this machine \
+             ({} says so; delete it to probe again); use --accel tcg",
+            cache.display()
+        ),
+        (false, _) => {
+            eprintln!(
+                "guest: KVM does not boot a guest here ({}): TCG emulation",
+                cache.display()
+            );
+            Ok(Accel::Tcg)
+        }
+    }
+}
+
+fn probe_kvm(kernel: &Kernel, dir: &Path) -> Result<bool> {
+    let mut child = vng(kernel, Accel::Kvm, dir, "echo limiter-kvm-probe-ok")?
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting vng")?;
+    let stdout = child.stdout.take().context("vng's stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ok = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.contains("limiter-kvm-probe-ok"));
+        let _ = tx.send(ok);
+    });
+    let ok = rx.recv_timeout(Duration::from_secs(30)).unwrap_or(false);
+    // The guest and qemu are ours; a hung one is ended by its pid.
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(ok)
+}
+
+/// Runs the matrix (or, with `extra`, the named test file and filters) in a guest of
+/// `name`'s kernel.
+pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
+    check_tools()?;
+    let package = resolve_package(name)?;
+    let kernel = unpack(&package)?;
+    let (suites, extra): (Vec<&Suite>, Vec<String>) = match selection.split_first() {
+        None => (MATRIX.iter().collect(), Vec::new()),
+        Some((file, filters)) => {
+            let suite: &'static Suite = Box::leak(Box::new(named_suite(file)?));
+            (vec![suite], filters.to_vec())
+        }
+    };
+    let exes = build_tests(&suites)?;
+    let out = workspace_root()?.join("target/guest").join(&kernel.release);
+    let _ = fs::remove_dir_all(&out);
+    fs::create_dir_all(&out)?;
+    let script_path = out.join("run.sh");
+    fs::write(&script_path, script(&suites, &exes, &extra, &out)?)?;
+    let accel = choose_accel(accel, &kernel)?;
+    eprintln!(
+        "guest: {} ({}) under {}, {} test file(s); log in {}",
+        kernel.release,
+        kernel.package,
+        match accel {
+            Accel::Kvm => "KVM",
+            _ => "TCG emulation",
+        },
+        suites.len(),
+        out.display()
+    );
+    let started = Instant::now();
+    let status = vng(
+        &kernel,
+        accel,
+        &out,
+        &format!("sh {}", sh_quote(&script_path.display().to_string())),
+    )?
+    .status()
+    .context("starting vng")?;
+    let result = fs::read_to_string(out.join("result")).ok();
+    eprintln!(
+        "guest: {} finished in {:.0} s ({status})",
+        kernel.release,
+        started.elapsed().as_secs_f64()
+    );
+    match result.as_deref().map(str::trim) {
+        Some("0") if status.success() => Ok(()),
+        Some("0") => bail!(
+            "the {} guest passed its tests but vng exited {status}",
+            kernel.release
+        ),
+        Some(_) => bail!(
+            "tests failed in the {} guest (output above)",
+            kernel.release
+        ),
+        None => bail!(
+            "the {} guest ended ({status}) without writing {}: it did not boot or was killed",
+            kernel.release,
+            out.join("result").display()
+        ),
+    }
+}
+
+/// Packages whose tests/ the guest runner knows.
+const TEST_PACKAGES: &[&str] = &["limiter-tests", "limiter-user"];
+
+/// The package whose tests/ holds `file`.rs.
+pub fn package_of(file: &str) -> Result<&'static str> {
+    for package in TEST_PACKAGES {
+        if package_dir(package)?
+            .join("tests")
+            .join(format!("{file}.rs"))
+            .exists()
+        {
+            return Ok(package);
+        }
+    }
+    bail!(
+        "no test file {file}.rs under the tests/ of {}",
+        TEST_PACKAGES.join(", ")
+    )
+}
+
+/// The suite for `cargo xtask test --kernel K -- FILE`: the matrix's entry, or any test
+/// file of the test packages, run whole.
+fn named_suite(file: &str) -> Result<Suite> {
+    if let Some(s) = MATRIX.iter().find(|s| s.file == file) {
+        return Ok(Suite { ..*s });
+    }
+    let package = package_of(file)?;
+    // Leaked once per run: a Suite holds 'static names, as the matrix does.
+    let file: &'static str = Box::leak(file.to_string().into_boxed_str());
+    Ok(Suite {
+        package,
+        file,
+        filters: &[],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packages_order_by_their_numbers() {
+        let mut p = [
+            "linux-image-6.1.0-9-amd64-unsigned",
+            "linux-image-6.1.0-57-amd64-unsigned",
+            "linux-image-6.1.0-47-amd64-unsigned",
+        ];
+        p.sort_by_key(|p| version_key(p));
+        assert_eq!(p.last(), Some(&"linux-image-6.1.0-57-amd64-unsigned"));
+    }
+
+    #[test]
+    fn every_suite_names_tests_that_exist() {
+        // A filter that matches nothing would run no test and pass.
+        for s in MATRIX {
+            let dir = package_dir(s.package).unwrap_or_default();
+            let file = dir.join("tests").join(format!("{}.rs", s.file));
+            let text =
+                fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            for f in s.filters {
+                assert!(
+                    text.contains(&format!("fn {f}(")),
+                    "{}: no test {f}",
+                    file.display()
+                );
+            }
+        }
+    }
+}

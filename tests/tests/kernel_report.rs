@@ -82,7 +82,7 @@ fn every_build_loads_and_every_mode_attaches() {
         let result = program
             .attach(&pair.host, mode)
             .map(|a| {
-                let how = format!("{} ({} build)", a.mode.as_str(), a.variant.as_str());
+                let how = format!("{} build, {}", a.variant.as_str(), a.hook());
                 program.detach(a).expect("detaching");
                 how
             })
@@ -91,7 +91,7 @@ fn every_build_loads_and_every_mode_attaches() {
     }
 
     let mut table = format!(
-        "Kernel `{release}` (`{}`)\n\n| build | loads | verifier insns | load time | \n|---|---|---|---|\n",
+        "Kernel `{release}` (`{}`)\n\n| build | loads | verifier insns | load time |\n|---|---|---|---|\n",
         uname("-v")
     );
     for l in &loaded {

@@ -300,16 +300,11 @@ fn unpack(package: &str) -> Result<Kernel> {
 
 /// Test executables of `suites`, built here (release), by (package, file).
 fn build_tests(suites: &[&Suite]) -> Result<Vec<(String, PathBuf)>> {
+    // Every test target of the workspace, as `cargo xtask test` builds them: the same
+    // features, so the same artifacts (a narrower `-p` selection would unify features
+    // differently and rebuild half the dependency tree).
     let mut cmd = cargo();
-    cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
-    let mut packages: Vec<&str> = suites.iter().map(|s| s.package).collect();
-    packages.dedup();
-    for p in &packages {
-        cmd.args(["-p", p]);
-    }
-    for s in suites {
-        cmd.args(["--test", s.file]);
-    }
+    cmd.args(["test", "--release", "--no-run", "--message-format=json", "--test", "*"]);
     cmd.stderr(Stdio::inherit());
     let out = cmd
         .output()
@@ -525,6 +520,47 @@ fn probe_kvm(kernel: &Kernel, dir: &Path) -> Result<bool> {
     Ok(ok)
 }
 
+/// Runs `cmd` with its output copied to ours and to `log`. Through pipes: qemu opens its
+/// console files itself (`/proc/self/fd/1`), which would truncate a file that our
+/// stdout redirects to, and lose what was written before.
+fn run_logged(mut cmd: Command, log: &Path) -> Result<std::process::ExitStatus> {
+    use std::io::Write as _;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting vng")?;
+    let file = std::sync::Arc::new(std::sync::Mutex::new(
+        fs::File::create(log).with_context(|| format!("creating {}", log.display()))?,
+    ));
+    let mut copiers = Vec::new();
+    let stdout = child.stdout.take().context("vng's stdout")?;
+    let stderr = child.stderr.take().context("vng's stderr")?;
+    for (reader, to_stderr) in [
+        (Box::new(stdout) as Box<dyn std::io::Read + Send>, false),
+        (Box::new(stderr), true),
+    ] {
+        let file = file.clone();
+        copiers.push(std::thread::spawn(move || {
+            for line in BufReader::new(reader).lines().map_while(Result::ok) {
+                if to_stderr {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                }
+                if let Ok(mut f) = file.lock() {
+                    let _ = writeln!(f, "{line}");
+                }
+            }
+        }));
+    }
+    let status = child.wait().context("waiting for vng")?;
+    for c in copiers {
+        let _ = c.join();
+    }
+    Ok(status)
+}
+
 /// Runs the matrix (or, with `extra`, the named test file and filters) in a guest of
 /// `name`'s kernel.
 pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
@@ -557,14 +593,15 @@ pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
         out.display()
     );
     let started = Instant::now();
-    let status = vng(
-        &kernel,
-        accel,
-        &out,
-        &format!("sh {}", sh_quote(&script_path.display().to_string())),
-    )?
-    .status()
-    .context("starting vng")?;
+    let status = run_logged(
+        vng(
+            &kernel,
+            accel,
+            &out,
+            &format!("sh {}", sh_quote(&script_path.display().to_string())),
+        )?,
+        &out.join("guest.log"),
+    )?;
     let result = fs::read_to_string(out.join("result")).ok();
     eprintln!(
         "guest: {} finished in {:.0} s ({status})",

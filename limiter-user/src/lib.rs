@@ -14,5 +14,6 @@ pub mod pins;
 pub mod program;
 pub mod ruleset;
 pub mod stats;
+pub mod verifier;
 
 pub use error::Error;

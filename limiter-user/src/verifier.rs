@@ -166,14 +166,16 @@ mod tests {
 
     use super::*;
 
-    /// The end of the log of a real refusal: the multi-buffer build with its first
-    /// instruction patched into a load through the uninitialised r9, refused by this
-    /// machine's 6.18 kernel (tests/verifier.rs makes the same build).
+    /// The log of a real refusal: the multi-buffer build with its first instruction
+    /// patched into a load through the uninitialised r9 (tests/verifier.rs makes it),
+    /// refused by this machine's 6.18.44 kernel.
     const UNINIT_REGISTER_LOG: &str = "\
-func#0 @0
 0: R1=ctx() R10=fp0
+; #[xdp(frags)] @ main.rs:30
 0: (79) r0 = *(u64 *)(r9 +0)
 R9 !read_ok
+verification time 561 usec
+stack depth 0
 processed 1 insns (limit 1000000) max_states_per_insn 0 total_states 0 peak_states 0 mark_read 0
 ";
 
@@ -213,7 +215,7 @@ processed 1000001 insns (limit 1000000) max_states_per_insn 35 total_states 4123
             "{text}"
         );
         assert!(text.contains("  | R9 !read_ok"), "{text}");
-        assert!(text.contains("last 5 of 5 lines"), "{text}");
+        assert!(text.contains("last 7 of 7 lines"), "{text}");
         assert!(text.contains("keeps running"), "{text}");
         assert!(
             !text.contains("hint:"),

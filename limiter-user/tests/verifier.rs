@@ -47,7 +47,10 @@ fn broken_object() -> Vec<u8> {
     let mut elf = limiter_user::program::OBJECT.to_vec();
     let text = section(&elf, MULTI_BUFFER_SECTION);
     let first = &mut elf[text.start..text.start + 8];
-    assert_ne!(first[0], 0x18, "the first instruction is a 64-bit immediate load");
+    assert_ne!(
+        first[0], 0x18,
+        "the first instruction is a 64-bit immediate load"
+    );
     first.copy_from_slice(&[0x79, 0x90, 0, 0, 0, 0, 0, 0]);
     elf
 }
@@ -121,17 +124,22 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
         Some(running),
         "the refused start changed the attached program"
     );
-    assert!(lab.pins.path.join(format!("link_{}", lab.pair.host)).exists());
+    assert!(lab
+        .pins
+        .path
+        .join(format!("link_{}", lab.pair.host))
+        .exists());
     let before = (Instant::now(), lab.rule_stats("web"));
     std::thread::sleep(Duration::from_millis(1500));
     let after = (Instant::now(), lab.rule_stats("web"));
-    let delta = |field: &str| {
-        after.1[field].as_u64().unwrap() - before.1[field].as_u64().unwrap()
-    };
+    let delta = |field: &str| after.1[field].as_u64().unwrap() - before.1[field].as_u64().unwrap();
     let dt = (after.0 - before.0).as_secs_f64();
     let (passed, dropped) = (delta("passed_packets"), delta("dropped_packets"));
     eprintln!("after the refusal, in {dt:.2}s: passed {passed}, dropped {dropped}");
-    assert!(dropped > 0, "no drops after the refused start: not enforcing");
+    assert!(
+        dropped > 0,
+        "no drops after the refused start: not enforcing"
+    );
     // The stats calls bracket the window loosely: within 15 % of rate × time.
     let expected = rate as f64 * dt;
     assert!(

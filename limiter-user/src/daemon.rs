@@ -246,16 +246,22 @@ impl Daemon {
         }
         // What this kernel offers, before anything is loaded: a mode it cannot run is
         // refused by the feature's name and the kernel version that has it.
-        let kernel = crate::kernel::running().ok_or_else(|| {
-            Error::Kernel("could not read the running kernel's version (uname)".into())
-        })?;
-        let support = crate::kernel::check(kernel, config.xdp_mode, &crate::kernel::Probes::run())
-            .map_err(|e| Error::Kernel(e.to_string()))?;
-        tracing::info!(
-            release = crate::kernel::release().unwrap_or_default(),
-            xdp_mode = config.xdp_mode.as_str(),
-            "{support}"
-        );
+        match crate::kernel::running() {
+            Some(kernel) => {
+                let support =
+                    crate::kernel::check(kernel, config.xdp_mode, &crate::kernel::Probes::run())?;
+                tracing::info!(
+                    release = crate::kernel::release().unwrap_or_default(),
+                    xdp_mode = config.xdp_mode.as_str(),
+                    "{support}"
+                );
+            }
+            // Not a reason to refuse: the loader's own errors name what is missing.
+            None => tracing::warn!(
+                release = crate::kernel::release().unwrap_or_default(),
+                "could not read the kernel version: its features are not checked before loading"
+            ),
+        }
         let load = LoadOptions {
             pin_dir: Some(config.pin_dir.clone()),
             max_sources: config.max_sources,

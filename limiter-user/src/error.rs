@@ -20,8 +20,8 @@ pub enum Error {
     #[error("{0}")]
     Refused(Box<crate::verifier::Refusal>),
     /// The running kernel lacks something the configured mode needs.
-    #[error("{0}")]
-    Kernel(String),
+    #[error(transparent)]
+    MissingFeature(#[from] crate::kernel::MissingFeature),
     #[error("{what}: {source}")]
     Program {
         what: String,

@@ -107,6 +107,8 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
     let version = limiter_user::kernel::running().expect("kernel version");
     let release = limiter_user::kernel::release().expect("uname release");
     for needed in [
+        // What the kernel check at start found, logged before loading.
+        format!("kernel {version}: builds linear"),
         "verifier refused the multi-buffer build (program `limiter`)".to_string(),
         format!("on Linux {version} (release {release})"),
         "os error 13".to_string(),

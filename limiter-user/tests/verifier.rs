@@ -66,16 +66,32 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
 
     let daemon = lab.start();
     let running = lab.attached_program().expect("daemon A attached nothing");
-    let offered = 20_000u64;
-    let sender = lab.send_in_background(SendPlan {
+    // Offered well above the rate (and within what an emulated guest sends: 15-20 k/s).
+    let offered = 10_000u64;
+    let traffic = |secs: u64| SendPlan {
         frames: vec![udp_to_host(&lab.pair, 9, 64)],
         rate: Some(offered),
-        count: offered * 5,
-        duration: Duration::from_secs(7),
+        count: offered * secs,
+        duration: Duration::from_secs(secs + 2),
         cpu: None,
-    });
+    };
+    // A enforces under traffic, and is killed in the middle of it.
+    let sender = lab.send_in_background(traffic(2));
     std::thread::sleep(Duration::from_secs(1));
     daemon.kill9();
+    let first = join(sender);
+    std::thread::sleep(Duration::from_millis(200));
+    let after_a = lab.rule_stats("web");
+    let count = |stats: &serde_json::Value, field: &str| stats[field].as_u64().unwrap();
+    assert!(
+        count(&after_a, "dropped_packets") > 0,
+        "daemon A did not enforce"
+    );
+    assert_eq!(
+        count(&after_a, "passed_packets") + count(&after_a, "dropped_packets"),
+        first.sent,
+        "frames went uncounted under daemon A"
+    );
 
     // The second daemon, with the broken build: it must exit by itself, non-zero.
     let mut child = Command::new(LIMITER)
@@ -87,7 +103,7 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting limiter run");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -95,7 +111,7 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the daemon with a refused build was still running after 30 s");
+            panic!("the daemon with a refused build was still running after 120 s");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -120,7 +136,7 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
         assert!(stderr.contains(&needed), "stderr lacks {needed:?}");
     }
 
-    // Nothing changed: the link runs A's program, with A's maps, and enforces.
+    // Nothing changed: the link runs A's program, with A's maps and counters…
     assert_eq!(
         lab.attached_program(),
         Some(running),
@@ -131,40 +147,32 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
         .path
         .join(format!("link_{}", lab.pair.host))
         .exists());
-    let before = (Instant::now(), lab.rule_stats("web"));
-    std::thread::sleep(Duration::from_millis(1500));
-    let after = (Instant::now(), lab.rule_stats("web"));
-    let delta = |field: &str| after.1[field].as_u64().unwrap() - before.1[field].as_u64().unwrap();
-    let dt = (after.0 - before.0).as_secs_f64();
+    let after_refusal = lab.rule_stats("web");
+    assert_eq!(
+        after_refusal, after_a,
+        "the refused start changed the rule or its counters"
+    );
+
+    // …and it still enforces: drops continue, at the configured rate (plus at most the
+    // burst the bucket refilled while no traffic came), every frame counted.
+    let second = join(lab.send_in_background(traffic(3)));
+    std::thread::sleep(Duration::from_millis(200));
+    let end = lab.rule_stats("web");
+    let delta = |field: &str| count(&end, field) - count(&after_refusal, field);
     let (passed, dropped) = (delta("passed_packets"), delta("dropped_packets"));
-    eprintln!("after the refusal, in {dt:.2}s: passed {passed}, dropped {dropped}");
+    let span = second.span.as_secs_f64();
+    eprintln!(
+        "after the refusal: sent {} in {span:.2}s, passed {passed}, dropped {dropped}",
+        second.sent
+    );
     assert!(
         dropped > 0,
         "no drops after the refused start: not enforcing"
     );
-    // The stats calls bracket the window loosely: within 15 % of rate × time.
-    let expected = rate as f64 * dt;
+    assert_eq!(passed + dropped, second.sent, "frames went uncounted");
+    let (low, high) = (rate as f64 * span, rate as f64 * span + 200.0);
     assert!(
-        (passed as f64 - expected).abs() <= expected * 0.15,
-        "passed {passed} in {dt:.2}s, expected about {expected:.0}"
-    );
-
-    // And over the whole run one bucket and one set of counters: the kill and the
-    // refused start neither reset nor replaced a map.
-    let sent = join(sender);
-    std::thread::sleep(Duration::from_millis(200));
-    let web = lab.rule_stats("web");
-    let passed = web["passed_packets"].as_u64().unwrap();
-    let dropped = web["dropped_packets"].as_u64().unwrap();
-    let expected = rate as f64 * sent.span.as_secs_f64() + 200.0;
-    eprintln!(
-        "sent {} in {:.2}s: passed {passed} (expected {expected:.0}), dropped {dropped}",
-        sent.sent,
-        sent.span.as_secs_f64()
-    );
-    assert_eq!(passed + dropped, sent.sent, "frames went uncounted");
-    assert!(
-        (passed as f64 - expected).abs() <= expected * 0.02,
-        "passed {passed}, expected {expected:.0}"
+        passed as f64 >= low * 0.97 && passed as f64 <= high * 1.03,
+        "passed {passed} in {span:.2}s, expected {low:.0}..{high:.0}"
     );
 }

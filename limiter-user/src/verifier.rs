@@ -126,8 +126,8 @@ impl fmt::Display for Refusal {
         }
         write!(
             f,
-            ". Nothing was attached, pinned or written: a program already attached keeps \
-             running with its rules and counters."
+            ". Nothing was attached and no link or map entry changed: a program already \
+             attached keeps running with its rules and counters."
         )?;
         if self.log_tail.is_empty() {
             write!(f, "\nthe kernel returned no verifier log")?;

@@ -219,6 +219,17 @@ impl Daemon {
     /// earlier daemon: buckets and counters continue), installs the rules, then runs it
     /// on every interface through pinned links (adopting earlier links atomically).
     pub fn start(config_path: &Path, config: Config, ifaces: &[String]) -> Result<Daemon, Error> {
+        Daemon::start_with_object(config_path, config, ifaces, None)
+    }
+
+    /// [`Daemon::start`] with another BPF object than the one built in (`limiter run
+    /// --bpf-object`, for testing and for trying a rebuilt program before an upgrade).
+    pub fn start_with_object(
+        config_path: &Path,
+        config: Config,
+        ifaces: &[String],
+        bpf_object: Option<&Path>,
+    ) -> Result<Daemon, Error> {
         // First, so a second daemon, or something in the socket's way, changes nothing.
         let claimed = limiter_instance::claim(&config.control_socket, OWNER)?;
         for dir in &claimed.report.created_dirs {
@@ -236,10 +247,37 @@ impl Daemon {
                     .map_err(|why| Error::PinInTheWay { path: pin, why })?;
             }
         }
-        let mut program = Program::load(&LoadOptions {
+        // What this kernel offers, before anything is loaded: a mode it cannot run is
+        // refused by the feature's name and the kernel version that has it.
+        match crate::kernel::running() {
+            Some(kernel) => {
+                let support =
+                    crate::kernel::check(kernel, config.xdp_mode, &crate::kernel::Probes::run())?;
+                tracing::info!(
+                    release = crate::kernel::release().unwrap_or_default(),
+                    xdp_mode = config.xdp_mode.as_str(),
+                    "{support}"
+                );
+            }
+            // Not a reason to refuse: the loader's own errors name what is missing.
+            None => tracing::warn!(
+                release = crate::kernel::release().unwrap_or_default(),
+                "could not read the kernel version: its features are not checked before loading"
+            ),
+        }
+        let load = LoadOptions {
             pin_dir: Some(config.pin_dir.clone()),
             max_sources: config.max_sources,
-        })?;
+        };
+        // Every build is verified here, before a rule is written or a link touched: a
+        // refused build changes nothing that runs.
+        let mut program = match bpf_object {
+            None => Program::load(&load)?,
+            Some(path) => {
+                tracing::warn!(object = %path.display(), "loading a BPF object other than the built-in one");
+                Program::load_object(&load, Program::read_object(path)?.bytes())?
+            }
+        };
         let maps = program.maps()?;
         let now = monotonic_ns();
         let mut fleet = config.fleet.clone().map(|spec| {

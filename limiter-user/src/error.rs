@@ -16,6 +16,12 @@ pub enum Error {
     NoProgram,
     #[error("loading the eBPF object: {0}")]
     Load(#[source] Box<aya::EbpfError>),
+    /// The verifier refused a build: which one, on which kernel, and the log's end.
+    #[error("{0}")]
+    Refused(Box<crate::verifier::Refusal>),
+    /// The running kernel lacks something the configured mode needs.
+    #[error(transparent)]
+    MissingFeature(#[from] crate::kernel::MissingFeature),
     #[error("{what}: {source}")]
     Program {
         what: String,

@@ -15,5 +15,6 @@ pub mod program;
 pub mod ruleset;
 pub mod stats;
 pub mod tc_filter;
+pub mod verifier;
 
 pub use error::Error;

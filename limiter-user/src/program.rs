@@ -419,7 +419,19 @@ impl Program {
     /// Loads the program into the kernel (verifier included) and creates or adopts its
     /// maps. Nothing is attached yet.
     pub fn load(opts: &LoadOptions) -> Result<Program, Error> {
-        if OBJECT.is_empty() {
+        Program::load_object(opts, OBJECT)
+    }
+
+    /// [`Program::load`] with another object than the one built in (`limiter run
+    /// --bpf-object`: tests of a refused build, and trying a rebuilt program before an
+    /// upgrade). Its maps must have this build's layout.
+    ///
+    /// Nothing here changes what runs: pinned maps are opened (never recreated or
+    /// written) and missing ones created, and every build is verified before the caller
+    /// writes a rule or touches a link. A build the verifier refuses is an
+    /// [`Error::Refused`] carrying the log's end and the kernel version.
+    pub fn load_object(opts: &LoadOptions, object: &[u8]) -> Result<Program, Error> {
+        if object.is_empty() {
             return Err(Error::NoObject);
         }
         let mut loader = EbpfLoader::new();
@@ -431,20 +443,44 @@ impl Program {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
-        let mut ebpf = loader.load(OBJECT).map_err(|e| Error::Load(Box::new(e)))?;
-        let verify_err = |variant: Variant| {
-            move |e| Error::Program {
-                what: format!("loading (verifying) the program {}", variant.program_name()),
-                source: Box::new(e),
-            }
-        };
+        let mut ebpf = loader.load(object).map_err(|e| Error::Load(Box::new(e)))?;
         for variant in Variant::XDP {
+            // Before 5.18 the kernel refuses the frags flag: only the linear build runs
+            // (kernel::check refuses the modes that need the other).
+            if variant == Variant::MultiBuffer && !crate::kernel::has_frags() {
+                tracing::warn!(
+                    "this kernel has no XDP multi-buffer (Linux 5.18): the multi-buffer \
+                     build is not loaded"
+                );
+                continue;
+            }
             xdp_mut(&mut ebpf, variant)?
                 .load()
-                .map_err(verify_err(variant))?;
+                .map_err(|e| refused(variant, e))?;
         }
-        tc_mut(&mut ebpf)?.load().map_err(verify_err(Variant::Tc))?;
+        tc_mut(&mut ebpf)?
+            .load()
+            .map_err(|e| refused(Variant::Tc, e))?;
         Ok(Program { ebpf })
+    }
+
+    /// Reads an object file for [`Program::load_object`] into memory aligned for the
+    /// ELF parser (it reads headers in place, as `include_bytes_aligned!` allows).
+    pub fn read_object(path: &Path) -> Result<AlignedObject, Error> {
+        let bytes = fs::read(path).map_err(|e| Error::Io {
+            what: format!("reading the BPF object {}", path.display()),
+            source: e,
+        })?;
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(b);
+        }
+        Ok(AlignedObject {
+            words,
+            len: bytes.len(),
+        })
     }
 
     /// The multi-buffer build (it runs on any frame), e.g. for BPF_PROG_TEST_RUN.
@@ -927,6 +963,42 @@ fn ifindex_of(iface: &str) -> Result<u32, Error> {
         });
     }
     Ok(index)
+}
+
+/// A load error of one build: the verifier's refusal with its log and the kernel
+/// version, or (for anything else aya reports) the error as it is.
+fn refused(variant: Variant, e: aya::programs::ProgramError) -> Error {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => Error::Refused(Box::new(crate::verifier::Refusal::new(
+            variant.program_name(),
+            variant.as_str(),
+            crate::kernel::running(),
+            crate::kernel::release(),
+            &io_error,
+            &verifier_log.to_string(),
+        ))),
+        e => Error::Program {
+            what: format!("loading (verifying) the program {}", variant.program_name()),
+            source: Box::new(e),
+        },
+    }
+}
+
+/// An object file's bytes at 8-byte alignment.
+pub struct AlignedObject {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AlignedObject {
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `words` holds at least `len` initialised bytes, and u8 has no alignment
+        // or validity requirement.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+    }
 }
 
 fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {

@@ -304,7 +304,14 @@ fn build_tests(suites: &[&Suite]) -> Result<Vec<(String, PathBuf)>> {
     // features, so the same artifacts (a narrower `-p` selection would unify features
     // differently and rebuild half the dependency tree).
     let mut cmd = cargo();
-    cmd.args(["test", "--release", "--no-run", "--message-format=json", "--test", "*"]);
+    cmd.args([
+        "test",
+        "--release",
+        "--no-run",
+        "--message-format=json",
+        "--test",
+        "*",
+    ]);
     cmd.stderr(Stdio::inherit());
     let out = cmd
         .output()

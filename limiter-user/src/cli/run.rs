@@ -29,6 +29,10 @@ pub struct RunArgs {
     /// the pinned links after the daemon exits.
     #[arg(long)]
     detach_on_exit: bool,
+    /// Load this BPF object instead of the built-in one (testing, and trying a rebuilt
+    /// program before an upgrade: a build the verifier refuses changes nothing).
+    #[arg(long, hide = true, value_name = "PATH")]
+    bpf_object: Option<PathBuf>,
 }
 
 pub fn execute(args: RunArgs) -> anyhow::Result<()> {
@@ -58,7 +62,8 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
     let socket_path = config.control_socket.clone();
     let metrics_addr = config.metrics;
     let fleet_spec = config.fleet.clone();
-    let daemon = Daemon::start(&args.config, config, &ifaces)?;
+    let daemon =
+        Daemon::start_with_object(&args.config, config, &ifaces, args.bpf_object.as_deref())?;
     let daemon = Arc::new(Mutex::new(daemon));
     let (shutdown, mut shutdown_rx) = broadcast::channel::<Shutdown>(4);
     let mut tasks = JoinSet::new();

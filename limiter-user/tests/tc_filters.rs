@@ -25,8 +25,22 @@ use limiter_user::{
     tc_filter::{self, HANDLE, PRIORITY},
 };
 
-const RULES: &str =
-    "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nproto = \"udp\"\nrate = 2000\nburst = 200\n";
+/// The rule's rate and burst: 2000/s and 200, a tenth in a guest (which moves only
+/// 15–20 k frames/s).
+fn rate_and_burst() -> (u64, u64) {
+    (
+        limiter_tests::guest_scale(2000),
+        limiter_tests::guest_scale(200),
+    )
+}
+
+fn rules() -> String {
+    let (rate, burst) = rate_and_burst();
+    format!(
+        "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nproto = \"udp\"\n\
+         rate = {rate}\nburst = {burst}\n"
+    )
+}
 
 /// On a kernel with tcx, take the filter path anyway (the daemon inherits it).
 fn filter_path() {
@@ -87,7 +101,7 @@ fn run_fails(lab: &Lab) -> String {
 #[test]
 fn a_kill_9_and_restart_replace_the_filter_in_place_and_meter_every_frame() {
     filter_path();
-    let lab = Lab::with_mode(RULES, "tc");
+    let lab = Lab::with_mode(&rules(), "tc");
     assert!(!has_clsact(&lab.pair.host));
     let daemon = lab.start();
     let status = lab.json(&["status", "--json"]);
@@ -115,12 +129,11 @@ fn a_kill_9_and_restart_replace_the_filter_in_place_and_meter_every_frame() {
 
     // A later filter (higher priority number) sees what the limiter passed.
     let rx = RxCounter::attach(&lab.pair.host).unwrap();
-    let rate = if std::env::var_os("LIMITER_IN_GUEST").is_some() {
-        8_000
-    } else {
-        20_000
-    };
-    let sender = lab.send_in_background(plan(rate, Duration::from_secs(4), &lab));
+    let sender = lab.send_in_background(plan(
+        limiter_tests::guest_scale(20_000),
+        Duration::from_secs(4),
+        &lab,
+    ));
     std::thread::sleep(Duration::from_secs(1));
     daemon.kill9();
     // The filter outlives the daemon: still there, still the same program.
@@ -151,7 +164,8 @@ fn a_kill_9_and_restart_replace_the_filter_in_place_and_meter_every_frame() {
     let web = lab.rule_stats("web");
     let passed = web["passed_packets"].as_u64().unwrap();
     let dropped = web["dropped_packets"].as_u64().unwrap();
-    let expected = 2000.0 * sent.span.as_secs_f64() + 200.0;
+    let (rate, burst) = rate_and_burst();
+    let expected = rate as f64 * sent.span.as_secs_f64() + burst as f64;
     eprintln!(
         "cls_bpf: sent {} in {:.2}s: passed {passed} (expected {expected:.0}), dropped {dropped}",
         sent.sent,
@@ -170,7 +184,7 @@ fn a_kill_9_and_restart_replace_the_filter_in_place_and_meter_every_frame() {
 #[test]
 fn with_a_clsact_qdisc_present_retries_add_nothing_and_detach_removes_the_filter() {
     filter_path();
-    let lab = Lab::with_mode(RULES, "tc");
+    let lab = Lab::with_mode(&rules(), "tc");
     // The operator followed "Parent Qdisc doesn't exist" and added one.
     let out = Command::new("tc")
         .args(["qdisc", "add", "dev", &lab.pair.host, "clsact"])
@@ -214,7 +228,7 @@ fn with_a_clsact_qdisc_present_retries_add_nothing_and_detach_removes_the_filter
 #[test]
 fn a_failed_start_leaves_nothing_that_detach_does_not_remove() {
     filter_path();
-    let lab = Lab::with_mode(RULES, "tc");
+    let lab = Lab::with_mode(&rules(), "tc");
     // Two interfaces, the second missing: the first gets its filter, then the start
     // fails.
     let text = std::fs::read_to_string(&lab.config).unwrap().replace(
@@ -242,7 +256,7 @@ fn a_failed_start_leaves_nothing_that_detach_does_not_remove() {
 #[test]
 fn a_foreign_filter_in_the_slot_is_refused_and_kept() {
     filter_path();
-    let lab = Lab::with_mode(RULES, "tc");
+    let lab = Lab::with_mode(&rules(), "tc");
     let _ = aya::programs::tc::qdisc_add_clsact(&lab.pair.host);
     let mut foreign = Ebpf::load(BASELINE_OBJECT).unwrap();
     let prog: &mut SchedClassifier = foreign.program_mut("rx_count").unwrap().try_into().unwrap();
@@ -274,7 +288,7 @@ fn a_foreign_filter_in_the_slot_is_refused_and_kept() {
 #[test]
 fn a_native_start_removes_the_filter_an_earlier_tc_run_left() {
     filter_path();
-    let lab = Lab::with_mode(RULES, "tc");
+    let lab = Lab::with_mode(&rules(), "tc");
     lab.start().stop();
     assert_eq!(filters(&lab.pair.host).len(), 1);
     // Same interface, pins and socket; XDP now.

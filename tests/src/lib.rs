@@ -13,13 +13,13 @@ pub mod traffic;
 /// Whether the tests run in an emulated guest (`cargo xtask test --kernel`, which sets
 /// `LIMITER_IN_GUEST`). Such a guest moves only 15–20 k frames/s, so the rate tests it
 /// runs scale their rates down by [`guest_scale`].
-pub fn emulated_guest() -> bool {
+pub fn in_guest() -> bool {
     std::env::var_os("LIMITER_IN_GUEST").is_some()
 }
 
 /// `rate` on this machine, a tenth of it in an emulated guest.
 pub fn guest_scale(rate: u64) -> u64 {
-    if emulated_guest() {
+    if in_guest() {
         rate / 10
     } else {
         rate

@@ -34,8 +34,10 @@ pub struct Suite {
 }
 
 /// What every guest runs: the verdict tables and the truncation sweep on every build, the
-/// daemon's attach, restart and adoption tests, one end-to-end rate test per mode, and the
-/// kernel report (what loads, verifier instructions, load time). An emulated guest moves
+/// daemon's attach, restart and adoption tests, one end-to-end rate test per mode, the TC
+/// filter tests (the only TC hook before 6.6), a deliberately broken build refused by
+/// the verifier while the running one keeps enforcing, and the kernel report (what
+/// loads, verifier instructions, load time). An emulated guest moves
 /// 15–20 k frames/s, so the rate tests it runs are the ones that scale to that.
 pub const MATRIX: &[Suite] = &[
     Suite {
@@ -81,6 +83,16 @@ pub const MATRIX: &[Suite] = &[
     Suite {
         package: "limiter-user",
         file: "tc_filters",
+        filters: &[],
+    },
+    Suite {
+        package: "limiter-user",
+        file: "verifier",
+        filters: &[],
+    },
+    Suite {
+        package: "limiter-tests",
+        file: "libxdp",
         filters: &[],
     },
 ];

@@ -1,0 +1,41 @@
+//! Debian's xdp-tools (libxdp's reference implementation) on this kernel: the independent
+//! counterpart the hook-sharing tests need. In a guest of Debian's kernels libxdp must
+//! install its multi-program dispatcher (freplace components); this machine's kernel
+//! refuses freplace loads (EPERM), so libxdp falls back to a single program here, which
+//! the test reports rather than asserts.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+use std::process::Command;
+
+use limiter_tests::netns::VethPair;
+
+fn run(tool: &str, args: &[&str]) -> String {
+    let out = Command::new(tool).args(args).output().unwrap_or_else(|e| {
+        panic!("{tool} is missing ({e}): `cargo xtask setup` installs xdp-tools")
+    });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
+    text
+}
+
+#[test]
+fn xdp_filter_loads_and_xdp_loader_lists_it() {
+    let pair = VethPair::new(1).expect("creating the veth pair");
+    let load = run("xdp-filter", &["load", &pair.host, "-v"]);
+    let status = run("xdp-loader", &["status", &pair.host]);
+    let unload = std::panic::catch_unwind(|| run("xdp-filter", &["unload", &pair.host]));
+    let dispatcher = status.contains("xdp_dispatcher");
+    eprintln!("{load}\n{status}\nlibxdp dispatcher installed: {dispatcher}");
+    assert!(status.contains("xdpfilt_"), "{status}");
+    if limiter_tests::in_guest() {
+        assert!(
+            dispatcher,
+            "libxdp fell back to a single program in the guest: {load}"
+        );
+    }
+    assert!(unload.is_ok(), "xdp-filter unload failed");
+}

@@ -653,29 +653,7 @@ impl Program {
                     ),
                 })
             }
-            None => {
-                // An interface with a clsact (or ingress) qdisc refuses a second one;
-                // the attach below says whether the hook is there.
-                let qdisc = aya::programs::tc::qdisc_add_clsact(iface);
-                let id = prog
-                    .attach_with_options(
-                        iface,
-                        TcAttachType::Ingress,
-                        TcAttachOptions::Netlink(NlOptions {
-                            priority: tc_filter::PRIORITY,
-                            handle: TcHandle::from(tc_filter::HANDLE),
-                            classid: None,
-                        }),
-                    )
-                    .map_err(|e| Error::Link {
-                        what: format!("adding a cls_bpf filter for {PROGRAM_NAME_TC} to {iface}"),
-                        reason: match &qdisc {
-                            Ok(()) => e.to_string(),
-                            Err(q) => format!("{e} (adding a clsact qdisc first: {q})"),
-                        },
-                    })?;
-                (id, LinkOrigin::Created)
-            }
+            None => (add_filter(prog, iface)?, LinkOrigin::Created),
         };
         let link = prog.take_link(id).map_err(|e| Error::Program {
             what: format!("taking the filter of {iface}"),
@@ -832,24 +810,7 @@ impl Program {
     pub fn attach(&mut self, iface: &str, mode: ConfigXdpMode) -> Result<Attachment, Error> {
         if mode == ConfigXdpMode::Tc && !kernel::has_tcx() {
             let ifindex = ifindex_of(iface)?;
-            let qdisc = aya::programs::tc::qdisc_add_clsact(iface);
-            let id = tc_mut(&mut self.ebpf)?
-                .attach_with_options(
-                    iface,
-                    TcAttachType::Ingress,
-                    TcAttachOptions::Netlink(NlOptions {
-                        priority: tc_filter::PRIORITY,
-                        handle: TcHandle::from(tc_filter::HANDLE),
-                        classid: None,
-                    }),
-                )
-                .map_err(|e| Error::Link {
-                    what: format!("adding a cls_bpf filter for {PROGRAM_NAME_TC} to {iface}"),
-                    reason: match &qdisc {
-                        Ok(()) => e.to_string(),
-                        Err(q) => format!("{e} (adding a clsact qdisc first: {q})"),
-                    },
-                })?;
+            let id = add_filter(tc_mut(&mut self.ebpf)?, iface)?;
             return Ok(Attachment {
                 iface: iface.to_string(),
                 mode: AttachedMode::Tc,
@@ -926,6 +887,30 @@ pub fn unpin_link(attachment: Attachment) -> Result<(), Error> {
     fs::remove_file(pin).map_err(|e| Error::Io {
         what: format!("removing {}", pin.display()),
         source: e,
+    })
+}
+
+/// Adds the TC build as a new filter in the limiter's slot of `iface`'s clsact ingress,
+/// adding the qdisc first if the interface has none.
+fn add_filter(prog: &mut SchedClassifier, iface: &str) -> Result<SchedClassifierLinkId, Error> {
+    // An interface with a clsact (or ingress) qdisc refuses a second one; the attach
+    // below says whether the hook is there.
+    let qdisc = aya::programs::tc::qdisc_add_clsact(iface);
+    prog.attach_with_options(
+        iface,
+        TcAttachType::Ingress,
+        TcAttachOptions::Netlink(NlOptions {
+            priority: tc_filter::PRIORITY,
+            handle: TcHandle::from(tc_filter::HANDLE),
+            classid: None,
+        }),
+    )
+    .map_err(|e| Error::Link {
+        what: format!("adding a cls_bpf filter for {PROGRAM_NAME_TC} to {iface}"),
+        reason: match &qdisc {
+            Ok(()) => e.to_string(),
+            Err(q) => format!("{e} (adding a clsact qdisc first: {q})"),
+        },
     })
 }
 

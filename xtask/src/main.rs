@@ -210,10 +210,12 @@ fn test(selection: &[String]) -> Result<()> {
     // The binaries the end-to-end tests run (`limiter`, `limiter-lab`, `limiter-allocator`).
     build()?;
     if let Some((file, filters)) = selection.split_first() {
-        let package = guest::package_of(file)?;
+        // Checked, not passed on: `-p` would unify features differently from the full
+        // run's and rebuild half the dependency tree.
+        guest::package_of(file)?;
         return run_cmd(
             cargo()
-                .args(["test", "--release", "-p", package, "--test", file, "--"])
+                .args(["test", "--release", "--test", file, "--"])
                 .arg("--test-threads=1")
                 .args(filters),
         );

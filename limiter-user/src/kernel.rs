@@ -306,7 +306,7 @@ fn short(v: Version) -> String {
 }
 
 /// The features `mode` cannot run without (the equivalents aside).
-fn required(mode: ConfigXdpMode) -> &'static [Feature] {
+fn required(mode: ConfigXdpMode) -> impl Iterator<Item = Feature> {
     const EVERY_BUILD: [Feature; 6] = [
         Feature::PerCpuArray,
         Feature::LruHash,
@@ -315,32 +315,14 @@ fn required(mode: ConfigXdpMode) -> &'static [Feature] {
         Feature::Jiffies64,
         Feature::Atomics,
     ];
-    const XDP: [Feature; 7] = [
-        EVERY_BUILD[0],
-        EVERY_BUILD[1],
-        EVERY_BUILD[2],
-        EVERY_BUILD[3],
-        EVERY_BUILD[4],
-        EVERY_BUILD[5],
-        Feature::XdpLink,
-    ];
-    // Generic mode runs only the multi-buffer build (the linear one would make the
-    // kernel linearize every multi-buffer skb).
-    const GENERIC: [Feature; 8] = [
-        EVERY_BUILD[0],
-        EVERY_BUILD[1],
-        EVERY_BUILD[2],
-        EVERY_BUILD[3],
-        EVERY_BUILD[4],
-        EVERY_BUILD[5],
-        Feature::XdpLink,
-        Feature::XdpFrags,
-    ];
-    match mode {
-        ConfigXdpMode::Auto | ConfigXdpMode::Native => &XDP,
-        ConfigXdpMode::Generic => &GENERIC,
-        ConfigXdpMode::Tc => &EVERY_BUILD,
-    }
+    let extra: &[Feature] = match mode {
+        ConfigXdpMode::Auto | ConfigXdpMode::Native => &[Feature::XdpLink],
+        // Generic mode runs only the multi-buffer build (the linear one would make the
+        // kernel linearize every multi-buffer skb).
+        ConfigXdpMode::Generic => &[Feature::XdpLink, Feature::XdpFrags],
+        ConfigXdpMode::Tc => &[],
+    };
+    EVERY_BUILD.into_iter().chain(extra.iter().copied())
 }
 
 /// Whether `kernel` (with what `probes` found) runs the program in `mode`, and how.
@@ -351,7 +333,7 @@ pub fn check(
     probes: &Probes,
 ) -> Result<Support, MissingFeature> {
     let has = |f: Feature| probes.get(f).unwrap_or(kernel >= f.since());
-    if let Some(&feature) = required(mode).iter().find(|&&f| !has(f)) {
+    if let Some(feature) = required(mode).find(|&f| !has(f)) {
         return Err(MissingFeature {
             feature,
             mode,
@@ -600,13 +582,13 @@ mod tests {
             let mode = MODES[m];
             match check(v, mode, &Probes::none()) {
                 Ok(s) => {
-                    proptest::prop_assert!(required(mode).iter().all(|f| v >= f.since()));
+                    proptest::prop_assert!(required(mode).all(|f| v >= f.since()));
                     proptest::prop_assert_eq!(s.multi_buffer, v >= Feature::XdpFrags.since());
                     proptest::prop_assert_eq!(s.tc_hook == TcHook::Tcx, v >= TCX);
                     proptest::prop_assert!(s.backported.is_empty());
                 }
                 Err(e) => {
-                    proptest::prop_assert!(required(mode).contains(&e.feature));
+                    proptest::prop_assert!(required(mode).any(|f| f == e.feature));
                     proptest::prop_assert!(v < e.feature.since());
                     proptest::prop_assert!(e.feature.equivalent().is_none() || mode == ConfigXdpMode::Generic);
                     let needs = format!("(Linux {}.{})", e.feature.since().major, e.feature.since().minor);

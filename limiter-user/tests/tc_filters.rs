@@ -70,6 +70,10 @@ fn tc_show(iface: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+fn assert_no_filters(iface: &str) {
+    assert_eq!(filters(iface), vec![], "{}", tc_show(iface));
+}
+
 fn has_clsact(iface: &str) -> bool {
     let out = Command::new("tc")
         .args(["qdisc", "show", "dev", iface])
@@ -203,12 +207,7 @@ fn with_a_clsact_qdisc_present_retries_add_nothing_and_detach_removes_the_filter
     // No daemon: `detach` finds the filter on the interface and removes it.
     let out = lab.ok(&["detach"]);
     assert!(out.contains("cls_bpf filter"), "{out}");
-    assert_eq!(
-        filters(&lab.pair.host),
-        vec![],
-        "{}",
-        tc_show(&lab.pair.host)
-    );
+    assert_no_filters(&lab.pair.host);
     // The qdisc is not the limiter's to remove: another tool may use it.
     assert!(has_clsact(&lab.pair.host));
 
@@ -216,13 +215,9 @@ fn with_a_clsact_qdisc_present_retries_add_nothing_and_detach_removes_the_filter
     let daemon = lab.start();
     assert_eq!(filters(&lab.pair.host).len(), 1);
     lab.ok(&["detach"]);
-    let _ = daemon.0.id();
-    assert_eq!(
-        filters(&lab.pair.host),
-        vec![],
-        "{}",
-        tc_show(&lab.pair.host)
-    );
+    // The daemon detached and exited; dropping the handle only reaps it.
+    drop(daemon);
+    assert_no_filters(&lab.pair.host);
 }
 
 #[test]
@@ -245,12 +240,7 @@ fn a_failed_start_leaves_nothing_that_detach_does_not_remove() {
     if !left.is_empty() {
         assert!(out.contains("cls_bpf filter"), "{out}");
     }
-    assert_eq!(
-        filters(&lab.pair.host),
-        vec![],
-        "{}",
-        tc_show(&lab.pair.host)
-    );
+    assert_no_filters(&lab.pair.host);
 }
 
 #[test]

@@ -24,10 +24,17 @@ fn run(tool: &str, args: &[&str]) -> String {
 
 #[test]
 fn xdp_filter_loads_and_xdp_loader_lists_it() {
+    // libxdp keeps its state (the lock, dispatcher pins) under <bpffs>/xdp and leaves the
+    // directory behind: one this test made goes again.
+    let state = std::path::Path::new("/sys/fs/bpf/xdp");
+    let made_state = !state.exists();
     let pair = VethPair::new(1).expect("creating the veth pair");
     let load = run("xdp-filter", &["load", &pair.host, "-v"]);
     let status = run("xdp-loader", &["status", &pair.host]);
     let unload = std::panic::catch_unwind(|| run("xdp-filter", &["unload", &pair.host]));
+    if made_state {
+        let _ = std::fs::remove_dir(state);
+    }
     let dispatcher = status.contains("xdp_dispatcher");
     eprintln!("{load}\n{status}\nlibxdp dispatcher installed: {dispatcher}");
     assert!(status.contains("xdpfilt_"), "{status}");

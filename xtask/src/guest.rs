@@ -97,6 +97,23 @@ pub const MATRIX: &[Suite] = &[
     },
 ];
 
+/// One test file to run in a guest, with the filters to pass it (none: every test).
+struct Run {
+    package: &'static str,
+    file: String,
+    filters: Vec<String>,
+}
+
+impl From<&Suite> for Run {
+    fn from(s: &Suite) -> Run {
+        Run {
+            package: s.package,
+            file: s.file.to_string(),
+            filters: s.filters.iter().map(|f| f.to_string()).collect(),
+        }
+    }
+}
+
 /// A Debian kernel the matrix knows by a short name.
 struct KnownKernel {
     name: &'static str,
@@ -310,8 +327,8 @@ fn unpack(package: &str) -> Result<Kernel> {
     })
 }
 
-/// Test executables of `suites`, built here (release), by (package, file).
-fn build_tests(suites: &[&Suite]) -> Result<Vec<(String, PathBuf)>> {
+/// Test executables of `runs`, built here (release), by file.
+fn build_tests(runs: &[Run]) -> Result<Vec<(String, PathBuf)>> {
     // Every test target of the workspace, as `cargo xtask test` builds them: the same
     // features, so the same artifacts (a narrower `-p` selection would unify features
     // differently and rebuild half the dependency tree).
@@ -347,8 +364,8 @@ fn build_tests(suites: &[&Suite]) -> Result<Vec<(String, PathBuf)>> {
             found.push((name.to_string(), PathBuf::from(exe)));
         }
     }
-    for s in suites {
-        if !found.iter().any(|(n, _)| n == s.file) {
+    for s in runs {
+        if !found.iter().any(|(n, _)| *n == s.file) {
             bail!(
                 "cargo built no test executable for {}/{}",
                 s.package,
@@ -370,12 +387,7 @@ fn package_dir(package: &str) -> Result<PathBuf> {
 
 /// The shell script the guest runs: every suite, one test at a time, all run even when
 /// one fails; the exit code says whether all passed.
-fn script(
-    suites: &[&Suite],
-    exes: &[(String, PathBuf)],
-    extra: &[String],
-    out: &Path,
-) -> Result<String> {
+fn script(runs: &[Run], exes: &[(String, PathBuf)], out: &Path) -> Result<String> {
     let mut s = String::from(
         "#!/bin/sh\n# Written by `cargo xtask test --kernel`; runs inside the guest.\n",
     );
@@ -384,24 +396,24 @@ fn script(
         "export LIMITER_GUEST_OUT={}\n",
         sh_quote(&out.display().to_string())
     ));
+    // bpffs where systemd mounts it on the hosts this runs on (libxdp's tools need it;
+    // the daemon would mount it itself).
+    s.push_str("[ \"$(stat -f -c %T /sys/fs/bpf)\" = bpf_fs ] || mount -t bpf bpf /sys/fs/bpf\n");
     s.push_str("echo \"guest: $(uname -r) ($(uname -v))\"\n");
-    for suite in suites {
+    for run in runs {
         let exe = exes
             .iter()
-            .find(|(n, _)| n == suite.file)
+            .find(|(n, _)| *n == run.file)
             .map(|(_, p)| p)
-            .with_context(|| format!("no executable for {}", suite.file))?;
-        let mut args: Vec<String> = vec!["--test-threads=1".into()];
-        if extra.is_empty() {
-            args.extend(suite.filters.iter().map(|f| f.to_string()));
-        } else {
-            args.extend(extra.iter().cloned());
-        }
-        let args: Vec<String> = args.iter().map(|a| sh_quote(a)).collect();
+            .with_context(|| format!("no executable for {}", run.file))?;
+        let args: Vec<String> = std::iter::once("--test-threads=1")
+            .chain(run.filters.iter().map(String::as_str))
+            .map(sh_quote)
+            .collect();
         s.push_str(&format!(
             "echo; echo \"guest: == {file}\"; cd {dir} && {exe} {args} || failed=1\n",
-            file = suite.file,
-            dir = sh_quote(&package_dir(suite.package)?.display().to_string()),
+            file = run.file,
+            dir = sh_quote(&package_dir(run.package)?.display().to_string()),
             exe = sh_quote(&exe.display().to_string()),
             args = args.join(" "),
         ));
@@ -580,25 +592,26 @@ fn run_logged(mut cmd: Command, log: &Path) -> Result<std::process::ExitStatus> 
     Ok(status)
 }
 
-/// Runs the matrix (or, with `extra`, the named test file and filters) in a guest of
+/// Runs the matrix (or, with `selection`, the named test file and filters) in a guest of
 /// `name`'s kernel.
 pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
     check_tools()?;
     let package = resolve_package(name)?;
     let kernel = unpack(&package)?;
-    let (suites, extra): (Vec<&Suite>, Vec<String>) = match selection.split_first() {
-        None => (MATRIX.iter().collect(), Vec::new()),
-        Some((file, filters)) => {
-            let suite: &'static Suite = Box::leak(Box::new(named_suite(file)?));
-            (vec![suite], filters.to_vec())
-        }
+    let runs: Vec<Run> = match selection.split_first() {
+        None => MATRIX.iter().map(Run::from).collect(),
+        Some((file, filters)) => vec![Run {
+            package: package_of(file)?,
+            file: file.clone(),
+            filters: filters.to_vec(),
+        }],
     };
-    let exes = build_tests(&suites)?;
+    let exes = build_tests(&runs)?;
     let out = workspace_root()?.join("target/guest").join(&kernel.release);
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;
     let script_path = out.join("run.sh");
-    fs::write(&script_path, script(&suites, &exes, &extra, &out)?)?;
+    fs::write(&script_path, script(&runs, &exes, &out)?)?;
     let accel = choose_accel(accel, &kernel)?;
     eprintln!(
         "guest: {} ({}) under {}, {} test file(s); log in {}",
@@ -608,7 +621,7 @@ pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
             Accel::Kvm => "KVM",
             _ => "TCG emulation",
         },
-        suites.len(),
+        runs.len(),
         out.display()
     );
     let started = Instant::now();
@@ -663,22 +676,6 @@ pub fn package_of(file: &str) -> Result<&'static str> {
         "no test file {file}.rs under the tests/ of {}",
         TEST_PACKAGES.join(", ")
     )
-}
-
-/// The suite for `cargo xtask test --kernel K -- FILE`: the matrix's entry, or any test
-/// file of the test packages, run whole.
-fn named_suite(file: &str) -> Result<Suite> {
-    if let Some(s) = MATRIX.iter().find(|s| s.file == file) {
-        return Ok(Suite { ..*s });
-    }
-    let package = package_of(file)?;
-    // Leaked once per run: a Suite holds 'static names, as the matrix does.
-    let file: &'static str = Box::leak(file.to_string().into_boxed_str());
-    Ok(Suite {
-        package,
-        file,
-        filters: &[],
-    })
 }
 
 #[cfg(test)]

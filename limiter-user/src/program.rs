@@ -768,6 +768,14 @@ impl Program {
         let native = |ebpf: &mut Ebpf| -> Result<(XdpLink, Variant), Error> {
             match attach_one(ebpf, Variant::Linear, iface, XdpMode::Driver) {
                 Ok(link) => Ok((link, Variant::Linear)),
+                Err(linear) if !kernel::has_frags() => Err(Error::Link {
+                    what: format!("attaching to {iface} in native mode"),
+                    reason: format!(
+                        "{linear}; the multi-buffer build that would run there instead \
+                         needs XDP multi-buffer (Linux 5.18), which this kernel lacks: \
+                         lower the MTU to one buffer per frame"
+                    ),
+                }),
                 Err(linear) => {
                     tracing::info!(%iface, error = %linear, "linear build refused; trying the multi-buffer build");
                     attach_one(ebpf, Variant::MultiBuffer, iface, XdpMode::Driver)

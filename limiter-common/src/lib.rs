@@ -3,9 +3,11 @@
 //! `abi` holds the `#[repr(C)]` map keys and values (no padding: flags are `u32`, every
 //! struct is laid out by hand to a multiple of its alignment). `gcra` holds the rate
 //! arithmetic and `clock` the per-tick cached clock it runs on; the XDP program and the
-//! host tests call the same functions.
+//! host tests call the same functions. `dispatcher` is libxdp's multi-program dispatcher
+//! configuration, shared by the limiter's dispatcher program and the daemon.
 #![cfg_attr(not(test), no_std)]
 
 pub mod abi;
 pub mod clock;
+pub mod dispatcher;
 pub mod gcra;

@@ -44,6 +44,9 @@ pub struct Config {
     /// Interfaces to attach to; may be empty (then `--iface` supplies them).
     pub interfaces: Vec<String>,
     pub xdp_mode: XdpMode,
+    pub xdp_share: XdpShare,
+    /// Run priority in a libxdp dispatcher (`xdp_share = "libxdp"`).
+    pub xdp_priority: u32,
     pub pin_dir: PathBuf,
     pub control_socket: PathBuf,
     /// Prometheus listen address; `None` when `metrics = ""`.
@@ -86,6 +89,8 @@ impl Default for Config {
         Config {
             interfaces: Vec::new(),
             xdp_mode: XdpMode::Auto,
+            xdp_share: XdpShare::Exclusive,
+            xdp_priority: DEFAULT_XDP_PRIORITY,
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             control_socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
             metrics: DEFAULT_METRICS.parse().ok(),
@@ -210,6 +215,22 @@ config_enum!(
         Tc = "tc",
     }
 );
+
+config_enum!(
+    /// Whether the limiter has the interface's XDP hook to itself.
+    XdpShare, "xdp_share" {
+        /// The limiter's own bpf_link: nothing else runs at the hook (the default).
+        Exclusive = "exclusive",
+        /// A component of libxdp's multi-program dispatcher, shared with xdp-loader,
+        /// xdp-filter and other libxdp users; the limiter installs the dispatcher when the
+        /// hook is empty.
+        Libxdp = "libxdp",
+    }
+);
+
+/// Default `xdp_priority`: libxdp's run priority of the limiter's component (lower runs
+/// first; libxdp's default for a program that names none is 50).
+pub const DEFAULT_XDP_PRIORITY: u32 = 10;
 
 config_enum!(
     /// Protocol a rule matches.
@@ -469,6 +490,8 @@ type MatchKey = (IpNet, Option<u16>, Proto);
 const TOP_KEYS: &[&str] = &[
     "interfaces",
     "xdp_mode",
+    "xdp_share",
+    "xdp_priority",
     "pin_dir",
     "control_socket",
     "metrics",
@@ -619,6 +642,36 @@ impl Checker<'_> {
         if let Some(value) = root.get("xdp_mode") {
             if let Some(mode) = self.enumeration(value, top("xdp_mode")) {
                 config.xdp_mode = mode;
+            }
+        }
+        if let Some(value) = root.get("xdp_share") {
+            if let Some(share) = self.enumeration(value, top("xdp_share")) {
+                config.xdp_share = share;
+            }
+        }
+        if let Some(value) = root.get("xdp_priority") {
+            if let Some(n) = self.integer(value, top("xdp_priority"), 0, u64::from(u32::MAX)) {
+                config.xdp_priority = u32::try_from(n).unwrap_or(u32::MAX);
+            }
+        }
+        if config.xdp_share == XdpShare::Libxdp && config.xdp_mode == XdpMode::Tc {
+            if let Some(value) = root.get("xdp_share") {
+                self.report(
+                    value.span(),
+                    top("xdp_share"),
+                    "xdp_share = \"libxdp\" shares the XDP hook, and xdp_mode = \"tc\" does not \
+                     use it: choose xdp_mode auto, native or generic, or xdp_share = \"exclusive\"",
+                );
+            }
+        }
+        if config.xdp_share != XdpShare::Libxdp {
+            if let Some(value) = root.get("xdp_priority") {
+                self.report(
+                    value.span(),
+                    top("xdp_priority"),
+                    "xdp_priority is the run priority in a libxdp dispatcher: it needs \
+                     xdp_share = \"libxdp\"",
+                );
             }
         }
         if let Some(value) = root.get("pin_dir") {
@@ -1707,6 +1760,47 @@ burst = 10
             "xdp_mode",
             None,
             "unknown xdp_mode \"offload\"",
+        );
+    }
+
+    #[test]
+    fn xdp_share_and_priority() {
+        let c = parse("").unwrap();
+        assert_eq!(
+            (c.xdp_share, c.xdp_priority),
+            (XdpShare::Exclusive, DEFAULT_XDP_PRIORITY)
+        );
+        let c = parse("xdp_share = \"libxdp\"\nxdp_priority = 3\n").unwrap();
+        assert_eq!((c.xdp_share, c.xdp_priority), (XdpShare::Libxdp, 3));
+        only_problem(
+            "xdp_share = \"shared\"\n",
+            "xdp_share",
+            "xdp_share",
+            None,
+            "unknown xdp_share \"shared\"; expected one of \"exclusive\", \"libxdp\"",
+        );
+        only_problem(
+            "xdp_share = \"libxdp\"\nxdp_priority = -1\n",
+            "xdp_priority",
+            "xdp_priority",
+            None,
+            "between 0 and 4294967295",
+        );
+        // A priority without sharing would be silently ignored: refused.
+        only_problem(
+            "\nxdp_priority = 5\n",
+            "xdp_priority",
+            "xdp_priority",
+            None,
+            "needs xdp_share = \"libxdp\"",
+        );
+        let err = parse("xdp_mode = \"tc\"\n\nxdp_share = \"libxdp\"\n").unwrap_err();
+        assert_problem(
+            &err,
+            3,
+            "xdp_share",
+            None,
+            "xdp_mode = \"tc\" does not use it",
         );
     }
 

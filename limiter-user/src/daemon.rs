@@ -16,7 +16,7 @@ use limiter_proto::pb::{ReportReply, ReportRequest};
 use serde::Serialize;
 
 use crate::{
-    config::{Config, RateSpec, RuleSpec, Unit},
+    config::{Config, RateSpec, RuleSpec, Unit, XdpShare},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
     fleet::{monotonic_ns, offered_units, FleetState, RuleTotals},
@@ -322,11 +322,18 @@ impl Daemon {
             "rules installed"
         );
         for iface in ifaces {
-            let a = daemon.program.attach_pinned(
-                iface,
-                daemon.config.xdp_mode,
-                &daemon.config.pin_dir,
-            )?;
+            let a = match daemon.config.xdp_share {
+                XdpShare::Exclusive => daemon.program.attach_pinned(
+                    iface,
+                    daemon.config.xdp_mode,
+                    &daemon.config.pin_dir,
+                )?,
+                XdpShare::Libxdp => daemon.program.attach_shared(
+                    iface,
+                    daemon.config.xdp_mode,
+                    daemon.config.xdp_priority,
+                )?,
+            };
             let how = match a.origin {
                 LinkOrigin::Created => "attached",
                 LinkOrigin::Adopted => {
@@ -368,6 +375,20 @@ impl Daemon {
                 %iface,
                 pin = %pin.display(),
                 "detached: the interface is no longer configured (its link pin is removed)"
+            );
+            self.detached_unconfigured.push(iface);
+        }
+        let control = crate::tc_filter::control_map_id(&self.config.pin_dir);
+        for (iface, ifindex) in crate::libxdp::joined_interfaces(&self.config.pin_dir)? {
+            let keep = ifaces.contains(&iface) && self.config.xdp_share == XdpShare::Libxdp;
+            let Some(control) = control.filter(|_| !keep) else {
+                continue;
+            };
+            crate::libxdp::leave(&iface, ifindex, control)?;
+            tracing::warn!(
+                %iface,
+                "left the interface's libxdp dispatcher: the interface is no longer \
+                 configured, or xdp_share is no longer \"libxdp\""
             );
             self.detached_unconfigured.push(iface);
         }
@@ -556,6 +577,12 @@ impl Daemon {
         }
         if new.interfaces != old.interfaces {
             needs_restart.push("interfaces");
+        }
+        if new.xdp_share != old.xdp_share {
+            needs_restart.push("xdp_share");
+        }
+        if new.xdp_priority != old.xdp_priority {
+            needs_restart.push("xdp_priority");
         }
         if new.xdp_mode != old.xdp_mode {
             needs_restart.push("xdp_mode");

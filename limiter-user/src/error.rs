@@ -36,6 +36,10 @@ pub enum Error {
     },
     #[error("{what}: {reason}")]
     Link { what: String, reason: String },
+    /// The XDP hook of an interface cannot be shared as configured (`xdp_share`): what
+    /// holds it, and what the operator can do.
+    #[error("{iface}: {reason}")]
+    Sharing { iface: String, reason: String },
     #[error("no rule named {0:?}")]
     UnknownRule(String),
     #[error("{0}")]

@@ -165,8 +165,8 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Cleanup {
     pub removed: Vec<PathBuf>,
-    /// The limiter's cls_bpf filters removed (TC mode on kernels without tcx): which
-    /// interface, which slot.
+    /// The limiter's cls_bpf filters (TC mode on kernels without tcx) and libxdp
+    /// dispatcher components removed: which interface, which hook.
     pub removed_filters: Vec<String>,
     /// What was left in place, and why it is not the limiter's.
     pub left: Vec<(PathBuf, String)>,
@@ -246,6 +246,16 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
         cleanup
             .removed_filters
             .push(format!("{iface}: {}", filter.describe()));
+    }
+    // Dispatcher components are found the same way.
+    for (iface, ifindex) in crate::libxdp::joined_interfaces(pin_dir)? {
+        let Some(control) = crate::tc_filter::control_map_id(pin_dir) else {
+            break;
+        };
+        crate::libxdp::leave(&iface, ifindex, control)?;
+        cleanup.removed_filters.push(format!(
+            "{iface}: the limiter's libxdp dispatcher component"
+        ));
     }
     for path in links.into_iter().chain(maps) {
         fs::remove_file(&path).map_err(|e| Error::Io {

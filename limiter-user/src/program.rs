@@ -15,7 +15,7 @@ use aya::{
         links::{FdLink, PinnedLink},
         tc::{NlOptions, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions, TcHandle},
         xdp::{XdpLink, XdpLinkId},
-        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        Extension, SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     Ebpf, EbpfLoader,
 };
@@ -26,7 +26,9 @@ use limiter_common::abi::{
     PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
-use crate::{config::XdpMode as ConfigXdpMode, error::Error, kernel, maps::Maps, tc_filter};
+use crate::{
+    config::XdpMode as ConfigXdpMode, error::Error, kernel, libxdp, maps::Maps, tc_filter,
+};
 
 /// The XDP object, built by build.rs.
 pub static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
@@ -50,6 +52,14 @@ pub struct LoadOptions {
 /// The loaded program and its maps.
 pub struct Program {
     ebpf: Ebpf,
+    /// What [`Program::attach_shared`] loads the libxdp component from: the object and
+    /// the load options (the component is the linear build loaded as an freplace
+    /// program, from a second copy of the object on the same pinned maps).
+    object: AlignedObject,
+    opts: LoadOptions,
+    /// The component, once loaded (one program, linked into every interface's
+    /// dispatcher).
+    component: Option<Ebpf>,
 }
 
 /// The mode an interface was attached in.
@@ -147,6 +157,12 @@ enum AttachedLink {
         ifindex: u32,
         id: SchedClassifierLinkId,
     },
+    /// A component of the libxdp dispatcher of this interface (`xdp_share = "libxdp"`):
+    /// pinned under libxdp's state directory, found again through the CONTROL map.
+    Component {
+        ifindex: u32,
+        control_id: u32,
+    },
 }
 
 /// A link just made, not yet pinned or handed back to its program.
@@ -183,6 +199,27 @@ impl Attachment {
                     reason: "no limiter filter at its slot".into(),
                 });
         }
+        if let AttachedLink::Component {
+            ifindex,
+            control_id,
+        } = &self.link
+        {
+            return match libxdp::inspect(&self.iface, *ifindex, Some(*control_id))? {
+                libxdp::Hook::Dispatcher(d) => d
+                    .components
+                    .iter()
+                    .find(|c| c.limiter)
+                    .map(|c| c.program_id)
+                    .ok_or_else(|| Error::Link {
+                        what: format!("reading the dispatcher of {}", self.iface),
+                        reason: "the limiter is no longer one of its components".into(),
+                    }),
+                _ => Err(Error::Link {
+                    what: format!("reading the XDP hook of {}", self.iface),
+                    reason: "no libxdp dispatcher runs there any more".into(),
+                }),
+            };
+        }
         let AttachedLink::Pinned(link) = &self.link else {
             return Err(Error::Link {
                 what: format!("reading the link of {}", self.iface),
@@ -207,6 +244,7 @@ impl Attachment {
                 tc_filter::PRIORITY,
                 tc_filter::HANDLE
             ),
+            (AttachedLink::Component { .. }, _) => "libxdp dispatcher component".into(),
             (_, AttachedMode::Tc) => "tcx link".into(),
             _ => "bpf_link".into(),
         }
@@ -461,7 +499,12 @@ impl Program {
         tc_mut(&mut ebpf)?
             .load()
             .map_err(|e| refused(Variant::Tc, e))?;
-        Ok(Program { ebpf })
+        Ok(Program {
+            ebpf,
+            object: AlignedObject::from_bytes(object),
+            opts: opts.clone(),
+            component: None,
+        })
     }
 
     /// Reads an object file for [`Program::load_object`] into memory aligned for the
@@ -471,16 +514,7 @@ impl Program {
             what: format!("reading the BPF object {}", path.display()),
             source: e,
         })?;
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
-        for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            *word = u64::from_ne_bytes(b);
-        }
-        Ok(AlignedObject {
-            words,
-            len: bytes.len(),
-        })
+        Ok(AlignedObject::from_bytes(&bytes))
     }
 
     /// The multi-buffer build (it runs on any frame), e.g. for BPF_PROG_TEST_RUN.
@@ -869,14 +903,83 @@ impl Program {
             AttachedLink::LocalTc(id) | AttachedLink::LocalFilter { id, .. } => {
                 tc_mut(&mut self.ebpf)?.detach(id).map_err(detach_err)
             }
-            AttachedLink::Pinned(_) | AttachedLink::Filter { .. } => unpin_link(attachment),
+            AttachedLink::Pinned(_)
+            | AttachedLink::Filter { .. }
+            | AttachedLink::Component { .. } => unpin_link(attachment),
         }
+    }
+
+    /// Makes the limiter a component of `iface`'s libxdp dispatcher at run priority
+    /// `priority` (`xdp_share = "libxdp"`), or installs a dispatcher when the hook is
+    /// empty. A component an earlier daemon left there is replaced in the same atomic
+    /// swap of dispatchers (restart, upgrade). Needs pinned maps: the component is a
+    /// second load of the program, and shares the maps through their pins.
+    pub fn attach_shared(
+        &mut self,
+        iface: &str,
+        mode: ConfigXdpMode,
+        priority: u32,
+    ) -> Result<Attachment, Error> {
+        let pin_dir = self.opts.pin_dir.clone().ok_or_else(|| Error::Sharing {
+            iface: iface.to_string(),
+            reason: "a dispatcher component needs the maps pinned (pin_dir)".into(),
+        })?;
+        let control_id =
+            tc_filter::control_map_id(&pin_dir).ok_or_else(|| Error::NotPinned(pin_dir.clone()))?;
+        let ifindex = ifindex_of(iface)?;
+        if self.component.is_none() {
+            let mut loader = EbpfLoader::new();
+            loader.map_max_entries(map_name::SRC_BUCKETS, self.opts.max_sources);
+            for name in map_name::ALL {
+                loader.map_pin_path(name, pin_dir.join(name));
+            }
+            loader.extension(PROGRAM_NAME_LINEAR);
+            self.component = Some(
+                loader
+                    .load(self.object.bytes())
+                    .map_err(|e| Error::Load(Box::new(e)))?,
+            );
+        }
+        let ext: &mut Extension = self
+            .component
+            .as_mut()
+            .and_then(|c| c.program_mut(PROGRAM_NAME_LINEAR))
+            .and_then(|p| p.try_into().ok())
+            .ok_or(Error::NoProgram)?;
+        let installed = libxdp::join(iface, ifindex, mode, priority, control_id, ext)?;
+        Ok(Attachment {
+            iface: iface.to_string(),
+            mode: match installed.mode {
+                Some(crate::netlink::XdpAttached::Generic) => AttachedMode::Generic,
+                _ => AttachedMode::Native,
+            },
+            variant: Variant::Linear,
+            origin: if installed.replaced_limiter {
+                LinkOrigin::Adopted
+            } else {
+                LinkOrigin::Created
+            },
+            pin: installed
+                .dispatcher_id
+                .map(|id| libxdp::state_dir().join(format!("dispatch-{ifindex}-{id}"))),
+            link: AttachedLink::Component {
+                ifindex,
+                control_id,
+            },
+        })
     }
 }
 
 /// Stops enforcement on the interface behind `attachment` by removing its pin; the link
 /// goes away with its last file descriptor.
 pub fn unpin_link(attachment: Attachment) -> Result<(), Error> {
+    if let AttachedLink::Component {
+        ifindex,
+        control_id,
+    } = attachment.link
+    {
+        return libxdp::leave(&attachment.iface, ifindex, control_id).map(|_| ());
+    }
     if let AttachedLink::Filter { .. } = attachment.link {
         let filter = tc_filter::Filter {
             priority: tc_filter::PRIORITY,
@@ -987,6 +1090,20 @@ pub struct AlignedObject {
 }
 
 impl AlignedObject {
+    /// A copy of `bytes` at 8-byte alignment.
+    pub fn from_bytes(bytes: &[u8]) -> AlignedObject {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *word = u64::from_ne_bytes(b);
+        }
+        AlignedObject {
+            words,
+            len: bytes.len(),
+        }
+    }
+
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: `words` holds at least `len` initialised bytes, and u8 has no alignment
         // or validity requirement.

@@ -10,14 +10,14 @@
 //! under this pin_dir. `status` shows them and `detach` removes them, whatever slot an
 //! earlier build or a failed attempt left them in.
 
-use std::{
-    io,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    path::Path,
-};
+use std::{io, path::Path};
 
 use aya::{maps::MapInfo, programs::loaded_programs};
 use limiter_common::abi::map_name;
+
+use crate::netlink::{attributes, c_string, message, transact, u32_at, NLM_F_DUMP, NLM_F_REQUEST};
+#[cfg(test)]
+use crate::netlink::{NLMSG_DONE, NLMSG_ERROR, NLMSG_HDR};
 
 /// Priority of the limiter's filter: 1, the first the kernel runs (lower runs earlier).
 pub const PRIORITY: u16 = 1;
@@ -46,51 +46,13 @@ impl Filter {
 
 const RTM_NEWTFILTER: u16 = 44;
 const RTM_GETTFILTER: u16 = 46;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 const TCA_KIND: u16 = 1;
 const TCA_OPTIONS: u16 = 2;
 const TCA_BPF_NAME: u16 = 7;
 const TCA_BPF_ID: u16 = 11;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 /// clsact's ingress parent, TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS).
 const INGRESS_PARENT: u32 = 0xffff_fff2;
-const NLMSG_HDR: usize = 16;
 const TCMSG: usize = 20;
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-/// (type, payload) of each netlink attribute in `b`; stops at the first malformed one.
-fn attributes(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        let len = usize::from(u16_at(b, at)?);
-        let kind = u16_at(b, at + 2)? & NLA_TYPE_MASK;
-        if len < 4 {
-            return None;
-        }
-        let payload = b.get(at + 4..at + len)?;
-        at += align4(len);
-        Some((kind, payload))
-    })
-}
-
-fn c_string(b: &[u8]) -> String {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
 
 /// Parses one RTM_NEWTFILTER payload (tcmsg and attributes): a bpf filter, or `None`
 /// for another kind, and for the per-priority entry a dump starts each priority with
@@ -128,75 +90,31 @@ fn parse_filter(payload: &[u8]) -> Option<Filter> {
 }
 
 /// Parses one buffer of a dump's reply into `out`; `true` once the dump is done.
-fn parse_dump(buf: &[u8], out: &mut Vec<Filter>) -> io::Result<bool> {
-    let mut at = 0;
-    while at + NLMSG_HDR <= buf.len() {
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed netlink reply");
-        let len = u32_at(buf, at).ok_or_else(bad)? as usize;
-        let kind = u16_at(buf, at + 4).ok_or_else(bad)?;
-        if len < NLMSG_HDR || at + len > buf.len() {
-            return Err(bad());
-        }
-        let payload = &buf[at + NLMSG_HDR..at + len];
-        match kind {
-            NLMSG_DONE => return Ok(true),
-            NLMSG_ERROR => {
-                let errno = u32_at(payload, 0).map_or(0, |e| e as i32);
-                if errno != 0 {
-                    return Err(io::Error::from_raw_os_error(-errno));
-                }
-            }
-            RTM_NEWTFILTER => out.extend(parse_filter(payload)),
-            _ => {}
-        }
-        at += align4(len);
+fn push_filter(kind: u16, payload: &[u8], out: &mut Vec<Filter>) {
+    if kind == RTM_NEWTFILTER {
+        out.extend(parse_filter(payload));
     }
-    Ok(false)
+}
+
+#[cfg(test)]
+fn parse_dump(buf: &[u8], out: &mut Vec<Filter>) -> io::Result<bool> {
+    crate::netlink::walk(buf, |kind, payload| push_filter(kind, payload, out))
 }
 
 /// The bpf filters at clsact ingress of interface `ifindex` (none without a clsact qdisc).
 pub fn ingress_filters(ifindex: u32) -> io::Result<Vec<Filter>> {
-    // SAFETY: plain socket(2); the descriptor is owned below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut req = Vec::with_capacity(NLMSG_HDR + TCMSG);
-    req.extend(((NLMSG_HDR + TCMSG) as u32).to_ne_bytes());
-    req.extend(RTM_GETTFILTER.to_ne_bytes());
-    req.extend((NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req.extend(1u32.to_ne_bytes()); // sequence
-    req.extend(0u32.to_ne_bytes()); // port id: the kernel's
-    req.extend([libc::AF_UNSPEC as u8, 0, 0, 0]);
-    req.extend((ifindex as i32).to_ne_bytes());
-    req.extend(0u32.to_ne_bytes()); // handle
-    req.extend(INGRESS_PARENT.to_ne_bytes());
-    req.extend(0u32.to_ne_bytes()); // info
-                                    // SAFETY: req is a valid buffer of req.len() bytes.
-    let sent = unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-    if sent < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let mut tcmsg = Vec::with_capacity(TCMSG);
+    tcmsg.extend([libc::AF_UNSPEC as u8, 0, 0, 0]);
+    tcmsg.extend((ifindex as i32).to_ne_bytes());
+    tcmsg.extend(0u32.to_ne_bytes()); // handle
+    tcmsg.extend(INGRESS_PARENT.to_ne_bytes());
+    tcmsg.extend(0u32.to_ne_bytes()); // info
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        // SAFETY: buf is a valid writable buffer of buf.len() bytes.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 || parse_dump(&buf[..n as usize], &mut out)? {
-            return Ok(out);
-        }
-    }
+    transact(
+        &message(RTM_GETTFILTER, NLM_F_REQUEST | NLM_F_DUMP, &tcmsg),
+        |kind, payload| push_filter(kind, payload, &mut out),
+    )?;
+    Ok(out)
 }
 
 /// The id of the CONTROL map pinned under `pin_dir`: the mark of this instance's programs.

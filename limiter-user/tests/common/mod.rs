@@ -29,6 +29,8 @@ pub struct Lab {
     pub metrics_port: u16,
     /// `xdp_mode` of the config ("native" unless made with [`Lab::with_mode`]).
     pub xdp_mode: &'static str,
+    /// More top-level keys (TOML lines), e.g. `xdp_share`.
+    pub settings: String,
 }
 
 fn free_port() -> u16 {
@@ -46,6 +48,11 @@ impl Lab {
 
     /// The same with another `xdp_mode`.
     pub fn with_mode(rules: &str, xdp_mode: &'static str) -> Lab {
+        Lab::with_settings(rules, xdp_mode, "")
+    }
+
+    /// The same with more top-level keys.
+    pub fn with_settings(rules: &str, xdp_mode: &'static str, settings: &str) -> Lab {
         let pair = VethPair::new(1).expect("creating the veth pair");
         let pins = PinDir::new();
         let dir = tempfile::tempdir().expect("temp dir");
@@ -60,6 +67,7 @@ impl Lab {
             socket,
             metrics_port,
             xdp_mode,
+            settings: settings.to_string(),
         };
         lab.write_config(rules);
         lab
@@ -68,10 +76,11 @@ impl Lab {
     /// Rewrites the config with other rules (same interface, pins, socket, metrics).
     pub fn write_config(&self, rules: &str) {
         let text = format!(
-            "interfaces = [\"{}\"]\nxdp_mode = \"{}\"\npin_dir = \"{}\"\n\
+            "interfaces = [\"{}\"]\nxdp_mode = \"{}\"\n{}\npin_dir = \"{}\"\n\
              control_socket = \"{}\"\nmetrics = \"127.0.0.1:{}\"\n\n{rules}",
             self.pair.host,
             self.xdp_mode,
+            self.settings,
             self.pins.path.display(),
             self.socket.display(),
             self.metrics_port

@@ -146,9 +146,12 @@ pub struct InterfaceStatus {
     pub link: &'static str,
     pub pin: Option<PathBuf>,
     pub program_id: Option<u32>,
-    /// What holds the program there: "bpf_link", "tcx link", or the cls_bpf filter's
-    /// slot (TC mode on kernels without tcx).
+    /// What holds the program there: "bpf_link", "tcx link", the cls_bpf filter's
+    /// slot (TC mode on kernels without tcx), or "libxdp dispatcher component".
     pub hook: String,
+    /// What runs at the hook, in order, the limiter among them, and how each hands a
+    /// frame on (read from the kernel when asked).
+    pub chain: Vec<crate::program::ChainEntry>,
 }
 
 /// What a reload did.
@@ -705,6 +708,7 @@ impl Daemon {
                     pin: a.pin.clone(),
                     program_id: a.program_id().ok(),
                     hook: a.hook(),
+                    chain: a.chain(),
                 })
                 .collect(),
         })
@@ -738,7 +742,16 @@ impl Daemon {
                     .drops_within(rule, total, now, Duration::from_secs(60)),
             )
         };
-        explain::explain(&self.table, &self.maps, query, recent)
+        let mut e = explain::explain(&self.table, &self.maps, query, recent)?;
+        e.hooks = self
+            .attachments
+            .iter()
+            .map(|a| explain::HookChain {
+                interface: a.iface.clone(),
+                chain: a.chain(),
+            })
+            .collect();
+        Ok(e)
     }
 
     /// Stops the daemon. Enforcement stays (links and maps pinned) unless `detach`.

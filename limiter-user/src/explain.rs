@@ -70,6 +70,36 @@ pub struct Explanation {
     /// "pass" or "drop": what happens to such a frame sent now.
     pub verdict: String,
     pub reason: String,
+    /// What runs at each interface's hook around the limiter: where a frame it passes
+    /// goes next (filled in by the daemon).
+    #[serde(default)]
+    pub hooks: Vec<HookChain>,
+}
+
+/// The chain at one interface's hook.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HookChain {
+    pub interface: String,
+    pub chain: Vec<crate::program::ChainEntry>,
+}
+
+/// "at IFACE: 1. …" lines for [`render`].
+fn render_hooks(hooks: &[HookChain]) -> String {
+    let mut out = String::new();
+    for h in hooks {
+        out += &format!("at {}:\n", h.interface);
+        for (n, e) in h.chain.iter().enumerate() {
+            out += &format!(
+                "  {}. {} (id {}){}: {}\n",
+                n + 1,
+                e.name,
+                e.program_id,
+                if e.limiter { " <- the limiter" } else { "" },
+                e.how
+            );
+        }
+    }
+    out
 }
 
 fn proto_number(proto: Proto, v6: bool) -> u8 {
@@ -199,6 +229,7 @@ fn explain_metered(
         dropped_last_60s: 0,
         verdict: "pass".into(),
         reason: "no rule matches this destination: the frame passes unmetered".into(),
+        hooks: Vec::new(),
     };
     let Some(slot) = ruleset::classify(table, query.dst, port, proto) else {
         return Ok(out);
@@ -351,7 +382,7 @@ pub fn render(e: &Explanation) -> String {
         q.proto.as_str()
     );
     let Some(rule) = &e.rule else {
-        return out + &format!("verdict: {} ({})\n", e.verdict, e.reason);
+        return out + &format!("verdict: {} ({})\n", e.verdict, e.reason) + &render_hooks(&e.hooks);
     };
     out += &format!(
         "rule: {rule} (slot {}, {}, unit {}, share {})\n",
@@ -383,7 +414,7 @@ pub fn render(e: &Explanation) -> String {
         "drops: {} in the last 10 s, {} in the last 60 s, {} in total\n",
         e.dropped_last_10s, e.dropped_last_60s, e.dropped_total
     );
-    out + &format!("verdict now: {} ({})\n", e.verdict, e.reason)
+    out + &format!("verdict now: {} ({})\n", e.verdict, e.reason) + &render_hooks(&e.hooks)
 }
 
 #[cfg(test)]
@@ -460,6 +491,7 @@ mod tests {
             dropped_last_60s: 0,
             verdict: "drop".into(),
             reason: "over the aggregate limit".into(),
+            hooks: Vec::new(),
         };
         let text = render(&e);
         assert!(

@@ -768,6 +768,41 @@ fn remove_dir(dir: &Path) {
     }
 }
 
+/// The chain a dispatcher runs: the dispatcher, then each component in order.
+pub fn chain(d: &Dispatcher) -> Vec<crate::program::ChainEntry> {
+    let n = d.components.len();
+    let mut out = vec![crate::program::ChainEntry {
+        program_id: d.program_id,
+        name: PROGRAM_NAME.into(),
+        limiter: false,
+        how: format!(
+            "libxdp dispatcher v{}, {} mode, {n} component(s)",
+            d.config.dispatcher_version,
+            d.mode.as_str()
+        ),
+    }];
+    for c in &d.components {
+        let next = if c.slot + 1 == n {
+            "the stack".to_string()
+        } else {
+            format!("component {}", c.slot + 2)
+        };
+        out.push(crate::program::ChainEntry {
+            program_id: c.program_id,
+            name: c.name.clone(),
+            limiter: c.limiter,
+            how: format!(
+                "component {} of {n} (over {}), run priority {}; on {} the frame goes to {next}",
+                c.slot + 1,
+                target_function(n, c.slot),
+                c.run_prio,
+                c.chain_on()
+            ),
+        });
+    }
+    out
+}
+
 /// Every interface of this namespace where the limiter (this pin_dir's) is a dispatcher
 /// component: (name, ifindex).
 pub fn joined_interfaces(pin_dir: &Path) -> Result<Vec<(String, u32)>, Error> {

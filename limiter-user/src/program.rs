@@ -251,6 +251,46 @@ impl Attachment {
     }
 }
 
+/// One program at an interface's hook, in run order.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChainEntry {
+    pub program_id: u32,
+    pub name: String,
+    /// A build of this limiter.
+    pub limiter: bool,
+    /// How the frame gets here and goes on.
+    pub how: String,
+}
+
+impl Attachment {
+    /// What runs at the hook of this interface, in order (empty if it cannot be read).
+    pub fn chain(&self) -> Vec<ChainEntry> {
+        match &self.link {
+            AttachedLink::Component {
+                ifindex,
+                control_id,
+            } => match libxdp::inspect(&self.iface, *ifindex, Some(*control_id)) {
+                Ok(libxdp::Hook::Dispatcher(d)) => libxdp::chain(&d),
+                _ => Vec::new(),
+            },
+            _ => self
+                .program_id()
+                .map(|id| {
+                    vec![ChainEntry {
+                        program_id: id,
+                        name: self.variant.program_name().into(),
+                        limiter: true,
+                        how: format!(
+                            "alone at the hook ({}); what it passes goes to the stack",
+                            self.hook()
+                        ),
+                    }]
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// Where the link of `iface` is pinned.
 pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
     pin_dir.join(format!("{LINK_PIN_PREFIX}{iface}"))

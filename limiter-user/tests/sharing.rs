@@ -167,8 +167,43 @@ fn the_limiter_joins_xdp_filter_and_both_enforce() {
     );
     assert!(order[1].starts_with("xdpfilt"), "{order:?}");
 
+    // status and explain show the chain: dispatcher, the limiter, xdp-filter.
     let status = lab.json(&["status", "--json"]);
-    eprintln!("{status:#}");
+    let chain = status["interfaces"][0]["chain"]
+        .as_array()
+        .expect("a chain")
+        .clone();
+    let names: Vec<&str> = chain.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names[0], "xdp_dispatcher", "{status:#}");
+    assert!(
+        names[1].starts_with("limiter") && chain[1]["limiter"] == true,
+        "{status:#}"
+    );
+    assert!(
+        names[2].starts_with("xdpfilt") && chain[2]["limiter"] == false,
+        "{status:#}"
+    );
+    let how = chain[1]["how"].as_str().unwrap();
+    assert!(
+        how.contains("run priority 10")
+            && how.contains("on XDP_PASS the frame goes to component 2"),
+        "{how}"
+    );
+    let text = lab.ok(&["status"]);
+    assert!(text.contains("<- the limiter"), "{text}");
+    let explained = lab.ok(&[
+        "explain",
+        "--src",
+        "198.18.0.1",
+        "--dst",
+        "198.18.0.2:9",
+        "--proto",
+        "udp",
+    ]);
+    assert!(
+        explained.contains("xdpfilt") && explained.contains("<- the limiter"),
+        "{explained}"
+    );
     let (seen0, dropped0) = filter.seen_and_dropped();
     let sent = join(lab.send_in_background(plan(20_000, Duration::from_secs(2), &lab.pair)));
     std::thread::sleep(Duration::from_millis(200));
@@ -196,4 +231,185 @@ fn the_limiter_joins_xdp_filter_and_both_enforce() {
     // …and the stack got exactly what both passed.
     assert_eq!(rx.totals().unwrap().packets, passed);
     daemon.stop();
+}
+
+/// Sends `rate` frames/s for `secs` (half to the limiter's port, half to xdp-filter's)
+/// and returns (frames sent to each port).
+fn send_both(lab: &Lab, rate: u64, secs: u64) -> u64 {
+    let sent = join(lab.send_in_background(plan(rate, Duration::from_secs(secs), &lab.pair)));
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(sent.sent % 2, 0, "an even count alternates the two frames");
+    sent.sent / 2
+}
+
+fn unmatched(lab: &Lab) -> u64 {
+    counter(&lab.json(&["stats", "--json"])["global"], "unmatched")
+}
+
+/// Each side unloads with its own tool while the other keeps enforcing; the order follows
+/// the run priorities, and a restart at another priority moves the limiter.
+#[test]
+fn each_side_unloads_without_stopping_the_other() {
+    assert!(
+        limiter_tests::in_guest(),
+        "run with `cargo xtask test --kernel 6.1 -- sharing`"
+    );
+    let _state = LibxdpState::new();
+    let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
+    let mut first = XdpFilter::load(&lab.pair.host);
+    let daemon = lab.start();
+    assert_eq!(components(&lab.pair.host).len(), 2);
+
+    // xdp-filter leaves through xdp-loader (libxdp rebuilds the dispatcher around the
+    // limiter's component): the limiter keeps enforcing, frames to the filtered port now
+    // reach the stack through it.
+    let status = run("xdp-loader", &["status", &lab.pair.host]);
+    let filter_id = status
+        .lines()
+        .find(|l| l.contains("xdpfilt"))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.parse::<u32>().ok().filter(|&n| n > 10))
+        })
+        .unwrap_or_else(|| panic!("no xdpfilt program id in {status}"));
+    run(
+        "xdp-loader",
+        &["unload", &lab.pair.host, "--id", &filter_id.to_string()],
+    );
+    first.loaded = false;
+    drop(first);
+    assert_eq!(components(&lab.pair.host), ["limiter_linear"]);
+    let before = lab.rule_stats("web");
+    let unmatched0 = unmatched(&lab);
+    let each = send_both(&lab, 10_000, 1);
+    let web = lab.rule_stats("web");
+    let metered = counter(&web, "passed_packets") + counter(&web, "dropped_packets")
+        - counter(&before, "passed_packets")
+        - counter(&before, "dropped_packets");
+    assert_eq!(
+        metered, each,
+        "the limiter stopped metering when xdp-filter left"
+    );
+    assert!(counter(&web, "dropped_packets") > counter(&before, "dropped_packets"));
+    assert!(unmatched(&lab) - unmatched0 >= each);
+
+    // xdp-filter joins again (libxdp adds it to the limiter's dispatcher); then the
+    // limiter restarts at a priority after xdp-filter's 10: now xdp-filter sees frames
+    // first, and what it drops never reaches the limiter.
+    let _ = Command::new("xdp-filter")
+        .args(["unload", &lab.pair.host])
+        .output();
+    let _ = Command::new("rm")
+        .args(["-rf", "/sys/fs/bpf/xdp-filter"])
+        .output();
+    let mut filter = XdpFilter::load(&lab.pair.host);
+    assert_eq!(components(&lab.pair.host)[0], "limiter_linear");
+    daemon.stop();
+    lab.write_config(WEB);
+    let text = std::fs::read_to_string(&lab.config).unwrap();
+    std::fs::write(
+        &lab.config,
+        text.replace(
+            "xdp_share = \"libxdp\"",
+            "xdp_share = \"libxdp\"\nxdp_priority = 60",
+        ),
+    )
+    .unwrap();
+    let daemon = lab.start();
+    let order = components(&lab.pair.host);
+    assert!(
+        order[0].starts_with("xdpfilt") && order[1] == "limiter_linear",
+        "{order:?}"
+    );
+    let unmatched0 = unmatched(&lab);
+    let (_, dropped0) = filter.seen_and_dropped();
+    let each = send_both(&lab, 10_000, 1);
+    let (_, dropped) = filter.seen_and_dropped();
+    assert_eq!(dropped - dropped0, each);
+    assert!(
+        unmatched(&lab) - unmatched0 < 20,
+        "frames xdp-filter dropped reached the limiter"
+    );
+
+    // The limiter leaves (`limiter detach`): xdp-filter keeps enforcing alone.
+    drop(daemon);
+    lab.ok(&["detach"]);
+    assert_eq!(components(&lab.pair.host).len(), 1);
+    assert!(components(&lab.pair.host)[0].starts_with("xdpfilt"));
+    let (_, dropped0) = filter.seen_and_dropped();
+    let each = send_both(&lab, 10_000, 1);
+    let (_, dropped) = filter.seen_and_dropped();
+    assert_eq!(
+        dropped - dropped0,
+        each,
+        "xdp-filter stopped when the limiter left"
+    );
+    filter.unload();
+}
+
+/// kill -9, restart and upgrade of the limiter under traffic: every frame metered by
+/// both programs throughout, one bucket across all of it.
+#[test]
+fn kill_9_restart_and_upgrade_keep_both_enforcing() {
+    assert!(
+        limiter_tests::in_guest(),
+        "run with `cargo xtask test --kernel 6.1 -- sharing`"
+    );
+    let _state = LibxdpState::new();
+    let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
+    let filter = XdpFilter::load(&lab.pair.host);
+    let rx = RxCounter::attach(&lab.pair.host).unwrap();
+    let daemon = lab.start();
+    let first = lab.json(&["status", "--json"])["interfaces"][0]["program_id"]
+        .as_u64()
+        .unwrap();
+    let (_, dropped0) = filter.seen_and_dropped();
+    let sender = lab.send_in_background(plan(8_000, Duration::from_secs(5), &lab.pair));
+    std::thread::sleep(Duration::from_secs(1));
+    daemon.kill9();
+    assert_eq!(
+        components(&lab.pair.host).len(),
+        2,
+        "the chain fell apart with the daemon"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let restarted = lab.start();
+    let status = lab.json(&["status", "--json"]);
+    assert_eq!(status["interfaces"][0]["link"], "adopted", "{status:#}");
+    let second = status["interfaces"][0]["program_id"].as_u64().unwrap();
+    assert_ne!(first, second, "the component was not replaced");
+    std::thread::sleep(Duration::from_millis(500));
+    // Upgrade: a clean stop and a new daemon with its own program.
+    restarted.stop();
+    let upgraded = lab.start();
+    let third = lab.json(&["status", "--json"])["interfaces"][0]["program_id"]
+        .as_u64()
+        .unwrap();
+    assert_ne!(second, third);
+    let sent = join(sender);
+    std::thread::sleep(Duration::from_millis(200));
+    for old in [first, second] {
+        let gone = Command::new("bpftool")
+            .args(["prog", "show", "id", &old.to_string()])
+            .output()
+            .unwrap();
+        assert!(!gone.status.success(), "component {old} is still loaded");
+    }
+    assert_eq!(components(&lab.pair.host).len(), 2);
+
+    let web = lab.rule_stats("web");
+    let passed = counter(&web, "passed_packets");
+    let limited = counter(&web, "dropped_packets");
+    let (_, dropped) = filter.seen_and_dropped();
+    let each = sent.sent / 2;
+    let expected = 2000.0 * sent.span.as_secs_f64() + 200.0;
+    eprintln!("sent {each} per port in {:.2}s: limiter passed {passed} (expected {expected:.0}) dropped {limited}; xdp-filter dropped {}", sent.span.as_secs_f64(), dropped - dropped0);
+    assert_eq!(passed + limited, each, "frames the limiter did not meter");
+    assert_eq!(dropped - dropped0, each, "frames xdp-filter did not see");
+    assert!(
+        (passed as f64 - expected).abs() <= expected * 0.02,
+        "passed {passed}, expected {expected:.0}"
+    );
+    assert_eq!(rx.totals().unwrap().packets, passed);
+    upgraded.stop();
 }

@@ -66,6 +66,21 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
             },
             i["program_id"]
         );
+        let chain = i["chain"].as_array().into_iter().flatten();
+        for (n, e) in chain.enumerate() {
+            println!(
+                "  {}. {} (id {}){}: {}",
+                n + 1,
+                e["name"].as_str().unwrap_or("?"),
+                e["program_id"],
+                if e["limiter"] == true {
+                    " <- the limiter"
+                } else {
+                    ""
+                },
+                e["how"].as_str().unwrap_or("?")
+            );
+        }
     }
     for iface in s["detached_unconfigured"].as_array().into_iter().flatten() {
         println!(

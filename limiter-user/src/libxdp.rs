@@ -616,7 +616,7 @@ fn link_components(
                 link_err(
                     iface,
                     format!("loading {} as a dispatcher component", p.name),
-                )(describe(&e))
+                )(freplace_refused(&e))
             })?;
             ext.attach()
         } else {

@@ -653,6 +653,9 @@ impl Program {
                 }
             }
         }
+        if mode != ConfigXdpMode::Tc {
+            refuse_taken_hook(iface)?;
+        }
         let (link, mode, variant) = self.attach_new(iface, mode)?;
         let link = link.into_fd_link().map_err(|reason| Error::Link {
             what: format!("taking the link of {iface}"),
@@ -1008,6 +1011,39 @@ impl Program {
             },
         })
     }
+}
+
+/// With `xdp_share = "exclusive"` the limiter needs the XDP hook to itself: another
+/// program there (a load balancer, a libxdp dispatcher) is named, with what to do,
+/// rather than reported as the kernel's EBUSY.
+fn refuse_taken_hook(iface: &str) -> Result<(), Error> {
+    let ifindex = ifindex_of(iface)?;
+    let hook = libxdp::inspect(iface, ifindex, None)?;
+    let reason = match hook {
+        libxdp::Hook::Empty => return Ok(()),
+        libxdp::Hook::Dispatcher(d) => format!(
+            "the XDP hook runs a libxdp dispatcher (program {}) with {}: set xdp_share = \
+             \"libxdp\" to join it as one more component",
+            d.program_id,
+            d.components
+                .iter()
+                .map(|c| format!("{} (id {}, priority {})", c.name, c.program_id, c.run_prio))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        libxdp::Hook::Other {
+            program_id, name, ..
+        } => format!(
+            "the XDP hook runs program {program_id} ({name}), and xdp_share = \"exclusive\" \
+             needs it free. If that program owns the hook (a load balancer), run the limiter \
+             in front of it with next_program or join_program_array; if it is a libxdp \
+             user's, use xdp_share = \"libxdp\" (README, \"Sharing the XDP hook\")"
+        ),
+    };
+    Err(Error::Sharing {
+        iface: iface.to_string(),
+        reason,
+    })
 }
 
 /// Stops enforcement on the interface behind `attachment` by removing its pin; the link

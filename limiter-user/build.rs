@@ -13,7 +13,11 @@ use std::{
 };
 
 /// (binary of limiter-ebpf, object file in OUT_DIR)
-const OBJECTS: [(&str, &str); 2] = [("limiter", "limiter.bpf.o"), ("baseline", "baseline.bpf.o")];
+const OBJECTS: [(&str, &str); 3] = [
+    ("limiter", "limiter.bpf.o"),
+    ("baseline", "baseline.bpf.o"),
+    ("standin_lb", "standin_lb.bpf.o"),
+];
 
 fn main() {
     if let Err(e) = run() {

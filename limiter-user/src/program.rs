@@ -20,10 +20,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use limiter_common::abi::{
-    map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
-    HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, SynCounters,
-    GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
-    PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+    map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
+    HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
+    SynCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
+    PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
 use crate::{config::XdpMode as ConfigXdpMode, error::Error, kernel, maps::Maps, tc_filter};
@@ -34,6 +34,10 @@ pub static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lim
 /// them).
 pub static BASELINE_OBJECT: &[u8] =
     include_bytes_aligned!(concat!(env!("OUT_DIR"), "/baseline.bpf.o"));
+/// A stand-in load balancer (`standin_lb`, `standin_lb_v2`, `standin_root`) for tests and
+/// benchmarks of the tail-call handoff.
+pub static STANDIN_LB_OBJECT: &[u8] =
+    include_bytes_aligned!(concat!(env!("OUT_DIR"), "/standin_lb.bpf.o"));
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -45,6 +49,11 @@ pub struct LoadOptions {
     pub pin_dir: Option<PathBuf>,
     /// Capacity of the per-source bucket map.
     pub max_sources: u32,
+    /// The LB's pinned prog array that the single-buffer build tail-calls through in
+    /// place of its own `HANDOFF_LINEAR` (`next_program = "PIN:INDEX"`,
+    /// `join_program_array`). Checked to be a prog array before load
+    /// ([`crate::handoff::check_lb_array`]): the loader never creates a map there.
+    pub handoff_array: Option<PathBuf>,
 }
 
 /// The loaded program and its maps.
@@ -222,7 +231,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 14] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 18] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -305,6 +314,16 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 14] {
             sz(size_of::<SynCounters>()),
             MAX_RULES,
         ),
+        (map_name::HANDOFF, 4, sz(size_of::<Handoff>()), 1),
+        (
+            map_name::HANDOFF_COUNTS,
+            4,
+            sz(size_of::<HandoffCounters>()),
+            1,
+        ),
+        // Prog arrays: a u32 slot, a u32 program fd (an id when read back).
+        (map_name::HANDOFF_LINEAR, 4, 4, 1),
+        (map_name::HANDOFF_MULTI, 4, 4, 1),
     ]
 }
 
@@ -443,6 +462,11 @@ impl Program {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
+        if let Some(array) = &opts.handoff_array {
+            // Last one wins: the LB's array replaces the daemon's own.
+            crate::handoff::check_lb_array("next_program", array)?;
+            loader.map_pin_path(map_name::HANDOFF_LINEAR, array.as_path());
+        }
         let mut ebpf = loader.load(object).map_err(|e| Error::Load(Box::new(e)))?;
         for variant in Variant::XDP {
             // Before 5.18 the kernel refuses the frags flag: only the linear build runs
@@ -522,6 +546,26 @@ impl Program {
             .iter()
             .filter_map(|&v| self.info(v).ok()?.verified_instruction_count())
             .max()
+    }
+
+    /// Takes the handoff's prog arrays out of the object: `[HANDOFF_LINEAR,
+    /// HANDOFF_MULTI]`, `None` for one that is the LB's array (`handoff_array`).
+    pub fn take_handoff_arrays(&mut self, lb_array: bool) -> [Option<aya::maps::MapData>; 2] {
+        let mut take = |name| match self.ebpf.take_map(name) {
+            Some(aya::maps::Map::ProgramArray(data)) => Some(data),
+            _ => None,
+        };
+        let linear = take(map_name::HANDOFF_LINEAR);
+        let multi = take(map_name::HANDOFF_MULTI);
+        [if lb_array { None } else { linear }, multi]
+    }
+
+    /// The descriptor of one XDP build (for a prog array slot).
+    pub fn program_fd(&self, variant: Variant) -> Result<&aya::programs::ProgramFd, Error> {
+        self.xdp_variant(variant)?.fd().map_err(|e| Error::Program {
+            what: format!("reading the descriptor of {}", variant.program_name()),
+            source: Box::new(e),
+        })
     }
 
     /// Takes the maps out of the object for reading and writing.

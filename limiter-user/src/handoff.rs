@@ -46,6 +46,30 @@ pub fn check_lb_array(key: &'static str, path: &Path) -> Result<LbArray, Error> 
             limiter_instance::kind_of(meta.file_type())
         )));
     }
+    // The info call answers for whatever the pin holds (a program's info read as a
+    // map's would name a random map type): ask what it is first.
+    match crate::pins::object_kind(path) {
+        Ok(crate::pins::Object::Map) => {}
+        Ok(other) => {
+            return Err(err(format!(
+                "{} is not a pinned BPF map but a {} (a program pin is next_program = \"PIN\", \
+                 without :INDEX)",
+                path.display(),
+                match other {
+                    crate::pins::Object::Program => "pinned program".to_string(),
+                    crate::pins::Object::Link => "pinned link".to_string(),
+                    crate::pins::Object::Other(what) => what,
+                    crate::pins::Object::Map => "map".to_string(),
+                }
+            )))
+        }
+        Err(e) => {
+            return Err(err(format!(
+                "{} is not a pinned BPF object ({e})",
+                path.display()
+            )))
+        }
+    }
     let info = MapInfo::from_pin(path)
         .map_err(|e| err(format!("{} is not a pinned BPF map ({e})", path.display())))?;
     match info.map_type() {

@@ -41,7 +41,7 @@ pub fn parse_name(name: &str) -> Option<PinName<'_>> {
 
 /// The kind of BPF object pinned somewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Object {
+pub(crate) enum Object {
     Map,
     Program,
     Link,
@@ -51,7 +51,7 @@ enum Object {
 
 /// Opens the pinned object at `path` (BPF_OBJ_GET) and tells its kind from the file the
 /// kernel hands back (`anon_inode:bpf-map`, `bpf-prog`, `bpf-link`; older kernels `bpf_link`).
-fn object_kind(path: &Path) -> std::io::Result<Object> {
+pub(crate) fn object_kind(path: &Path) -> std::io::Result<Object> {
     #[repr(C)]
     #[derive(Default)]
     struct ObjGetAttr {

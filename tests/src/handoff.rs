@@ -163,3 +163,9 @@ pub fn hand_over(
     maps.set_handoff(Handoff { first: 0, slots: 1 })?;
     Ok(arrays)
 }
+
+/// The program id in slot `index` of the prog array pinned at `path` (`None`: empty).
+pub fn slot(path: &Path, index: u32) -> Result<Option<u32>> {
+    let data = MapData::from_pin(path).with_context(|| format!("opening {}", path.display()))?;
+    Ok(limiter_user::handoff::slot_program(&data, index)?)
+}

@@ -346,3 +346,64 @@ fn join_program_array_root_calls_the_limiter_which_calls_the_lb() {
         "every frame reached the LB"
     );
 }
+
+/// `limiter reload` moves the handoff from one pinned program to another under traffic:
+/// every frame the limiter passes goes to one of them (none to the stack, none counted
+/// missing). A change to another array waits for a restart, and reload says so.
+#[test]
+fn reload_switches_next_program_under_traffic_and_names_what_needs_a_restart() {
+    let mut lb = StandinLb::load().unwrap();
+    let pins = lb_pins();
+    let (pin_a, pin_b) = (pins.path.join("lb_a"), pins.path.join("lb_b"));
+    lb.pin_program(LB, &pin_a).unwrap();
+    lb.pin_program(LB_V2, &pin_b).unwrap();
+    let lab = Lab::new(&format!("next_program = \"{}\"\n\n{RULE}", pin_a.display()));
+    let rx = RxCounter::attach(&lab.pair.host).unwrap();
+    let daemon = lab.start();
+    let sender = lab.send_in_background(SendPlan {
+        frames: vec![udp_to_host(&lab.pair, 9, 64)],
+        rate: Some(4000),
+        count: 6000,
+        duration: Duration::from_secs(5),
+        cpu: None,
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    lab.write_config(&format!("next_program = \"{}\"\n\n{RULE}", pin_b.display()));
+    let out = lab.ok(&["reload"]);
+    assert!(!out.contains("next start"), "{out}");
+    let h = iface_handoff(&lab);
+    assert_eq!(
+        h["program_id"].as_u64(),
+        Some(u64::from(lb.id(LB_V2).unwrap())),
+        "{h}"
+    );
+    let sent = join(sender);
+    assert_eq!(sent.sent, 6000);
+    std::thread::sleep(Duration::from_millis(200));
+    let (passes, drops, missing) = counters(&lab);
+    let (a, b) = (lb.seen(LB).unwrap(), lb.seen(LB_V2).unwrap());
+    eprintln!("passes {passes} drops {drops}: LB {a}, LB_V2 {b}");
+    assert!(a > 0 && b > 0, "one side saw nothing: {a} / {b}");
+    assert_eq!(a + b, passes, "a pass went elsewhere during the switch");
+    assert_eq!(missing, 0);
+    assert_eq!(rx.totals().unwrap().packets, 0);
+
+    // Another array: the program was loaded with its own; reload says what waits.
+    lb.pin_root_array(&pins.path.join("root_array")).unwrap();
+    lab.write_config(&format!(
+        "next_program = \"{}:0\"\n\n{RULE}",
+        pins.path.join("root_array").display()
+    ));
+    let out = lab.ok(&["reload"]);
+    assert!(
+        out.contains("takes effect at the next start: next_program"),
+        "{out}"
+    );
+    let h = iface_handoff(&lab);
+    assert_eq!(
+        h["program_id"].as_u64(),
+        Some(u64::from(lb.id(LB_V2).unwrap())),
+        "{h}"
+    );
+    daemon.stop();
+}

@@ -298,6 +298,13 @@ impl Daemon {
                 .and_then(|h| h.lb_array())
                 .map(Path::to_path_buf),
         };
+        // The LB's array is checked by the key that names it before anything is loaded
+        // (the loader checks again).
+        if let Some(spec) = &config.handoff {
+            if let Some(array) = spec.lb_array() {
+                crate::handoff::check_lb_array(spec.key(), array)?;
+            }
+        }
         // Every build is verified here, before a rule is written or a link touched: a
         // refused build changes nothing that runs.
         let mut program = match bpf_object {

@@ -462,12 +462,37 @@ impl Program {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
-        if let Some(array) = &opts.handoff_array {
-            // Last one wins: the LB's array replaces the daemon's own.
-            crate::handoff::check_lb_array("next_program", array)?;
-            loader.map_pin_path(map_name::HANDOFF_LINEAR, array.as_path());
-        }
+        let lb_array = match &opts.handoff_array {
+            Some(array) => {
+                // Last one wins: the LB's array replaces the daemon's own.
+                let checked = crate::handoff::check_lb_array("next_program", array)?;
+                loader.map_pin_path(map_name::HANDOFF_LINEAR, array.as_path());
+                Some((array, checked))
+            }
+            None => None,
+        };
         let mut ebpf = loader.load(object).map_err(|e| Error::Load(Box::new(e)))?;
+        if let Some((path, checked)) = lb_array {
+            // The loader creates and pins a map where none is: had the LB's pin gone
+            // between the check and the load, that would be ours at the LB's path.
+            let opened = ebpf.map(map_name::HANDOFF_LINEAR).and_then(|m| match m {
+                aya::maps::Map::ProgramArray(d) => d.info().ok().map(|i| i.id()),
+                _ => None,
+            });
+            if opened != Some(checked.id) {
+                if MapInfo::from_pin(path).is_ok_and(|i| Some(i.id()) == opened) {
+                    let _ = fs::remove_file(path);
+                }
+                return Err(Error::Handoff {
+                    key: "next_program",
+                    reason: format!(
+                        "the prog array at {} changed while the program loaded (the LB \
+                         restarting?): start again",
+                        path.display()
+                    ),
+                });
+            }
+        }
         for variant in Variant::XDP {
             // Before 5.18 the kernel refuses the frags flag: only the linear build runs
             // (kernel::check refuses the modes that need the other).

@@ -835,7 +835,51 @@ impl Daemon {
                     .drops_within(rule, total, now, Duration::from_secs(60)),
             )
         };
-        explain::explain(&self.table, &self.maps, query, recent)
+        let mut e = explain::explain(&self.table, &self.maps, query, recent)?;
+        e.then = self.handoff_chain()?;
+        Ok(e)
+    }
+
+    /// Where frames the limiter passes go next, one line per interface (or the joined
+    /// slot), for `explain`; empty without a handoff (the stack).
+    fn handoff_chain(&self) -> Result<Vec<String>, Error> {
+        let handoff = self.maps.handoff()?;
+        let missing = self.maps.handoff_counters()?.missing;
+        let line = |h: HandoffStatus| match (h.program_id, h.missing) {
+            (Some(id), _) => format!(
+                "tail call through {} slot {} to program {id} ({})",
+                h.array,
+                h.first_slot,
+                h.program_name.unwrap_or_else(|| "?".into())
+            ),
+            (None, why) => format!(
+                "the stack: the next program is MISSING ({})",
+                why.unwrap_or_default()
+            ),
+        };
+        if let Some(crate::config::HandoffSpec::Join { array, index }) = self.handoff.spec() {
+            return Ok(self
+                .handoff
+                .status(Variant::Linear, handoff, missing)
+                .map(|h| {
+                    format!(
+                        "the LB's root array {} calls the limiter from slot {index}; then {}",
+                        array.display(),
+                        line(h)
+                    )
+                })
+                .into_iter()
+                .collect());
+        }
+        Ok(self
+            .attachments
+            .iter()
+            .filter_map(|a| {
+                self.handoff
+                    .status(a.variant, handoff, missing)
+                    .map(|h| format!("{}: {}", a.iface, line(h)))
+            })
+            .collect())
     }
 
     /// Stops the daemon. Enforcement stays (links and maps pinned) unless `detach`.

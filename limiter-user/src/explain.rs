@@ -70,6 +70,10 @@ pub struct Explanation {
     /// "pass" or "drop": what happens to such a frame sent now.
     pub verdict: String,
     pub reason: String,
+    /// Where a frame the limiter passes goes next, per interface (`next_program`,
+    /// `join_program_array`); empty: the stack.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<String>,
 }
 
 fn proto_number(proto: Proto, v6: bool) -> u8 {
@@ -199,6 +203,7 @@ fn explain_metered(
         dropped_last_60s: 0,
         verdict: "pass".into(),
         reason: "no rule matches this destination: the frame passes unmetered".into(),
+        then: Vec::new(),
     };
     let Some(slot) = ruleset::classify(table, query.dst, port, proto) else {
         return Ok(out);
@@ -342,6 +347,16 @@ fn explain_metered(
 
 /// Human-readable form.
 pub fn render(e: &Explanation) -> String {
+    let mut out = render_verdict(e);
+    if e.verdict == "pass" {
+        for then in &e.then {
+            out += &format!("then: {then}\n");
+        }
+    }
+    out
+}
+
+fn render_verdict(e: &Explanation) -> String {
     let q = &e.query;
     let port = q.dst_port.map(|p| format!(":{p}")).unwrap_or_default();
     let mut out = format!(
@@ -460,6 +475,7 @@ mod tests {
             dropped_last_60s: 0,
             verdict: "drop".into(),
             reason: "over the aggregate limit".into(),
+            then: vec!["eth0: tail call to program 7 (lb)".into()],
         };
         let text = render(&e);
         assert!(
@@ -467,5 +483,18 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("full again"), "{text}");
+        assert!(
+            !text.contains("then:"),
+            "a dropped frame goes nowhere: {text}"
+        );
+        let pass = Explanation {
+            verdict: "pass".into(),
+            ..e
+        };
+        assert!(
+            render(&pass).ends_with("then: eth0: tail call to program 7 (lb)\n"),
+            "{}",
+            render(&pass)
+        );
     }
 }

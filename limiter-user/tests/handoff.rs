@@ -99,6 +99,25 @@ fn next_program_pin_gets_what_the_limiter_passes_and_follows_the_pin() {
     );
     assert_eq!(h["program_name"], LB, "{h}");
     assert!(h["missing"].is_null(), "{h}");
+    let explain = [
+        "explain",
+        "--src",
+        "198.18.0.1",
+        "--dst",
+        "198.18.0.2:9",
+        "--proto",
+        "udp",
+    ];
+    let text = lab.ok(&explain);
+    assert!(
+        text.contains(&format!(
+            "then: {}: tail call through {} slot 0 to program {} (standin_lb)",
+            lab.pair.host,
+            lab.pins.path.join("HANDOFF_LINEAR").display(),
+            lb.id(LB).unwrap()
+        )),
+        "{text}"
+    );
 
     burst(&lab);
     let (passes, drops, missing) = counters(&lab);
@@ -163,6 +182,11 @@ fn next_program_pin_gets_what_the_limiter_passes_and_follows_the_pin() {
     );
     let text = lab.ok(&["status"]);
     assert!(text.contains("MISSING: no program pinned at"), "{text}");
+    let text = lab.ok(&explain);
+    assert!(
+        text.contains("the stack: the next program is MISSING"),
+        "{text}"
+    );
     let metrics = common::metrics(&lab);
     assert!(
         metrics.contains(&format!("limiter_handoff_missing_total {missing}\n")),
@@ -406,4 +430,47 @@ fn reload_switches_next_program_under_traffic_and_names_what_needs_a_restart() {
         "{h}"
     );
     daemon.stop();
+}
+
+/// kill -9 and a restart of the limiter under traffic, with `next_program = "PIN"`: the
+/// pinned link and the pinned handoff arrays keep both programs working throughout.
+/// Every frame is metered once (passed + dropped = sent) and every pass reaches the LB;
+/// none goes to the stack, none is counted missing.
+#[test]
+fn kill_9_and_restart_under_traffic_keep_every_pass_going_to_the_lb() {
+    let mut lb = StandinLb::load().unwrap();
+    let pins = lb_pins();
+    let pin = pins.path.join("lb_prog");
+    lb.pin_program(LB, &pin).unwrap();
+    let rule = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nproto = \"udp\"\nrate = 2000\nburst = 200\n";
+    let lab = Lab::new(&format!("next_program = \"{}\"\n\n{rule}", pin.display()));
+    let rx = RxCounter::attach(&lab.pair.host).unwrap();
+    let daemon = lab.start();
+    let sender = lab.send_in_background(SendPlan {
+        frames: vec![udp_to_host(&lab.pair, 9, 64)],
+        rate: Some(20_000),
+        count: 80_000,
+        duration: Duration::from_secs(6),
+        cpu: None,
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    daemon.kill9();
+    std::thread::sleep(Duration::from_secs(1));
+    let restarted = lab.start();
+    let sent = join(sender);
+    std::thread::sleep(Duration::from_millis(200));
+    let web = lab.rule_stats("web");
+    let passed = web["passed_packets"].as_u64().unwrap();
+    let dropped = web["dropped_packets"].as_u64().unwrap();
+    let (passes, _, missing) = counters(&lab);
+    eprintln!(
+        "sent {}: passed {passed}, dropped {dropped}; LB saw {}",
+        sent.sent,
+        lb.seen(LB).unwrap()
+    );
+    assert_eq!(passed + dropped, sent.sent, "a frame went unmetered");
+    assert_eq!(lb.seen(LB).unwrap(), passes, "a pass did not reach the LB");
+    assert_eq!(missing, 0);
+    assert_eq!(rx.totals().unwrap().packets, 0, "a frame bypassed the LB");
+    restarted.stop();
 }

@@ -375,6 +375,8 @@ impl Daemon {
             daemon.handoff.clear_own();
         }
         daemon.maps.set_handoff(handoff_plan)?;
+        let generic_build = daemon.handoff.generic_build();
+        daemon.program.set_generic_build(generic_build);
         for warning in daemon.config.tc_burst_warnings() {
             tracing::warn!("{warning}");
         }

@@ -362,6 +362,19 @@ impl HandoffControl {
         Ok(true)
     }
 
+    /// The build generic mode should run for this handoff: the single-buffer one when
+    /// the next program is a plain XDP program (the LB's array, or a pinned program only
+    /// the single-buffer build's array took), else the multi-buffer one.
+    pub fn generic_build(&self) -> Variant {
+        match (&self.spec, self.followed) {
+            (Some(HandoffSpec::Slot { .. } | HandoffSpec::Join { .. }), _) => Variant::Linear,
+            (Some(HandoffSpec::Program(_)), Some((id, [true, false]))) if id != 0 => {
+                Variant::Linear
+            }
+            _ => Variant::MultiBuffer,
+        }
+    }
+
     /// `join_program_array`: writes the limiter's single-buffer build into its slot of
     /// the LB's root array (an atomic slot update: whatever was there is replaced).
     pub fn join(&mut self, linear: &aya::programs::ProgramFd) -> Result<(), Error> {

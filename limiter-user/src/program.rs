@@ -59,6 +59,8 @@ pub struct LoadOptions {
 /// The loaded program and its maps.
 pub struct Program {
     ebpf: Ebpf,
+    /// The build generic mode runs (multi-buffer unless a handoff needs the other).
+    generic_build: Variant,
 }
 
 /// The mode an interface was attached in.
@@ -510,7 +512,10 @@ impl Program {
         tc_mut(&mut ebpf)?
             .load()
             .map_err(|e| refused(Variant::Tc, e))?;
-        Ok(Program { ebpf })
+        Ok(Program {
+            ebpf,
+            generic_build: Variant::MultiBuffer,
+        })
     }
 
     /// Reads an object file for [`Program::load_object`] into memory aligned for the
@@ -583,6 +588,16 @@ impl Program {
         let linear = take(map_name::HANDOFF_LINEAR);
         let multi = take(map_name::HANDOFF_MULTI);
         [if lb_array { None } else { linear }, multi]
+    }
+
+    /// Runs `variant` in generic mode instead of the multi-buffer build: a handoff to
+    /// plain XDP programs (Katran's) needs the single-buffer build, whose prog array the
+    /// kernel lets tail-call them; generic mode then linearizes multi-buffer socket
+    /// buffers for it, as it would for the LB alone.
+    pub fn set_generic_build(&mut self, variant: Variant) {
+        if matches!(variant, Variant::Linear | Variant::MultiBuffer) {
+            self.generic_build = variant;
+        }
     }
 
     /// The descriptor of one XDP build (for a prog array slot).
@@ -764,8 +779,9 @@ impl Program {
     /// generic mode), the multi-buffer one when the kernel refuses it (an MTU that needs
     /// several buffers per frame).
     fn adopt(&mut self, iface: &str, pin: &Path, mode: ConfigXdpMode) -> Result<Attachment, Error> {
+        let generic = [self.generic_build];
         let candidates: &[Variant] = match mode {
-            ConfigXdpMode::Generic => &[Variant::MultiBuffer],
+            ConfigXdpMode::Generic => &generic,
             ConfigXdpMode::Tc => &[Variant::Tc],
             _ => &Variant::XDP,
         };
@@ -852,14 +868,10 @@ impl Program {
                 }
             }
         };
+        let generic_build = self.generic_build;
         let generic = |ebpf: &mut Ebpf| -> Result<(NewLink, AttachedMode, Variant), Error> {
-            attach_one(ebpf, Variant::MultiBuffer, iface, XdpMode::Skb).map(|link| {
-                (
-                    NewLink::Xdp(link),
-                    AttachedMode::Generic,
-                    Variant::MultiBuffer,
-                )
-            })
+            attach_one(ebpf, generic_build, iface, XdpMode::Skb)
+                .map(|link| (NewLink::Xdp(link), AttachedMode::Generic, generic_build))
         };
         Ok(match mode {
             ConfigXdpMode::Native => {

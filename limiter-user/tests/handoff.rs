@@ -474,3 +474,36 @@ fn kill_9_and_restart_under_traffic_keep_every_pass_going_to_the_lb() {
     assert_eq!(rx.totals().unwrap().packets, 0, "a frame bypassed the LB");
     restarted.stop();
 }
+
+/// Generic mode normally runs the multi-buffer build, which the kernel does not let
+/// tail-call plain XDP programs; with the LB's array the daemon runs the single-buffer
+/// build there instead, so the handoff works in generic mode too.
+#[test]
+fn generic_mode_runs_the_build_that_can_hand_over_to_plain_xdp() {
+    let mut lb = StandinLb::load().unwrap();
+    let pins = lb_pins();
+    let array = pins.path.join("root_array");
+    lb.pin_root_array(&array).unwrap();
+    let lb_fd = lb.fd(LB).unwrap().try_clone().unwrap();
+    lb.root_array().unwrap().set(1, &lb_fd, 0).unwrap();
+    let lab = Lab::with_mode(
+        &format!("next_program = \"{}:1\"\n\n{RULE}", array.display()),
+        "generic",
+    );
+    let daemon = lab.start();
+    let status = lab.json(&["status", "--json"]);
+    let iface = &status["interfaces"][0];
+    assert_eq!(iface["mode"], "generic", "{status}");
+    assert_eq!(iface["program"], "limiter_linear", "{status}");
+    assert_eq!(
+        iface["handoff"]["program_id"].as_u64(),
+        Some(u64::from(lb.id(LB).unwrap())),
+        "{status}"
+    );
+    burst(&lab);
+    let (passes, drops, missing) = counters(&lab);
+    assert!(drops > 0);
+    assert_eq!(lb.seen(LB).unwrap(), passes);
+    assert_eq!(missing, 0);
+    daemon.stop();
+}

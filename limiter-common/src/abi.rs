@@ -532,6 +532,15 @@ impl GlobalCounters {
 mod tests {
     use super::*;
 
+    /// The kernel keeps 15 bytes of a map's name, and pins are recognised as the
+    /// limiter's by their map's name: a longer name would never match.
+    #[test]
+    fn map_names_fit_the_kernels_name_field() {
+        for name in map_name::ALL {
+            assert!(name.len() <= 15, "{name} is longer than 15 bytes");
+        }
+    }
+
     #[test]
     fn source_keys_mask_to_the_prefix() {
         let mut v4 = [0u8; 16];

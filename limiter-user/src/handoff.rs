@@ -227,6 +227,8 @@ pub struct HandoffControl {
     lb: Option<(PathBuf, MapData, ProgramArray<MapData>)>,
     /// `join_program_array`: the slot this daemon wrote the limiter into.
     joined: Option<u32>,
+    /// `next_program = "PIN"` names the limiter itself (this id): refused.
+    self_reference: Option<u32>,
 }
 
 fn variant_index(v: Variant) -> usize {
@@ -274,6 +276,7 @@ impl HandoffControl {
             followed: None,
             lb,
             joined: None,
+            self_reference: None,
         })
     }
 
@@ -330,6 +333,21 @@ impl HandoffControl {
         if self.followed.is_some_and(|(old, _)| old == id) {
             return Ok(false);
         }
+        // The limiter itself (a build on this pin_dir's maps) would meter every frame
+        // again, up to the kernel's 33 tail calls, and drop what the first pass admitted.
+        let info = match (info, crate::tc_filter::control_map_id(&self.pin_dir)) {
+            (Some(i), Some(control)) if crate::tc_filter::program_uses_map(i.id(), control) => {
+                if let Some(pin) = &target {
+                    tracing::error!(pin = %pin.display(), id = i.id(), "next_program names the limiter itself: refused, frames pass to the stack (fail open)");
+                }
+                self.self_reference = Some(i.id());
+                None
+            }
+            (info, _) => {
+                self.self_reference = None;
+                info
+            }
+        };
         let mut accepted = [false; 2];
         for (i, array) in self.own.iter_mut().enumerate() {
             let Some((_, array)) = array else { continue };
@@ -469,6 +487,12 @@ impl HandoffControl {
                 }
                 if program_id.is_none() && missing.is_none() {
                     missing = Some(match (spec, self.followed) {
+                        (HandoffSpec::Program(pin), _) if self.self_reference.is_some() => format!(
+                            "the program pinned at {} (id {}) is the limiter itself: refused, \
+                             frames pass to the stack",
+                            pin.display(),
+                            self.self_reference.unwrap_or(0)
+                        ),
                         (HandoffSpec::Program(pin), Some((id, accepted)))
                             if id != 0 && !accepted[vi] =>
                         {

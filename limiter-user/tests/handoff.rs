@@ -507,3 +507,55 @@ fn generic_mode_runs_the_build_that_can_hand_over_to_plain_xdp() {
     assert_eq!(missing, 0);
     daemon.stop();
 }
+
+/// `next_program` naming the limiter itself (its own program pinned there) would meter
+/// every frame again and again: refused, frames pass to the stack metered once, and
+/// status says why.
+#[test]
+fn next_program_naming_the_limiter_itself_is_refused() {
+    let pins = lb_pins();
+    let pin = pins.path.join("lb_prog");
+    let lab = Lab::new(&format!("next_program = \"{}\"\n\n{RULE}", pin.display()));
+    let rx = RxCounter::attach(&lab.pair.host).unwrap();
+    let daemon = lab.start();
+    let own = lab.json(&["status", "--json"])["interfaces"][0]["program_id"]
+        .as_u64()
+        .unwrap();
+    let out = std::process::Command::new("bpftool")
+        .args(["prog", "pin", "id", &own.to_string()])
+        .arg(&pin)
+        .output()
+        .expect("bpftool (cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let h = loop {
+        let h = iface_handoff(&lab);
+        if h["missing"]
+            .as_str()
+            .is_some_and(|m| m.contains("is the limiter itself"))
+        {
+            break h;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "status still shows {h}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(h["program_id"].is_null(), "{h}");
+    burst(&lab);
+    let web = lab.rule_stats("web");
+    let (passed, dropped) = (
+        web["passed_packets"].as_u64().unwrap(),
+        web["dropped_packets"].as_u64().unwrap(),
+    );
+    assert_eq!(passed + dropped, 2000, "a frame was metered more than once");
+    let (passes, _, missing) = counters(&lab);
+    assert_eq!(missing, passes);
+    assert_eq!(rx.totals().unwrap().packets, passes);
+    daemon.stop();
+}

@@ -211,6 +211,10 @@ pub struct HandoffStatus {
     pub missing: Option<String>,
     /// Frames passed because the next program was missing (all CPUs, since first load).
     pub missing_frames: u64,
+    /// Something the operator must act on although frames are handed over (the LB
+    /// re-created its array: the limiter still uses the old one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// The daemon's side of the handoff: the arrays it writes and what it wrote.
@@ -229,6 +233,8 @@ pub struct HandoffControl {
     joined: Option<u32>,
     /// `next_program = "PIN"` names the limiter itself (this id): refused.
     self_reference: Option<u32>,
+    /// The LB's pin now names another map than the one the program was loaded with.
+    lb_replaced: Option<String>,
 }
 
 fn variant_index(v: Variant) -> usize {
@@ -277,6 +283,7 @@ impl HandoffControl {
             lb,
             joined: None,
             self_reference: None,
+            lb_replaced: None,
         })
     }
 
@@ -316,6 +323,7 @@ impl HandoffControl {
     /// the slots: frames pass (fail open) and are counted. Returns whether anything
     /// changed. Other modes: nothing to follow (the LB's array is used directly).
     pub fn follow(&mut self) -> Result<bool, Error> {
+        self.check_lb_pin();
         let target = match &self.spec {
             Some(HandoffSpec::Program(pin)) => Some(pin.clone()),
             _ => None,
@@ -391,6 +399,36 @@ impl HandoffControl {
             }
             _ => Variant::MultiBuffer,
         }
+    }
+
+    /// Notices an LB that re-created its array at the pin (an LB restart): the program
+    /// keeps the array it was loaded with, whose slots the LB no longer updates. Said
+    /// once in the log and by `status` until the daemon restarts and opens the new one.
+    fn check_lb_pin(&mut self) {
+        let Some((path, data, _)) = &self.lb else {
+            return;
+        };
+        let Ok(ours) = data.info().map(|i| i.id()) else {
+            return;
+        };
+        let now = MapInfo::from_pin(path).ok().map(|i| i.id());
+        let replaced = match now {
+            Some(id) if id == ours => None,
+            Some(id) => Some(format!(
+                "the LB re-created its array at {} (map {ours} -> {id}): the limiter still \
+                 hands over through the old one; restart the limiter to use the new one",
+                path.display()
+            )),
+            None => Some(format!(
+                "the LB's array pin {} is gone (map {ours}): the limiter still hands over \
+                 through that array; restart the limiter once the LB is back",
+                path.display()
+            )),
+        };
+        if replaced.is_some() && self.lb_replaced.is_none() {
+            tracing::error!("{}", replaced.as_deref().unwrap_or_default());
+        }
+        self.lb_replaced = replaced;
     }
 
     /// `join_program_array`: writes the limiter's single-buffer build into its slot of
@@ -536,6 +574,7 @@ impl HandoffControl {
             program_id,
             missing,
             missing_frames,
+            warning: self.lb_replaced.clone(),
         })
     }
 

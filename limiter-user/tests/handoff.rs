@@ -559,3 +559,48 @@ fn next_program_naming_the_limiter_itself_is_refused() {
     assert_eq!(rx.totals().unwrap().packets, passes);
     daemon.stop();
 }
+
+/// An LB restart that re-creates its array at the pin: the program still holds the old
+/// array (frames keep going where they went), and status and the log say to restart the
+/// limiter.
+#[test]
+fn an_lb_that_recreates_its_array_is_noticed() {
+    let mut lb = StandinLb::load().unwrap();
+    let pins = lb_pins();
+    let array = pins.path.join("root_array");
+    lb.pin_root_array(&array).unwrap();
+    let lb_fd = lb.fd(LB).unwrap().try_clone().unwrap();
+    lb.root_array().unwrap().set(1, &lb_fd, 0).unwrap();
+    let lab = Lab::new(&format!(
+        "next_program = \"{}:1\"\n\n{RULE}",
+        array.display()
+    ));
+    let daemon = lab.start();
+    assert!(iface_handoff(&lab)["warning"].is_null());
+    // The LB restarts: a new array pinned at the same path.
+    std::fs::remove_file(&array).unwrap();
+    let mut restarted_lb = StandinLb::load().unwrap();
+    restarted_lb.pin_root_array(&array).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let h = loop {
+        let h = iface_handoff(&lab);
+        if !h["warning"].is_null() {
+            break h;
+        }
+        assert!(std::time::Instant::now() < deadline, "no warning in {h}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        h["warning"]
+            .as_str()
+            .unwrap()
+            .contains("restart the limiter"),
+        "{h}"
+    );
+    let text = lab.ok(&["status"]);
+    assert!(
+        text.contains("WARNING: the LB re-created its array"),
+        "{text}"
+    );
+    daemon.stop();
+}

@@ -104,9 +104,13 @@ fn handoff_line(h: &serde_json::Value) -> String {
         (None, Some(why)) => format!("MISSING: {why}"),
         (None, None) => "MISSING".to_string(),
     };
+    let warning = h["warning"]
+        .as_str()
+        .map(|w| format!("; WARNING: {w}"))
+        .unwrap_or_default();
     format!(
         "handoff ({}): tail call through {} {slots}, {to}; frames passed because the next \
-         program was missing: {}",
+         program was missing: {}{warning}",
         h["config"].as_str().unwrap_or("?"),
         h["array"].as_str().unwrap_or("?"),
         h["missing_frames"]

@@ -13,10 +13,11 @@ use std::{
 };
 
 /// (binary of limiter-ebpf, object file in OUT_DIR)
-const OBJECTS: [(&str, &str); 3] = [
+const OBJECTS: [(&str, &str); 4] = [
     ("limiter", "limiter.bpf.o"),
     ("baseline", "baseline.bpf.o"),
     ("dispatcher", "dispatcher.bpf.o"),
+    ("standin_lb", "standin_lb.bpf.o"),
 ];
 
 fn main() {

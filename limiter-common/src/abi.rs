@@ -34,9 +34,19 @@ pub mod map_name {
     pub const FRAGMENTS: &str = "FRAGMENTS";
     pub const HEADER_COUNTERS: &str = "HEADER_COUNTERS";
     pub const RULE_SYNS: &str = "RULE_SYNS";
+    /// The tail-call handoff's settings ([`super::Handoff`]).
+    pub const HANDOFF: &str = "HANDOFF";
+    /// Frames passed because the next program was missing, per CPU.
+    pub const HANDOFF_COUNTS: &str = "HANDOFF_COUNTS";
+    /// The prog array the single-buffer build tail-calls into (or the LB's own array:
+    /// the daemon points this name at its pin). A prog array belongs to one program type
+    /// and one `xdp.frags` flag, hence one array per XDP build.
+    pub const HANDOFF_LINEAR: &str = "HANDOFF_LINEAR";
+    /// The same for the multi-buffer (`xdp.frags`) build.
+    pub const HANDOFF_MULTI: &str = "HANDOFF_MULTI";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 18] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -51,6 +61,10 @@ pub mod map_name {
         FRAGMENTS,
         HEADER_COUNTERS,
         RULE_SYNS,
+        HANDOFF,
+        HANDOFF_COUNTS,
+        HANDOFF_LINEAR,
+        HANDOFF_MULTI,
     ];
 }
 
@@ -75,6 +89,39 @@ pub struct Control {
 
 /// Kill switch: pass every frame without classifying or counting it.
 pub const CONTROL_BYPASS: u32 = 1 << 0;
+
+/// Most consecutive slots of a handoff array the program tries, in order, for a frame
+/// it passes (Katran's root tries its slots the same way). Each try is one
+/// `bpf_tail_call`; a try that finds its slot empty costs a few instructions.
+pub const MAX_HANDOFF_SLOTS: u32 = 4;
+
+/// The single entry of `HANDOFF`: where a frame the XDP builds pass goes next. The TC
+/// build never reads it (a tail call into an XDP program from TC is refused).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Handoff {
+    /// First slot of the handoff array to try.
+    pub first: u32,
+    /// How many consecutive slots to try from `first` (at most [`MAX_HANDOFF_SLOTS`]);
+    /// 0: no handoff, frames the limiter passes go to the stack (today's behaviour).
+    pub slots: u32,
+}
+
+/// `HANDOFF_COUNTS[0]`, one copy per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandoffCounters {
+    /// Frames the limiter passed whose handoff found no program in any slot it tried
+    /// (removed, not yet installed, or of an incompatible build): passed to the stack
+    /// (fail open). A frame handed over is not counted: a tail call does not return.
+    pub missing: u64,
+}
+
+impl HandoffCounters {
+    pub fn accumulate(&mut self, other: &HandoffCounters) {
+        self.missing = self.missing.wrapping_add(other.missing);
+    }
+}
 
 /// `RULES` holds `GENERATIONS * MAX_RULES` entries; this is the index of a slot in a
 /// generation.
@@ -485,6 +532,15 @@ impl GlobalCounters {
 mod tests {
     use super::*;
 
+    /// The kernel keeps 15 bytes of a map's name, and pins are recognised as the
+    /// limiter's by their map's name: a longer name would never match.
+    #[test]
+    fn map_names_fit_the_kernels_name_field() {
+        for name in map_name::ALL {
+            assert!(name.len() <= 15, "{name} is longer than 15 bytes");
+        }
+    }
+
     #[test]
     fn source_keys_mask_to_the_prefix() {
         let mut v4 = [0u8; 16];
@@ -614,12 +670,16 @@ mod pod {
     unsafe impl aya::Pod for super::FragmentRecord {}
     unsafe impl aya::Pod for super::HeaderCounters {}
     unsafe impl aya::Pod for super::SynCounters {}
+    unsafe impl aya::Pod for super::Handoff {}
+    unsafe impl aya::Pod for super::HandoffCounters {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
 const _: () = {
     use core::mem::size_of;
     assert!(size_of::<Control>() == 8);
+    assert!(size_of::<Handoff>() == 8);
+    assert!(size_of::<HandoffCounters>() == 8);
     assert!(size_of::<Limit>() == 16);
     assert!(size_of::<RuleConfig>() == 4 * 6 + 16 * 2 + 8 * 6 + RULE_NAME_LEN + 24);
     assert!(size_of::<RuleConfig>().is_multiple_of(64));

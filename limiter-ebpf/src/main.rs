@@ -20,7 +20,7 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use limiter_common::abi::{GlobalCounters, CONTROL_BYPASS};
+use limiter_common::abi::{GlobalCounters, CONTROL_BYPASS, MAX_HANDOFF_SLOTS};
 
 use crate::{meter::Size, parse::ParseError};
 
@@ -30,11 +30,12 @@ use crate::{meter::Size, parse::ParseError};
 #[xdp(frags)]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    verdict(try_limiter(ctx.data(), ctx.data_end(), || Size {
+    let v = verdict(try_limiter(ctx.data(), ctx.data_end(), || Size {
         packets: 1,
         // SAFETY: the context pointer the kernel gave this run.
         bytes: unsafe { bpf_xdp_get_buff_len(ctx.ctx) },
-    }))
+    }));
+    hand_over(&ctx, v, &maps::HANDOFF_MULTI)
 }
 
 /// The same program for single-buffer frames: loaded without `frags`, so the kernel never
@@ -45,10 +46,46 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn limiter_linear(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    verdict(try_limiter(data, data_end, || Size {
+    let v = verdict(try_limiter(data, data_end, || Size {
         packets: 1,
         bytes: (data_end - data) as u64,
-    }))
+    }));
+    hand_over(&ctx, v, &maps::HANDOFF_LINEAR)
+}
+
+/// A frame the limiter passes goes to the next program when a handoff is configured
+/// (`HANDOFF.slots > 0`): a tail call into each configured slot of `array` in turn. A
+/// successful tail call does not return. When every slot is empty (the next program was
+/// removed, or not installed yet), the frame passes to the stack anyway and is counted:
+/// a missing next program may cost the LB's work, never the traffic.
+#[inline(always)]
+fn hand_over<const N: usize>(
+    ctx: &XdpContext,
+    verdict: u32,
+    array: &aya_ebpf::btf_maps::ProgramArray<N>,
+) -> u32 {
+    if verdict != xdp_action::XDP_PASS {
+        return verdict;
+    }
+    let Some(handoff) = maps::HANDOFF.get(0) else {
+        return verdict;
+    };
+    let (first, slots) = (handoff.first, handoff.slots);
+    if slots == 0 {
+        return verdict;
+    }
+    for i in 0..MAX_HANDOFF_SLOTS {
+        if i >= slots {
+            break;
+        }
+        // SAFETY: ctx is this run's context; on success control never comes back.
+        unsafe { array.tail_call(ctx, first.wrapping_add(i)) };
+    }
+    if let Some(c) = maps::HANDOFF_COUNTS.get_ptr_mut(0) {
+        // SAFETY: a per-CPU array value, touched only by this CPU's program run.
+        unsafe { (*c).missing = (*c).missing.wrapping_add(1) };
+    }
+    verdict
 }
 
 /// Headers the parser may need, pulled into the linear part of a socket buffer whose

@@ -2,13 +2,14 @@
 //! pins them under pin_dir by these names (limiter_common::abi::map_name).
 
 use aya_ebpf::{
-    btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use limiter_common::abi::{
-    AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, HeaderCounters,
-    HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, SynCounters, DEFAULT_MAX_SOURCES,
-    GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
+    AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
+    HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
+    SynCounters, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES,
+    MAX_RULES,
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
@@ -66,3 +67,21 @@ pub static HEADER_COUNTERS: PerCpuArray<HeaderCounters, 1> = PerCpuArray::new();
 /// SYNs each `unit = "syn"` rule metered, per CPU, by slot (the fleet's demand in SYNs).
 #[btf_map]
 pub static RULE_SYNS: PerCpuArray<SynCounters, SLOTS> = PerCpuArray::new();
+
+/// Where frames the XDP builds pass go next (limiter_common::abi::Handoff). New in the
+/// handoff's version: a daemon upgrade creates it, every older map keeps its layout.
+#[btf_map]
+pub static HANDOFF: Array<Handoff, 1> = Array::new();
+
+#[btf_map]
+pub static HANDOFF_COUNTS: PerCpuArray<HandoffCounters, 1> = PerCpuArray::new();
+
+/// The kernel gives a prog array to the type and `xdp.frags` flag of the first program
+/// that uses it and refuses tail calls across either: one array per XDP build. One slot
+/// in the daemon's own arrays; an LB's array pinned elsewhere takes this name's place at
+/// load time (its size is the LB's).
+#[btf_map]
+pub static HANDOFF_LINEAR: ProgramArray<1> = ProgramArray::new();
+
+#[btf_map]
+pub static HANDOFF_MULTI: ProgramArray<1> = ProgramArray::new();

@@ -59,6 +59,88 @@ pub struct Config {
     /// `[fleet]`: the allocator this host reports to; `None` = standalone (the configured
     /// rates apply locally and no share state machine runs).
     pub fleet: Option<FleetSpec>,
+    /// `next_program` / `join_program_array`: where frames the limiter passes go next;
+    /// `None`: to the stack, as without a handoff.
+    pub handoff: Option<HandoffSpec>,
+}
+
+/// The tail-call handoff to the program that runs after the limiter (a load balancer
+/// that owns the hook, or Katran's root array in shared mode).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandoffSpec {
+    /// `next_program = "PIN"`: the program pinned at PIN. The daemon keeps it in a
+    /// one-slot array of its own and follows the pin when it names another program.
+    Program(PathBuf),
+    /// `next_program = "PIN:INDEX"`: slot INDEX of the LB's prog array pinned at PIN.
+    /// The limiter tail-calls through the LB's array itself, so a program the LB puts in
+    /// the slot gets the next frame.
+    Slot { array: PathBuf, index: u32 },
+    /// `join_program_array = "PIN:INDEX"`: the limiter goes into slot INDEX of the LB's
+    /// root array (the LB's root program calls it) and calls on to the slots after it.
+    /// Nothing is attached to an interface: the LB's root program is there.
+    Join { array: PathBuf, index: u32 },
+}
+
+impl HandoffSpec {
+    /// The config key that set it.
+    pub fn key(&self) -> &'static str {
+        match self {
+            HandoffSpec::Program(_) | HandoffSpec::Slot { .. } => "next_program",
+            HandoffSpec::Join { .. } => "join_program_array",
+        }
+    }
+
+    /// The LB's prog array the program must use in place of its own, if any.
+    pub fn lb_array(&self) -> Option<&Path> {
+        match self {
+            HandoffSpec::Program(_) => None,
+            HandoffSpec::Slot { array, .. } | HandoffSpec::Join { array, .. } => Some(array),
+        }
+    }
+}
+
+impl fmt::Display for HandoffSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HandoffSpec::Program(pin) => write!(f, "{} = \"{}\"", self.key(), pin.display()),
+            HandoffSpec::Slot { array, index } | HandoffSpec::Join { array, index } => {
+                write!(f, "{} = \"{}:{index}\"", self.key(), array.display())
+            }
+        }
+    }
+}
+
+/// Splits `PIN` or `PIN:INDEX` (pure). A suffix after the last ':' made only of digits
+/// is the INDEX; anything else is part of the path. `index_required`: PIN alone is an
+/// error (join_program_array).
+pub fn parse_pin_index(text: &str, index_required: bool) -> Result<(PathBuf, Option<u32>), String> {
+    let (pin, index) = match text.rsplit_once(':') {
+        Some((pin, digits)) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            let index = digits
+                .parse::<u32>()
+                .map_err(|_| format!("INDEX {digits} is not a slot number (0 to {})", u32::MAX))?;
+            (pin, Some(index))
+        }
+        _ => (text, None),
+    };
+    if pin.is_empty() {
+        return Err("the pin path is empty".into());
+    }
+    if pin.contains('\0') {
+        return Err("the pin path contains a NUL byte".into());
+    }
+    if !pin.starts_with('/') {
+        return Err(format!(
+            "\"{pin}\" is not an absolute path (a pin on a bpf filesystem, such as \
+             /sys/fs/bpf/katran/root_array)"
+        ));
+    }
+    if index_required && index.is_none() {
+        return Err(format!(
+            "\"{text}\" has no slot: expected \"PIN:INDEX\", e.g. \"{pin}:0\""
+        ));
+    }
+    Ok((PathBuf::from(pin), index))
 }
 
 /// `[fleet]`: where the allocator is and how to reach it. With a fleet, a rule's `rate`
@@ -98,6 +180,7 @@ impl Default for Config {
             fleet_size: DEFAULT_FLEET_SIZE,
             rules: Vec::new(),
             fleet: None,
+            handoff: None,
         }
     }
 }
@@ -499,6 +582,8 @@ const TOP_KEYS: &[&str] = &[
     "fleet_size",
     "rules",
     "fleet",
+    "next_program",
+    "join_program_array",
 ];
 
 const FLEET_KEYS: &[&str] = &[
@@ -720,7 +805,72 @@ impl Checker<'_> {
         if let Some(value) = root.get("fleet") {
             config.fleet = self.fleet(value);
         }
+        config.handoff = self.handoff(root, &config);
         config
+    }
+
+    /// `next_program` and `join_program_array` (at most one of them), checked against
+    /// the keys they depend on.
+    fn handoff(&mut self, root: &DeTable<'_>, config: &Config) -> Option<HandoffSpec> {
+        let top = |path| At { path, rule: None };
+        let next = root.get("next_program");
+        let join = root.get("join_program_array");
+        if let (Some(_), Some(join)) = (next, join) {
+            self.report(
+                join.span(),
+                top("join_program_array"),
+                "set together with next_program: choose one (next_program: the limiter runs \
+                 on the hook and calls the LB; join_program_array: the LB's root program \
+                 calls the limiter)",
+            );
+            return None;
+        }
+        let (key, value) = match (next, join) {
+            (Some(v), None) => ("next_program", v),
+            (None, Some(v)) => ("join_program_array", v),
+            _ => return None,
+        };
+        let text = self.string(value, top(key))?;
+        let spec = match parse_pin_index(text, key == "join_program_array") {
+            Ok((pin, None)) => HandoffSpec::Program(pin),
+            Ok((array, Some(index))) if key == "next_program" => HandoffSpec::Slot { array, index },
+            Ok((array, Some(index))) => HandoffSpec::Join { array, index },
+            Err(message) => {
+                self.report(value.span(), top(key), message);
+                return None;
+            }
+        };
+        if config.xdp_mode == XdpMode::Tc {
+            self.report(
+                value.span(),
+                top(key),
+                "not with xdp_mode = \"tc\": the TC build cannot tail-call an XDP program \
+                 (the kernel refuses calls across program types); use xdp_mode \"auto\", \
+                 \"native\" or \"generic\"",
+            );
+            return None;
+        }
+        if config.xdp_share == XdpShare::Libxdp {
+            self.report(
+                value.span(),
+                top(key),
+                "not with xdp_share = \"libxdp\": in a libxdp dispatcher the next component \
+                 gets what the limiter passes; a tail call would skip it. Use one way of \
+                 sharing: the dispatcher (xdp_share) or the handoff (this key)",
+            );
+            return None;
+        }
+        if matches!(spec, HandoffSpec::Join { .. }) && !config.interfaces.is_empty() {
+            self.report(
+                value.span(),
+                top(key),
+                "not with interfaces: the LB's root program runs on the interfaces and calls \
+                 the limiter from its array; attaching the limiter too would meter every \
+                 frame twice (leave interfaces empty)",
+            );
+            return None;
+        }
+        Some(spec)
     }
 
     fn fleet(&mut self, value: &Value<'_>) -> Option<FleetSpec> {
@@ -1794,6 +1944,13 @@ burst = 10
             None,
             "needs xdp_share = \"libxdp\"",
         );
+        only_problem(
+            "xdp_share = \"libxdp\"\nnext_program = \"/sys/fs/bpf/lb\"\n",
+            "next_program",
+            "next_program",
+            None,
+            "not with xdp_share = \"libxdp\"",
+        );
         let err = parse("xdp_mode = \"tc\"\n\nxdp_share = \"libxdp\"\n").unwrap_err();
         assert_problem(
             &err,
@@ -2259,5 +2416,121 @@ per_source = { rate = 0, burst = 1 }
         );
         let native = Config::parse(&text("native"), Path::new("t.toml")).unwrap();
         assert!(native.tc_burst_warnings().is_empty());
+    }
+
+    #[test]
+    fn handoff_keys_parse() {
+        let c = parse("next_program = \"/sys/fs/bpf/lb/prog\"\n").unwrap();
+        assert_eq!(
+            c.handoff,
+            Some(HandoffSpec::Program("/sys/fs/bpf/lb/prog".into()))
+        );
+        let c = parse("next_program = \"/sys/fs/bpf/katran/root_array:1\"\n").unwrap();
+        assert_eq!(
+            c.handoff,
+            Some(HandoffSpec::Slot {
+                array: "/sys/fs/bpf/katran/root_array".into(),
+                index: 1
+            })
+        );
+        let c = parse("join_program_array = \"/sys/fs/bpf/katran/root_array:0\"\n").unwrap();
+        assert_eq!(
+            c.handoff,
+            Some(HandoffSpec::Join {
+                array: "/sys/fs/bpf/katran/root_array".into(),
+                index: 0
+            })
+        );
+        // A ':' followed by something other than digits is part of the path.
+        let c = parse("next_program = \"/sys/fs/bpf/a:b\"\n").unwrap();
+        assert_eq!(
+            c.handoff,
+            Some(HandoffSpec::Program("/sys/fs/bpf/a:b".into()))
+        );
+        assert_eq!(parse("").unwrap().handoff, None);
+    }
+
+    #[test]
+    fn handoff_errors_name_line_and_field() {
+        let text = "\n\nnext_program = \"lb/prog\"\n";
+        only_problem(
+            text,
+            "next_program",
+            "next_program",
+            None,
+            "not an absolute path",
+        );
+        let text = "next_program = \"/sys/fs/bpf/arr:4294967296\"\n";
+        only_problem(
+            text,
+            "next_program",
+            "next_program",
+            None,
+            "not a slot number",
+        );
+        let text = "join_program_array = \"/sys/fs/bpf/arr\"\n";
+        only_problem(
+            text,
+            "join_program_array",
+            "join_program_array",
+            None,
+            "has no slot",
+        );
+        let text = "join_program_array = \":3\"\n";
+        only_problem(
+            text,
+            "join_program_array",
+            "join_program_array",
+            None,
+            "pin path is empty",
+        );
+        let text = "next_program = 7\n";
+        only_problem(
+            text,
+            "next_program",
+            "next_program",
+            None,
+            "expected a string",
+        );
+        let text = "next_program = \"/sys/fs/bpf/p\"\njoin_program_array = \"/sys/fs/bpf/a:0\"\n";
+        only_problem(
+            text,
+            "join_program_array",
+            "join_program_array",
+            None,
+            "choose one",
+        );
+        let text = "xdp_mode = \"tc\"\nnext_program = \"/sys/fs/bpf/p\"\n";
+        only_problem(
+            text,
+            "next_program",
+            "next_program",
+            None,
+            "TC build cannot tail-call",
+        );
+        let text = "xdp_mode = \"tc\"\njoin_program_array = \"/sys/fs/bpf/a:0\"\n";
+        only_problem(
+            text,
+            "join_program_array",
+            "join_program_array",
+            None,
+            "TC build",
+        );
+        let text = "interfaces = [\"eth0\"]\njoin_program_array = \"/sys/fs/bpf/a:0\"\n";
+        only_problem(
+            text,
+            "join_program_array",
+            "join_program_array",
+            None,
+            "twice",
+        );
+    }
+
+    #[test]
+    fn handoff_problems_come_with_the_others() {
+        let text = "max_sources = 0\nnext_program = \"relative\"\n";
+        let err = parse(text).unwrap_err();
+        assert_eq!(err.problems().len(), 2, "{err}");
+        assert_problem(&err, 2, "next_program", None, "absolute");
     }
 }

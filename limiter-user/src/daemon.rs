@@ -20,9 +20,10 @@ use crate::{
     error::Error,
     explain::{self, ExplainQuery, Explanation},
     fleet::{monotonic_ns, offered_units, FleetState, RuleTotals},
+    handoff::{HandoffControl, HandoffStatus},
     maps::Maps,
     pins::{self, Cleanup},
-    program::{unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
+    program::{unpin_link, Attachment, LinkOrigin, LoadOptions, Program, Variant},
     ruleset::{self, RuleTable},
     stats::{self, StatsReport},
 };
@@ -118,6 +119,10 @@ pub struct Status {
     /// Interfaces whose link pins this daemon found at start although they are no longer
     /// configured: it detached them and removed their pins.
     pub detached_unconfigured: Vec<String>,
+    /// `join_program_array`: the LB's root array calls the limiter (no interface is
+    /// attached), and how the limiter calls on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub joined: Option<HandoffStatus>,
 }
 
 /// Fleet counters of this daemon process (since it started; not in the pinned maps).
@@ -152,6 +157,9 @@ pub struct InterfaceStatus {
     /// What runs at the hook, in order, the limiter among them, and how each hands a
     /// frame on (read from the kernel when asked).
     pub chain: Vec<crate::program::ChainEntry>,
+    /// Where frames the limiter passes go (`next_program`); absent: the stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<HandoffStatus>,
 }
 
 /// What a reload did.
@@ -212,6 +220,8 @@ pub struct Daemon {
     control_listener: Option<UnixListener>,
     /// Interfaces detached at start because they are no longer configured.
     detached_unconfigured: Vec<String>,
+    /// The tail-call handoff (`next_program`, `join_program_array`).
+    handoff: HandoffControl,
     /// The claimed control socket and its lock. Dropped last (see [`Daemon::detach_all`]):
     /// the socket disappears only when everything else is done.
     instance: Option<Instance>,
@@ -240,6 +250,20 @@ impl Daemon {
         }
         if claimed.report.replaced_stale {
             tracing::info!(socket = %config.control_socket.display(), "replaced a stale control socket");
+        }
+        if let Some(spec @ crate::config::HandoffSpec::Join { array, .. }) = &config.handoff {
+            if !ifaces.is_empty() {
+                return Err(Error::Handoff {
+                    key: spec.key(),
+                    reason: format!(
+                        "the LB's root program (array {}) runs on the interfaces and calls \
+                         the limiter; attaching it to {} too would meter every frame twice \
+                         (start without --iface and without interfaces)",
+                        array.display(),
+                        ifaces.join(", ")
+                    ),
+                });
+            }
         }
         // Someone else's object where a link of ours would go: refused before anything
         // is loaded or pinned.
@@ -271,7 +295,19 @@ impl Daemon {
         let load = LoadOptions {
             pin_dir: Some(config.pin_dir.clone()),
             max_sources: config.max_sources,
+            handoff_array: config
+                .handoff
+                .as_ref()
+                .and_then(|h| h.lb_array())
+                .map(Path::to_path_buf),
         };
+        // The LB's array is checked by the key that names it before anything is loaded
+        // (the loader checks again).
+        if let Some(spec) = &config.handoff {
+            if let Some(array) = spec.lb_array() {
+                crate::handoff::check_lb_array(spec.key(), array)?;
+            }
+        }
         // Every build is verified here, before a rule is written or a link touched: a
         // refused build changes nothing that runs.
         let mut program = match bpf_object {
@@ -282,6 +318,25 @@ impl Daemon {
             }
         };
         let maps = program.maps()?;
+        let lb_array = load.handoff_array.is_some();
+        if lb_array {
+            // An earlier run's own array (next_program = "PIN") must not keep the LB's
+            // old program alive.
+            let own = config
+                .pin_dir
+                .join(limiter_common::abi::map_name::HANDOFF_LINEAR);
+            if std::fs::symlink_metadata(&own).is_ok() {
+                let (_, mut array) = crate::handoff::open_array(&own)?;
+                let _ = array.clear_index(&0);
+            }
+        }
+        let handoff = HandoffControl::new(
+            config.handoff.clone(),
+            &config.pin_dir,
+            program.take_handoff_arrays(lb_array),
+        )?;
+        // A slot outside the LB's array is refused before anything changes.
+        let handoff_plan = handoff.plan()?;
         let now = monotonic_ns();
         let mut fleet = config.fleet.clone().map(|spec| {
             FleetState::new(spec, config.fleet_size, config.xdp_mode, &config.rules, now)
@@ -312,10 +367,19 @@ impl Daemon {
             installed_states: BTreeMap::new(),
             control_listener: Some(claimed.listener),
             detached_unconfigured: Vec::new(),
+            handoff,
             instance: Some(claimed.instance),
         };
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
+        // Then where passed frames go, before the program runs anywhere new.
+        daemon.handoff.follow()?;
+        if daemon.handoff.spec().is_none() {
+            daemon.handoff.clear_own();
+        }
+        daemon.maps.set_handoff(handoff_plan)?;
+        let generic_build = daemon.handoff.generic_build();
+        daemon.program.set_generic_build(generic_build);
         for warning in daemon.config.tc_burst_warnings() {
             tracing::warn!("{warning}");
         }
@@ -353,6 +417,13 @@ impl Daemon {
             daemon.attachments.push(a);
         }
         daemon.detach_unconfigured(ifaces)?;
+        if let Some(spec) = daemon.handoff.spec().cloned() {
+            if matches!(spec, crate::config::HandoffSpec::Join { .. }) {
+                let fd = daemon.program.program_fd(Variant::Linear)?;
+                daemon.handoff.join(fd)?;
+            }
+            tracing::info!(handoff = %spec, first_slot = handoff_plan.first, slots = handoff_plan.slots, "frames the limiter passes are handed over");
+        }
         if daemon.maps.control()?.flags & CONTROL_BYPASS != 0 {
             tracing::warn!(
                 "CONTROL bypass is set: every frame passes unclassified, unmetered and \
@@ -552,6 +623,12 @@ impl Daemon {
     /// is restored as it was.
     pub fn reload(&mut self) -> Result<ReloadReport, Error> {
         let new = Config::load(&self.config_path)?;
+        let handoff_live =
+            crate::handoff::live_change(self.config.handoff.as_ref(), new.handoff.as_ref());
+        if handoff_live {
+            // A slot outside the LB's array: refused before the rules change.
+            self.handoff.plan_for(new.handoff.as_ref())?;
+        }
         let old_fleet = self.fleet.clone();
         if let Some(fleet) = &mut self.fleet {
             fleet.sync_rules(&new.rules, monotonic_ns());
@@ -572,6 +649,20 @@ impl Daemon {
         }
         let old = &old_config;
         let mut needs_restart = Vec::new();
+        if handoff_live {
+            if new.handoff != old.handoff {
+                self.apply_handoff(new.handoff.clone())?;
+                tracing::info!(handoff = ?new.handoff.as_ref().map(ToString::to_string), "reload: handoff changed");
+            }
+            self.config.handoff = new.handoff.clone();
+        } else {
+            needs_restart.push(
+                new.handoff
+                    .as_ref()
+                    .or(old.handoff.as_ref())
+                    .map_or("next_program", crate::config::HandoffSpec::key),
+            );
+        }
         if new.pin_dir != old.pin_dir {
             needs_restart.push("pin_dir");
         }
@@ -607,6 +698,32 @@ impl Daemon {
             rules: self.table.rules.len(),
             needs_restart,
         })
+    }
+
+    /// Points the handoff at `spec` (same arrays: [`crate::handoff::live_change`]). The
+    /// new program goes into its slot first, then HANDOFF changes: no frame meets a
+    /// half-made handoff.
+    fn apply_handoff(&mut self, spec: Option<crate::config::HandoffSpec>) -> Result<(), Error> {
+        let previous = self.handoff.spec().cloned();
+        self.handoff.set_spec(spec);
+        let plan = match self.handoff.plan() {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.handoff.set_spec(previous);
+                self.handoff.follow()?;
+                return Err(e);
+            }
+        };
+        self.handoff.follow()?;
+        self.maps.set_handoff(plan)?;
+        Ok(())
+    }
+
+    /// Re-reads `next_program`'s pin (call once a second): an LB that replaced its
+    /// program at the pin gets the next frames; a pin that is gone empties the slot, so
+    /// frames pass (and are counted) instead of going to a program the LB removed.
+    pub fn follow_handoff(&mut self) -> Result<(), Error> {
+        self.handoff.follow().map(|_| ())
     }
 
     /// Changes a rule's aggregate rate (and burst) at once, keeping its bucket and every
@@ -671,6 +788,8 @@ impl Daemon {
     }
 
     pub fn status(&self) -> Result<Status, Error> {
+        let handoff = self.maps.handoff()?;
+        let missing = self.maps.handoff_counters()?.missing;
         let shares = stats::collect(&self.maps)?
             .rules
             .into_iter()
@@ -687,6 +806,12 @@ impl Daemon {
             allocator: self.fleet.as_ref().map(|f| f.spec.allocator.to_string()),
             bypass: self.maps.control()?.flags & CONTROL_BYPASS != 0,
             detached_unconfigured: self.detached_unconfigured.clone(),
+            joined: match self.handoff.spec() {
+                Some(crate::config::HandoffSpec::Join { .. }) => {
+                    self.handoff.status(Variant::Linear, handoff, missing)
+                }
+                _ => None,
+            },
             pid: std::process::id(),
             uptime_seconds: self.started.elapsed().as_secs(),
             config: self.config_path.clone(),
@@ -709,6 +834,7 @@ impl Daemon {
                     program_id: a.program_id().ok(),
                     hook: a.hook(),
                     chain: a.chain(),
+                    handoff: self.handoff.status(a.variant, handoff, missing),
                 })
                 .collect(),
         })
@@ -751,11 +877,63 @@ impl Daemon {
                 chain: a.chain(),
             })
             .collect();
+        e.then = self.handoff_chain()?;
         Ok(e)
+    }
+
+    /// Where frames the limiter passes go next, one line per interface (or the joined
+    /// slot), for `explain`; empty without a handoff (the stack).
+    fn handoff_chain(&self) -> Result<Vec<String>, Error> {
+        let handoff = self.maps.handoff()?;
+        let missing = self.maps.handoff_counters()?.missing;
+        let line = |h: HandoffStatus| match (h.program_id, h.missing) {
+            (Some(id), _) => format!(
+                "tail call through {} slot {} to program {id} ({})",
+                h.array,
+                h.first_slot,
+                h.program_name.unwrap_or_else(|| "?".into())
+            ),
+            (None, why) => format!(
+                "the stack: the next program is MISSING ({})",
+                why.unwrap_or_default()
+            ),
+        };
+        if let Some(crate::config::HandoffSpec::Join { array, index }) = self.handoff.spec() {
+            return Ok(self
+                .handoff
+                .status(Variant::Linear, handoff, missing)
+                .map(|h| {
+                    format!(
+                        "the LB's root array {} calls the limiter from slot {index}; then {}",
+                        array.display(),
+                        line(h)
+                    )
+                })
+                .into_iter()
+                .collect());
+        }
+        Ok(self
+            .attachments
+            .iter()
+            .filter_map(|a| {
+                self.handoff
+                    .status(a.variant, handoff, missing)
+                    .map(|h| format!("{}: {}", a.iface, line(h)))
+            })
+            .collect())
     }
 
     /// Stops the daemon. Enforcement stays (links and maps pinned) unless `detach`.
     pub fn stop(self, detach: bool) -> Result<(), Error> {
+        if let Some((array, index)) = self.handoff.joined() {
+            if detach {
+                if crate::handoff::leave_slot(array, index)? {
+                    tracing::info!(array = %array.display(), index, "left the LB's root array");
+                }
+            } else {
+                tracing::info!(array = %array.display(), index, "exiting; the LB's root array keeps calling the limiter");
+            }
+        }
         if detach {
             for a in self.attachments {
                 let iface = a.iface.clone();

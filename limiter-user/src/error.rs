@@ -46,6 +46,9 @@ pub enum Error {
     Quota(String),
     #[error("fleet: {0}")]
     Fleet(String),
+    /// `next_program` / `join_program_array`: the LB's pin or slot is not usable.
+    #[error("{key}: {reason}")]
+    Handoff { key: &'static str, reason: String },
     /// The control socket or its lock: another daemon runs, or something is in the way.
     #[error(transparent)]
     Instance(#[from] limiter_instance::ClaimError),

@@ -74,6 +74,10 @@ pub struct Explanation {
     /// goes next (filled in by the daemon).
     #[serde(default)]
     pub hooks: Vec<HookChain>,
+    /// Where a frame the limiter passes goes next, per interface (`next_program`,
+    /// `join_program_array`); empty: the stack.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<String>,
 }
 
 /// The chain at one interface's hook.
@@ -230,6 +234,7 @@ fn explain_metered(
         verdict: "pass".into(),
         reason: "no rule matches this destination: the frame passes unmetered".into(),
         hooks: Vec::new(),
+        then: Vec::new(),
     };
     let Some(slot) = ruleset::classify(table, query.dst, port, proto) else {
         return Ok(out);
@@ -373,6 +378,16 @@ fn explain_metered(
 
 /// Human-readable form.
 pub fn render(e: &Explanation) -> String {
+    let mut out = render_verdict(e);
+    if e.verdict == "pass" {
+        for then in &e.then {
+            out += &format!("then: {then}\n");
+        }
+    }
+    out + &render_hooks(&e.hooks)
+}
+
+fn render_verdict(e: &Explanation) -> String {
     let q = &e.query;
     let port = q.dst_port.map(|p| format!(":{p}")).unwrap_or_default();
     let mut out = format!(
@@ -382,7 +397,7 @@ pub fn render(e: &Explanation) -> String {
         q.proto.as_str()
     );
     let Some(rule) = &e.rule else {
-        return out + &format!("verdict: {} ({})\n", e.verdict, e.reason) + &render_hooks(&e.hooks);
+        return out + &format!("verdict: {} ({})\n", e.verdict, e.reason);
     };
     out += &format!(
         "rule: {rule} (slot {}, {}, unit {}, share {})\n",
@@ -414,7 +429,7 @@ pub fn render(e: &Explanation) -> String {
         "drops: {} in the last 10 s, {} in the last 60 s, {} in total\n",
         e.dropped_last_10s, e.dropped_last_60s, e.dropped_total
     );
-    out + &format!("verdict now: {} ({})\n", e.verdict, e.reason) + &render_hooks(&e.hooks)
+    out + &format!("verdict now: {} ({})\n", e.verdict, e.reason)
 }
 
 #[cfg(test)]
@@ -492,6 +507,7 @@ mod tests {
             verdict: "drop".into(),
             reason: "over the aggregate limit".into(),
             hooks: Vec::new(),
+            then: vec!["eth0: tail call to program 7 (lb)".into()],
         };
         let text = render(&e);
         assert!(
@@ -499,5 +515,18 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("full again"), "{text}");
+        assert!(
+            !text.contains("then:"),
+            "a dropped frame goes nowhere: {text}"
+        );
+        let pass = Explanation {
+            verdict: "pass".into(),
+            ..e
+        };
+        assert!(
+            render(&pass).ends_with("then: eth0: tail call to program 7 (lb)\n"),
+            "{}",
+            render(&pass)
+        );
     }
 }

@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod error;
 pub mod explain;
 pub mod fleet;
+pub mod handoff;
 pub mod kernel;
 pub mod libxdp;
 pub mod maps;

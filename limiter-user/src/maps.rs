@@ -16,8 +16,8 @@ use aya::{
 };
 use limiter_common::abi::{
     map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
-    HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCounters, RuleCpuState, SourceKey,
-    SynCounters, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
+    Handoff, HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCounters,
+    RuleCpuState, SourceKey, SynCounters, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
 };
 
 use crate::{
@@ -45,6 +45,9 @@ pub struct Maps {
     hosts: Array<MapData, HostEntry>,
     /// SYNs each syn rule metered, per CPU (the fleet's demand in SYNs).
     rule_syns: PerCpuArray<MapData, SynCounters>,
+    /// `None` for pins of a build that predates the handoff (no handoff, nothing missed).
+    handoff: Option<Array<MapData, Handoff>>,
+    handoff_counters: Option<PerCpuArray<MapData, HandoffCounters>>,
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
     /// process has written the generation (pins adopted from an earlier daemon).
     hosts_used: [Option<BTreeSet<u32>>; 2],
@@ -120,6 +123,14 @@ impl Maps {
                 .transpose()?,
             hosts: typed(take(map_name::HOSTS)?, map_name::HOSTS)?,
             rule_syns: typed(take(map_name::RULE_SYNS)?, map_name::RULE_SYNS)?,
+            handoff: take(map_name::HANDOFF)
+                .ok()
+                .map(|m| typed(m, map_name::HANDOFF))
+                .transpose()?,
+            handoff_counters: take(map_name::HANDOFF_COUNTS)
+                .ok()
+                .map(|m| typed(m, map_name::HANDOFF_COUNTS))
+                .transpose()?,
             hosts_used: [None, None],
         })
     }
@@ -352,6 +363,35 @@ impl Maps {
             .get(&0, 0)
             .map_err(map_err("reading GLOBAL_COUNTERS"))?;
         let mut total = GlobalCounters::default();
+        for c in per_cpu.iter() {
+            total.accumulate(c);
+        }
+        Ok(total)
+    }
+
+    /// Where passed frames go next (`slots == 0`: the stack).
+    pub fn handoff(&self) -> Result<Handoff, Error> {
+        match &self.handoff {
+            Some(map) => map.get(&0, 0).map_err(map_err("reading HANDOFF")),
+            None => Ok(Handoff::default()),
+        }
+    }
+
+    pub fn set_handoff(&mut self, handoff: Handoff) -> Result<(), Error> {
+        self.handoff
+            .as_mut()
+            .ok_or(Error::MissingMap(map_name::HANDOFF))?
+            .set(0, handoff, 0)
+            .map_err(map_err("writing HANDOFF"))
+    }
+
+    /// Frames passed because the next program was missing, summed over CPUs.
+    pub fn handoff_counters(&self) -> Result<HandoffCounters, Error> {
+        let mut total = HandoffCounters::default();
+        let Some(map) = &self.handoff_counters else {
+            return Ok(total);
+        };
+        let per_cpu = map.get(&0, 0).map_err(map_err("reading HANDOFF_COUNTS"))?;
         for c in per_cpu.iter() {
             total.accumulate(c);
         }

@@ -212,6 +212,11 @@ pub fn render(s: &Snapshot) -> String {
             "Frames with more VLAN tags than the program walks (dropped).",
             g.deep_vlan_stacks,
         ),
+        (
+            "limiter_handoff_missing_total",
+            "Frames the limiter passed whose next program (next_program, join_program_array) was missing: passed to the stack (fail open).",
+            g.handoff_missing,
+        ),
     ] {
         family(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name} {v}");
@@ -360,6 +365,7 @@ mod tests {
                     overlapping_fragments: 9,
                     long_header_chains: 10,
                     deep_vlan_stacks: 11,
+                    handoff_missing: 12,
                 },
                 bypass: true,
             },
@@ -389,6 +395,7 @@ mod tests {
         assert!(text.contains("limiter_contended_total 5\n"));
         assert!(text.contains("limiter_tiny_fragments_total 7\n"));
         assert!(text.contains("limiter_deep_vlan_stacks_total 11\n"));
+        assert!(text.contains("limiter_handoff_missing_total 12\n"));
         assert!(!text.contains("limiter_program_runs_total"));
         // Every sample line belongs to a family announced with HELP and TYPE.
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -41,7 +41,7 @@ pub fn parse_name(name: &str) -> Option<PinName<'_>> {
 
 /// The kind of BPF object pinned somewhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Object {
+pub(crate) enum Object {
     Map,
     Program,
     Link,
@@ -51,7 +51,7 @@ enum Object {
 
 /// Opens the pinned object at `path` (BPF_OBJ_GET) and tells its kind from the file the
 /// kernel hands back (`anon_inode:bpf-map`, `bpf-prog`, `bpf-link`; older kernels `bpf_link`).
-fn object_kind(path: &Path) -> std::io::Result<Object> {
+pub(crate) fn object_kind(path: &Path) -> std::io::Result<Object> {
     #[repr(C)]
     #[derive(Default)]
     struct ObjGetAttr {
@@ -98,7 +98,7 @@ fn object_kind(path: &Path) -> std::io::Result<Object> {
 }
 
 /// The names of the limiter's programs (the kernel keeps 15 bytes of a name).
-fn is_limiter_program(name: &str) -> bool {
+pub fn is_limiter_program(name: &str) -> bool {
     [PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC]
         .iter()
         .any(|p| p.get(..15).unwrap_or(p) == name)
@@ -170,6 +170,8 @@ pub struct Cleanup {
     pub removed_filters: Vec<String>,
     /// What was left in place, and why it is not the limiter's.
     pub left: Vec<(PathBuf, String)>,
+    /// Prog array slots the limiter was in (`join_program_array`), emptied.
+    pub removed_slots: Vec<String>,
 }
 
 /// Every entry of `pin_dir` (empty if the directory does not exist).
@@ -238,6 +240,10 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
         what: "listing the interfaces' TC filters".into(),
         source: e,
     })?;
+    // The same for the LB slots the limiter joined: they run the program without a pin.
+    if let Some(control) = crate::tc_filter::control_map_id(pin_dir) {
+        cleanup.removed_slots = crate::handoff::leave_prog_arrays(control)?;
+    }
     for (iface, filter) in filters {
         crate::tc_filter::remove(&iface, &filter).map_err(|reason| Error::Link {
             what: format!("removing the limiter's {} from {iface}", filter.describe()),

@@ -20,10 +20,10 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use limiter_common::abi::{
-    map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
-    HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey, SynCounters,
-    GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES, PROGRAM_NAME,
-    PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+    map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
+    HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
+    SynCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
+    PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
 use crate::{
@@ -36,6 +36,10 @@ pub static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lim
 /// them).
 pub static BASELINE_OBJECT: &[u8] =
     include_bytes_aligned!(concat!(env!("OUT_DIR"), "/baseline.bpf.o"));
+/// A stand-in load balancer (`standin_lb`, `standin_lb_v2`, `standin_root`) for tests and
+/// benchmarks of the tail-call handoff.
+pub static STANDIN_LB_OBJECT: &[u8] =
+    include_bytes_aligned!(concat!(env!("OUT_DIR"), "/standin_lb.bpf.o"));
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -47,6 +51,11 @@ pub struct LoadOptions {
     pub pin_dir: Option<PathBuf>,
     /// Capacity of the per-source bucket map.
     pub max_sources: u32,
+    /// The LB's pinned prog array that the single-buffer build tail-calls through in
+    /// place of its own `HANDOFF_LINEAR` (`next_program = "PIN:INDEX"`,
+    /// `join_program_array`). Checked to be a prog array before load
+    /// ([`crate::handoff::check_lb_array`]): the loader never creates a map there.
+    pub handoff_array: Option<PathBuf>,
 }
 
 /// The loaded program and its maps.
@@ -60,6 +69,8 @@ pub struct Program {
     /// The component, once loaded (one program, linked into every interface's
     /// dispatcher).
     component: Option<Ebpf>,
+    /// The build generic mode runs (multi-buffer unless a handoff needs the other).
+    generic_build: Variant,
 }
 
 /// The mode an interface was attached in.
@@ -300,7 +311,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 14] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 18] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -383,6 +394,16 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 14] {
             sz(size_of::<SynCounters>()),
             MAX_RULES,
         ),
+        (map_name::HANDOFF, 4, sz(size_of::<Handoff>()), 1),
+        (
+            map_name::HANDOFF_COUNTS,
+            4,
+            sz(size_of::<HandoffCounters>()),
+            1,
+        ),
+        // Prog arrays: a u32 slot, a u32 program fd (an id when read back).
+        (map_name::HANDOFF_LINEAR, 4, 4, 1),
+        (map_name::HANDOFF_MULTI, 4, 4, 1),
     ]
 }
 
@@ -521,7 +542,37 @@ impl Program {
                 loader.map_pin_path(name, dir.join(name));
             }
         }
+        let lb_array = match &opts.handoff_array {
+            Some(array) => {
+                // Last one wins: the LB's array replaces the daemon's own.
+                let checked = crate::handoff::check_lb_array("next_program", array)?;
+                loader.map_pin_path(map_name::HANDOFF_LINEAR, array.as_path());
+                Some((array, checked))
+            }
+            None => None,
+        };
         let mut ebpf = loader.load(object).map_err(|e| Error::Load(Box::new(e)))?;
+        if let Some((path, checked)) = lb_array {
+            // The loader creates and pins a map where none is: had the LB's pin gone
+            // between the check and the load, that would be ours at the LB's path.
+            let opened = ebpf.map(map_name::HANDOFF_LINEAR).and_then(|m| match m {
+                aya::maps::Map::ProgramArray(d) => d.info().ok().map(|i| i.id()),
+                _ => None,
+            });
+            if opened != Some(checked.id) {
+                if MapInfo::from_pin(path).is_ok_and(|i| Some(i.id()) == opened) {
+                    let _ = fs::remove_file(path);
+                }
+                return Err(Error::Handoff {
+                    key: "next_program",
+                    reason: format!(
+                        "the prog array at {} changed while the program loaded (the LB \
+                         restarting?): start again",
+                        path.display()
+                    ),
+                });
+            }
+        }
         for variant in Variant::XDP {
             // Before 5.18 the kernel refuses the frags flag: only the linear build runs
             // (kernel::check refuses the modes that need the other).
@@ -544,6 +595,7 @@ impl Program {
             object: AlignedObject::from_bytes(object),
             opts: opts.clone(),
             component: None,
+            generic_build: Variant::MultiBuffer,
         })
     }
 
@@ -596,6 +648,36 @@ impl Program {
             .iter()
             .filter_map(|&v| self.info(v).ok()?.verified_instruction_count())
             .max()
+    }
+
+    /// Takes the handoff's prog arrays out of the object: `[HANDOFF_LINEAR,
+    /// HANDOFF_MULTI]`, `None` for one that is the LB's array (`handoff_array`).
+    pub fn take_handoff_arrays(&mut self, lb_array: bool) -> [Option<aya::maps::MapData>; 2] {
+        let mut take = |name| match self.ebpf.take_map(name) {
+            Some(aya::maps::Map::ProgramArray(data)) => Some(data),
+            _ => None,
+        };
+        let linear = take(map_name::HANDOFF_LINEAR);
+        let multi = take(map_name::HANDOFF_MULTI);
+        [if lb_array { None } else { linear }, multi]
+    }
+
+    /// Runs `variant` in generic mode instead of the multi-buffer build: a handoff to
+    /// plain XDP programs (Katran's) needs the single-buffer build, whose prog array the
+    /// kernel lets tail-call them; generic mode then linearizes multi-buffer socket
+    /// buffers for it, as it would for the LB alone.
+    pub fn set_generic_build(&mut self, variant: Variant) {
+        if matches!(variant, Variant::Linear | Variant::MultiBuffer) {
+            self.generic_build = variant;
+        }
+    }
+
+    /// The descriptor of one XDP build (for a prog array slot).
+    pub fn program_fd(&self, variant: Variant) -> Result<&aya::programs::ProgramFd, Error> {
+        self.xdp_variant(variant)?.fd().map_err(|e| Error::Program {
+            what: format!("reading the descriptor of {}", variant.program_name()),
+            source: Box::new(e),
+        })
     }
 
     /// Takes the maps out of the object for reading and writing.
@@ -772,8 +854,9 @@ impl Program {
     /// generic mode), the multi-buffer one when the kernel refuses it (an MTU that needs
     /// several buffers per frame).
     fn adopt(&mut self, iface: &str, pin: &Path, mode: ConfigXdpMode) -> Result<Attachment, Error> {
+        let generic = [self.generic_build];
         let candidates: &[Variant] = match mode {
-            ConfigXdpMode::Generic => &[Variant::MultiBuffer],
+            ConfigXdpMode::Generic => &generic,
             ConfigXdpMode::Tc => &[Variant::Tc],
             _ => &Variant::XDP,
         };
@@ -860,14 +943,10 @@ impl Program {
                 }
             }
         };
+        let generic_build = self.generic_build;
         let generic = |ebpf: &mut Ebpf| -> Result<(NewLink, AttachedMode, Variant), Error> {
-            attach_one(ebpf, Variant::MultiBuffer, iface, XdpMode::Skb).map(|link| {
-                (
-                    NewLink::Xdp(link),
-                    AttachedMode::Generic,
-                    Variant::MultiBuffer,
-                )
-            })
+            attach_one(ebpf, generic_build, iface, XdpMode::Skb)
+                .map(|link| (NewLink::Xdp(link), AttachedMode::Generic, generic_build))
         };
         Ok(match mode {
             ConfigXdpMode::Native => {

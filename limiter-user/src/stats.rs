@@ -57,6 +57,9 @@ pub struct GlobalStats {
     pub long_header_chains: u64,
     /// Frames with more VLAN tags than the program walks: dropped.
     pub deep_vlan_stacks: u64,
+    /// Frames the limiter passed whose next program (`next_program`,
+    /// `join_program_array`) was missing: passed to the stack instead (fail open).
+    pub handoff_missing: u64,
 }
 
 /// The share state as of `now_ns`: the entry's state advanced by its own deadlines, so a
@@ -133,6 +136,7 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
             overlapping_fragments: h.overlapping_fragments,
             long_header_chains: h.long_header_chains,
             deep_vlan_stacks: h.deep_vlan_stacks,
+            handoff_missing: maps.handoff_counters()?.missing,
         },
     })
 }
@@ -178,6 +182,10 @@ pub fn render_table(report: &StatsReport) -> String {
         g.overlapping_fragments,
         g.long_header_chains,
         g.deep_vlan_stacks
+    ));
+    out.push_str(&format!(
+        "handoff: next program missing {}\n",
+        g.handoff_missing
     ));
     out
 }

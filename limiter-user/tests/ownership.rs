@@ -541,6 +541,7 @@ fn clearing_a_slot_in_a_full_million_entry_map() {
     let mut program = Program::load(&LoadOptions {
         pin_dir: None,
         max_sources: limiter_common::abi::DEFAULT_MAX_SOURCES,
+        handoff_array: None,
     })
     .expect("loading the program (root, bpffs)");
     let mut maps = program.maps().unwrap();

@@ -34,6 +34,7 @@ pub fn load(config_text: &str) -> Result<Loaded> {
     let mut program = Program::load(&LoadOptions {
         pin_dir: None,
         max_sources: config.max_sources,
+        handoff_array: None,
     })?;
     let mut maps = program.maps()?;
     let table = apply_rules(&mut maps, &config)?;

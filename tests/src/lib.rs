@@ -4,6 +4,7 @@ pub mod bench;
 pub mod evasion;
 pub mod fixture;
 pub mod frame;
+pub mod handoff;
 pub mod live;
 pub mod netns;
 pub mod rx;

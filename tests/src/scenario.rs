@@ -332,6 +332,7 @@ impl Limited {
         let mut program = Program::load(&LoadOptions {
             pin_dir: pin_dir.map(Path::to_path_buf),
             max_sources: config.max_sources,
+            handoff_array: None,
         })?;
         let mut maps = program.maps()?;
         let table = apply_rules(&mut maps, &config)?;

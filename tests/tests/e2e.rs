@@ -39,6 +39,7 @@ fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode, expected_variant
     let mut program = Program::load(&LoadOptions {
         pin_dir: Some(pins.path.clone()),
         max_sources: 1024,
+        handoff_array: None,
     })
     .expect("loading the program");
     let mut maps = program.maps().unwrap();
@@ -154,6 +155,7 @@ fn jumbo_mtu_runs_the_multi_buffer_build() {
     let mut program = Program::load(&LoadOptions {
         pin_dir: None,
         max_sources: 1024,
+        handoff_array: None,
     })
     .expect("loading the program");
     let mut maps = program.maps().unwrap();
@@ -203,6 +205,7 @@ fn maps_are_pinned_with_btf() {
     let _program = Program::load(&LoadOptions {
         pin_dir: Some(pins.path.clone()),
         max_sources: 1024,
+        handoff_array: None,
     })
     .expect("loading the program");
     for name in limiter_common::abi::map_name::ALL {

@@ -97,6 +97,7 @@ fn attack(mode: XdpMode, first: usize) -> (u64, f64) {
     let mut program = Program::load(&LoadOptions {
         pin_dir: Some(pins.path.clone()),
         max_sources: 1024,
+        handoff_array: None,
     })
     .expect("loading the program");
     let mut maps = program.maps().unwrap();

@@ -77,6 +77,7 @@ fn every_build_loads_and_every_mode_attaches() {
         let mut program = Program::load(&LoadOptions {
             pin_dir: None,
             max_sources: 1024,
+            handoff_array: None,
         })
         .expect("loading the program");
         let result = program

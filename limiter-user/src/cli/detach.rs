@@ -35,9 +35,13 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
                 removed,
                 removed_filters,
                 left,
+                removed_slots,
             } = pins::remove_pins(pin_dir)?;
             if removed.is_empty() && removed_filters.is_empty() && left.is_empty() {
                 println!("nothing pinned under {}", pin_dir.display());
+            }
+            for slot in removed_slots {
+                println!("removed the limiter from {slot}");
             }
             for filter in removed_filters {
                 println!("removed {filter}");

@@ -45,7 +45,11 @@ pub fn execute(args: RunArgs) -> anyhow::Result<()> {
     } else {
         args.ifaces.clone()
     };
-    if ifaces.is_empty() {
+    let joins = matches!(
+        config.handoff,
+        Some(limiter_user::config::HandoffSpec::Join { .. })
+    );
+    if ifaces.is_empty() && !joins {
         bail!(
             "no interface to attach to: set `interfaces` in {} or pass --iface",
             args.config.display()
@@ -97,6 +101,9 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
             if let Ok(mut d) = d.lock() {
                 if let Err(e) = d.record_history() {
                     tracing::warn!("sampling counters: {e}");
+                }
+                if let Err(e) = d.follow_handoff() {
+                    tracing::warn!("following next_program: {e}");
                 }
             }
         }

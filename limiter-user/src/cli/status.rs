@@ -81,6 +81,15 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
                 e["how"].as_str().unwrap_or("?")
             );
         }
+        if !i["handoff"].is_null() {
+            println!("  {}", handoff_line(&i["handoff"]));
+        }
+    }
+    if !s["joined"].is_null() {
+        println!(
+            "joined the LB's root array: its root program calls the limiter; {}",
+            handoff_line(&s["joined"])
+        );
     }
     for iface in s["detached_unconfigured"].as_array().into_iter().flatten() {
         println!(
@@ -89,4 +98,36 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// How frames the limiter passes are handed over, in one line.
+fn handoff_line(h: &serde_json::Value) -> String {
+    let slots = match h["slots"].as_u64().unwrap_or(0) {
+        0 => "no slot".to_string(),
+        1 => format!("slot {}", h["first_slot"]),
+        n => format!(
+            "slots {}..{}",
+            h["first_slot"],
+            h["first_slot"].as_u64().unwrap_or(0) + n - 1
+        ),
+    };
+    let to = match (h["program_id"].as_u64(), h["missing"].as_str()) {
+        (Some(id), _) => format!(
+            "to program {id} ({})",
+            h["program_name"].as_str().unwrap_or("?")
+        ),
+        (None, Some(why)) => format!("MISSING: {why}"),
+        (None, None) => "MISSING".to_string(),
+    };
+    let warning = h["warning"]
+        .as_str()
+        .map(|w| format!("; WARNING: {w}"))
+        .unwrap_or_default();
+    format!(
+        "handoff ({}): tail call through {} {slots}, {to}; frames passed because the next \
+         program was missing: {}{warning}",
+        h["config"].as_str().unwrap_or("?"),
+        h["array"].as_str().unwrap_or("?"),
+        h["missing_frames"]
+    )
 }

@@ -237,3 +237,21 @@ impl Drop for Daemon {
 pub fn pin_exists(pins: &Path, name: &str) -> bool {
     pins.join(name).exists()
 }
+
+/// The body of one GET /metrics.
+pub fn metrics(lab: &Lab) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", lab.metrics_port)).expect("metrics endpoint");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("metrics request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("metrics response");
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}

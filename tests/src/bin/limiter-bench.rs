@@ -756,6 +756,7 @@ fn verifier_count() -> Result<VerifierCount> {
         let opts = LoadOptions {
             pin_dir: None,
             max_sources,
+            handoff_array: None,
         };
         match Program::load(&opts) {
             Ok(program) => {

@@ -73,6 +73,9 @@ pub const PROGRAM_NAME: &str = "limiter";
 /// Name of the single-buffer build of the same program (no `frags`: the frame length is
 /// the linear length, no helper call).
 pub const PROGRAM_NAME_LINEAR: &str = "limiter_linear";
+/// Name of the single-buffer build as a libxdp dispatcher component (`xdp_share =
+/// "libxdp"`; at most 15 bytes, the kernel's limit for program names).
+pub const PROGRAM_NAME_LIBXDP: &str = "limiter_libxdp";
 /// Name of the TC-ingress build (`xdp_mode = "tc"`).
 pub const PROGRAM_NAME_TC: &str = "limiter_tc";
 

@@ -53,6 +53,21 @@ pub fn limiter_linear(ctx: XdpContext) -> u32 {
     hand_over(&ctx, v, &maps::HANDOFF_LINEAR)
 }
 
+/// The single-buffer build as a component of a libxdp dispatcher (`xdp_share =
+/// "libxdp"`), loaded as an freplace program over one of the dispatcher's slots. The
+/// dispatcher hands what it passes to the next component, so it has no handoff of its own
+/// (the two ways of sharing exclude each other), and the kernel refuses an freplace
+/// program that uses the XDP builds' program arrays.
+#[xdp]
+#[inline(always)]
+pub fn limiter_libxdp(ctx: XdpContext) -> u32 {
+    let (data, data_end) = (ctx.data(), ctx.data_end());
+    verdict(try_limiter(data, data_end, || Size {
+        packets: 1,
+        bytes: (data_end - data) as u64,
+    }))
+}
+
 /// A frame the limiter passes goes to the next program when a handoff is configured
 /// (`HANDOFF.slots > 0`): a tail call into each configured slot of `array` in turn. A
 /// successful tail call does not return. When every slot is empty (the next program was

@@ -296,7 +296,7 @@ pub fn plan(existing: &[Component], join: Option<u32>) -> Result<Vec<Planned>, S
         .collect();
     if let Some(priority) = join {
         out.push(Planned {
-            name: limiter_common::abi::PROGRAM_NAME_LINEAR.into(),
+            name: limiter_common::abi::PROGRAM_NAME_LIBXDP.into(),
             run_prio: priority,
             chain_call_actions: CHAIN_ON_PASS,
             frags: false,
@@ -845,7 +845,7 @@ mod tests {
     fn the_limiter_joins_by_priority_and_replaces_its_earlier_component() {
         let existing = [
             component(0, "xdpfilt_dny_udp", 10, false),
-            component(1, "limiter_linear", 20, true),
+            component(1, "limiter_libxdp", 20, true),
             component(2, "xdp_lb", 50, false),
         ];
         let p = plan(&existing, Some(5)).unwrap();
@@ -853,7 +853,7 @@ mod tests {
         assert_eq!(
             names,
             [
-                ("limiter_linear", None),
+                ("limiter_libxdp", None),
                 ("xdpfilt_dny_udp", Some(0)),
                 ("xdp_lb", Some(2))
             ]
@@ -869,7 +869,7 @@ mod tests {
     #[test]
     fn ties_go_by_name_then_existing_first() {
         let existing = [
-            component(0, "limiter_linear", 10, false),
+            component(0, "limiter_libxdp", 10, false),
             component(1, "aaa", 10, false),
         ];
         let p = plan(&existing, Some(10)).unwrap();
@@ -879,8 +879,8 @@ mod tests {
                 .collect::<Vec<_>>(),
             [
                 ("aaa", Some(1)),
-                ("limiter_linear", Some(0)),
-                ("limiter_linear", None)
+                ("limiter_libxdp", Some(0)),
+                ("limiter_libxdp", None)
             ]
         );
     }

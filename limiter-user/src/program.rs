@@ -23,7 +23,7 @@ use limiter_common::abi::{
     map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
     HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
     SynCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
-    PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+    PROGRAM_NAME, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
 };
 
 use crate::{
@@ -104,6 +104,9 @@ pub enum Variant {
     MultiBuffer,
     /// A classifier at TC ingress (`xdp_mode = "tc"`).
     Tc,
+    /// The single-buffer build without the handoff, as an freplace component of a libxdp
+    /// dispatcher (`xdp_share = "libxdp"`; loaded only then, so not in [`Variant::ALL`]).
+    Libxdp,
 }
 
 impl Variant {
@@ -117,6 +120,7 @@ impl Variant {
             Variant::Linear => PROGRAM_NAME_LINEAR,
             Variant::MultiBuffer => PROGRAM_NAME,
             Variant::Tc => PROGRAM_NAME_TC,
+            Variant::Libxdp => PROGRAM_NAME_LIBXDP,
         }
     }
 
@@ -125,6 +129,7 @@ impl Variant {
             Variant::Linear => "linear",
             Variant::MultiBuffer => "multi-buffer",
             Variant::Tc => "tc",
+            Variant::Libxdp => "libxdp component",
         }
     }
 }
@@ -634,6 +639,13 @@ impl Program {
     pub fn info(&self, variant: Variant) -> Result<aya::programs::ProgramInfo, Error> {
         let info = match variant {
             Variant::Tc => self.tc()?.info(),
+            Variant::Libxdp => self
+                .component
+                .as_ref()
+                .and_then(|c| c.program(PROGRAM_NAME_LIBXDP))
+                .and_then(|p| <&Extension>::try_from(p).ok())
+                .ok_or(Error::NoProgram)?
+                .info(),
             v => self.xdp_variant(v)?.info(),
         };
         info.map_err(|e| Error::Program {
@@ -1055,7 +1067,7 @@ impl Program {
             for name in map_name::ALL {
                 loader.map_pin_path(name, pin_dir.join(name));
             }
-            loader.extension(PROGRAM_NAME_LINEAR);
+            loader.extension(PROGRAM_NAME_LIBXDP);
             self.component = Some(
                 loader
                     .load(self.object.bytes())
@@ -1065,7 +1077,7 @@ impl Program {
         let ext: &mut Extension = self
             .component
             .as_mut()
-            .and_then(|c| c.program_mut(PROGRAM_NAME_LINEAR))
+            .and_then(|c| c.program_mut(PROGRAM_NAME_LIBXDP))
             .and_then(|p| p.try_into().ok())
             .ok_or(Error::NoProgram)?;
         let installed = libxdp::join(iface, ifindex, mode, priority, control_id, ext)?;
@@ -1075,7 +1087,7 @@ impl Program {
                 Some(crate::netlink::XdpAttached::Generic) => AttachedMode::Generic,
                 _ => AttachedMode::Native,
             },
-            variant: Variant::Linear,
+            variant: Variant::Libxdp,
             origin: if installed.replaced_limiter {
                 LinkOrigin::Adopted
             } else {

@@ -281,7 +281,7 @@ fn each_side_unloads_without_stopping_the_other() {
     );
     first.loaded = false;
     drop(first);
-    assert_eq!(components(&lab.pair.host), ["limiter_linear"]);
+    assert_eq!(components(&lab.pair.host), ["limiter_libxdp"]);
     let before = lab.rule_stats("web");
     let unmatched0 = unmatched(&lab);
     let each = send_both(&lab, 10_000, 1);
@@ -306,7 +306,7 @@ fn each_side_unloads_without_stopping_the_other() {
         .args(["-rf", "/sys/fs/bpf/xdp-filter"])
         .output();
     let mut filter = XdpFilter::load(&lab.pair.host);
-    assert_eq!(components(&lab.pair.host)[0], "limiter_linear");
+    assert_eq!(components(&lab.pair.host)[0], "limiter_libxdp");
     daemon.stop();
     lab.write_config(WEB);
     let text = std::fs::read_to_string(&lab.config).unwrap();
@@ -321,7 +321,7 @@ fn each_side_unloads_without_stopping_the_other() {
     let daemon = lab.start();
     let order = components(&lab.pair.host);
     assert!(
-        order[0].starts_with("xdpfilt") && order[1] == "limiter_linear",
+        order[0].starts_with("xdpfilt") && order[1] == "limiter_libxdp",
         "{order:?}"
     );
     let unmatched0 = unmatched(&lab);
@@ -430,12 +430,12 @@ fn xdp_filter_joins_the_dispatcher_the_limiter_installed() {
     let _state = LibxdpState::new();
     let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
     let daemon = lab.start();
-    assert_eq!(components(&lab.pair.host), ["limiter_linear"]);
+    assert_eq!(components(&lab.pair.host), ["limiter_libxdp"]);
     let ours = lab.attached_program().expect("a dispatcher");
     let filter = XdpFilter::load(&lab.pair.host);
     let order = components(&lab.pair.host);
     assert!(
-        order.len() == 2 && order[0] == "limiter_linear" && order[1].starts_with("xdpfilt"),
+        order.len() == 2 && order[0] == "limiter_libxdp" && order[1].starts_with("xdpfilt"),
         "{order:?}"
     );
     assert_ne!(
@@ -557,7 +557,7 @@ fn where_freplace_is_refused_the_operator_is_told_what_to_do() {
     let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
     if freplace {
         let daemon = lab.start();
-        assert_eq!(components(&lab.pair.host), ["limiter_linear"]);
+        assert_eq!(components(&lab.pair.host), ["limiter_libxdp"]);
         assert!(run("xdp-loader", &["status", &lab.pair.host]).contains("xdp_dispatcher"));
         daemon.stop();
         lab.ok(&["detach"]);

@@ -139,6 +139,7 @@ impl HandoffArrays {
             Variant::Linear => Ok(&mut self.linear),
             Variant::MultiBuffer => Ok(&mut self.multi),
             Variant::Tc => bail!("the TC build never hands over"),
+            Variant::Libxdp => bail!("the libxdp component never hands over: the dispatcher does"),
         }
     }
 }

@@ -115,20 +115,38 @@ impl Drop for XdpFilter {
     }
 }
 
-/// The programs `xdp-loader status` lists for `iface`, in run order (its table lists
-/// the dispatcher, then each component with its priority).
-fn components(iface: &str) -> Vec<String> {
+/// One component as `xdp-loader status` lists it: libxdp's own reading of the dispatcher
+/// (its configuration and pins), in run order.
+#[derive(Debug)]
+struct LoaderRow {
+    prio: u32,
+    name: String,
+    chain_actions: String,
+}
+
+fn loader_rows(iface: &str) -> Vec<LoaderRow> {
     let status = run("xdp-loader", &["status", iface]);
     status
         .lines()
-        .filter_map(|l| {
-            let l = l.trim_start_matches([' ', '=', '>']).trim();
-            let name = l
-                .split_whitespace()
-                .find(|w| w.starts_with("limiter") || w.starts_with("xdpfilt"))?;
-            Some(name.to_string())
+        .filter(|l| l.trim_start().starts_with("=>"))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            assert!(
+                w.len() >= 6,
+                "unexpected xdp-loader line {l:?} in:\n{status}"
+            );
+            LoaderRow {
+                prio: w[1].parse().unwrap_or_else(|_| panic!("priority in {l:?}")),
+                name: w[2].to_string(),
+                chain_actions: w[5..].join(" "),
+            }
         })
         .collect()
+}
+
+/// The component names `xdp-loader status` lists for `iface`, in run order.
+fn components(iface: &str) -> Vec<String> {
+    loader_rows(iface).into_iter().map(|r| r.name).collect()
 }
 
 fn plan(rate: u64, duration: Duration, pair: &limiter_tests::netns::VethPair) -> SendPlan {
@@ -168,6 +186,17 @@ fn the_limiter_joins_xdp_filter_and_both_enforce() {
         "the limiter runs first: {order:?}"
     );
     assert!(order[1].starts_with("xdpfilt"), "{order:?}");
+    // libxdp reads the run configuration back from the limiter's dispatcher: both at
+    // priority 10 (xdp-filter's carried over from the dispatcher libxdp built), both
+    // chaining on XDP_PASS.
+    let rows = loader_rows(&lab.pair.host);
+    for row in &rows {
+        assert_eq!(
+            (row.prio, row.chain_actions.as_str()),
+            (10, "XDP_PASS"),
+            "{rows:?}"
+        );
+    }
 
     // status and explain show the chain: dispatcher, the limiter, xdp-filter.
     let status = lab.json(&["status", "--json"]);
@@ -324,6 +353,8 @@ fn each_side_unloads_without_stopping_the_other() {
         order[0].starts_with("xdpfilt") && order[1] == "limiter_libxdp",
         "{order:?}"
     );
+    let prios: Vec<u32> = loader_rows(&lab.pair.host).iter().map(|r| r.prio).collect();
+    assert_eq!(prios, [10, 60], "the priority libxdp reads back");
     let unmatched0 = unmatched(&lab);
     let (_, dropped0) = filter.seen_and_dropped();
     let each = send_both(&lab, 10_000, 1);

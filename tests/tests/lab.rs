@@ -32,3 +32,36 @@ fn lab_limits_the_abusive_flows_and_cleans_up() {
         "pins left behind"
     );
 }
+
+/// `cargo xtask run -- --lab-lb`: the same lab in front of a stand-in load balancer. The
+/// stand-in sees every frame the limiter passed (the rules' passes and more: unmatched
+/// traffic), none it dropped, and its pin goes with the lab.
+#[test]
+fn lab_in_front_of_a_standin_lb_hands_it_what_passes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_limiter-lab"))
+        .args(["--lb", "--duration", "4"])
+        .output()
+        .expect("running limiter-lab");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "lab failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("stand-in load balancer: saw"))
+        .unwrap_or_else(|| panic!("no stand-in line in {stdout}"));
+    let numbers: Vec<u64> = last
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (seen, passed) = (numbers[0], numbers[1]);
+    assert!(passed > 0 && seen >= passed, "{last}");
+    assert!(stdout.contains("cleaned up"));
+    assert!(
+        !std::path::Path::new("/sys/fs/bpf/limiter-lab-standin-lb").exists(),
+        "the stand-in's pin was left behind"
+    );
+}

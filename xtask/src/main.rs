@@ -31,7 +31,8 @@ enum Task {
     Build,
     /// Build, then run the daemon: `cargo xtask run -- --config F --iface IF`. With no
     /// arguments: a self-contained lab (namespace, veth pair, example config, traffic,
-    /// live table) until Ctrl-C.
+    /// live table) until Ctrl-C; `-- --lab-lb [--duration S]`: the same lab with the
+    /// limiter in front of a stand-in load balancer (tail-call handoff).
     Run {
         /// Arguments for `limiter run`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -92,6 +93,14 @@ fn main() -> Result<()> {
             let release = workspace_root()?.join("target/release");
             if args.is_empty() {
                 return run_cmd(&mut Command::new(release.join("limiter-lab")));
+            }
+            // The lab in front of a stand-in load balancer (tail-call handoff).
+            if args.first().is_some_and(|a| a == "--lab-lb") {
+                return run_cmd(
+                    Command::new(release.join("limiter-lab"))
+                        .arg("--lb")
+                        .args(&args[1..]),
+                );
             }
             run_cmd(Command::new(release.join("limiter")).arg("run").args(&args))
         }

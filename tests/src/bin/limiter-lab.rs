@@ -3,6 +3,12 @@
 //! repository's example config, sends a mix of well-behaved and abusive traffic from the
 //! namespace, and shows a live table of what passes and drops per rule until Ctrl-C
 //! (or `--duration SECONDS`). Everything it creates is removed on the way out.
+//!
+//! `--lb` (`cargo xtask run -- --lab-lb`): the limiter in front of a stand-in load
+//! balancer, as on an LB host whose hook the LB owns. The stand-in (a program that counts
+//! what it sees and answers XDP_TX) is pinned, the config names it in `next_program`, and
+//! the live view shows its count next to the limiter's: what the limiter passes reaches
+//! it, what it drops does not.
 
 use std::{
     net::Ipv4Addr,
@@ -113,6 +119,43 @@ fn lab_config(example: &Path, iface: &str, dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The stand-in load balancer, pinned where the config's `next_program` names it.
+struct StandinPin {
+    lb: limiter_tests::handoff::StandinLb,
+    pin: PathBuf,
+}
+
+impl StandinPin {
+    /// Loads and pins the stand-in, and adds `next_program` to the lab's config.
+    fn new(config: &Path) -> Result<StandinPin> {
+        let mut lb = limiter_tests::handoff::StandinLb::load()?;
+        let pin = PathBuf::from(LB_PIN);
+        let _ = std::fs::remove_file(&pin);
+        lb.program_mut(limiter_tests::handoff::LB)?
+            .pin(&pin)
+            .with_context(|| format!("pinning the stand-in LB at {}", pin.display()))?;
+        let text = std::fs::read_to_string(config)?;
+        std::fs::write(
+            config,
+            format!("next_program = \"{}\"\n{text}", pin.display()),
+        )?;
+        println!(
+            "lab: stand-in load balancer pinned at {}; the limiter hands it every frame it passes",
+            pin.display()
+        );
+        Ok(StandinPin { lb, pin })
+    }
+}
+
+impl Drop for StandinPin {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.pin);
+    }
+}
+
+/// Where the lab pins its stand-in load balancer.
+const LB_PIN: &str = "/sys/fs/bpf/limiter-lab-standin-lb";
+
 /// The daemon binary next to this one (both live in target/<profile>/).
 fn limiter_binary() -> Result<PathBuf> {
     let me = std::env::current_exe().context("locating limiter-lab")?;
@@ -168,6 +211,11 @@ fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("limiter-lab-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = lab_config(&root.join("limiter.example.toml"), &pair.host, &dir)?;
+    let lb = if std::env::args().any(|a| a == "--lb") {
+        Some(StandinPin::new(&config)?)
+    } else {
+        None
+    };
     println!(
         "lab: namespace {} with {} -> {} (limited end)",
         pair.ns, pair.peer, pair.host
@@ -232,6 +280,16 @@ fn main() -> Result<()> {
             started.elapsed().as_secs()
         );
         print!("{}", stats::render_table(&report));
+        if let Some(lb) = &lb {
+            println!(
+                "\nstand-in load balancer (next_program = \"{}\"): saw {} frames, all answered \
+                 XDP_TX; the limiter handed it everything it passed ({} frames found no next \
+                 program)",
+                lb.pin.display(),
+                lb.lb.seen(limiter_tests::handoff::LB)?,
+                report.global.handoff_missing
+            );
+        }
         std::thread::sleep(Duration::from_secs(1));
     }
     running.store(false, Ordering::Relaxed);
@@ -240,8 +298,17 @@ fn main() -> Result<()> {
     }
     let report = stats::collect(&maps)?;
     println!("\nfinal:\n{}", stats::render_table(&report));
+    if let Some(lb) = &lb {
+        let passed: u64 = report.rules.iter().map(|r| r.passed_packets).sum();
+        println!(
+            "stand-in load balancer: saw {} frames; the limiter passed {passed} frames of its \
+             rules (the rest it passed: unmatched, non-IP)",
+            lb.lb.seen(limiter_tests::handoff::LB)?
+        );
+    }
     drop(maps);
     drop(daemon);
+    drop(lb);
     drop(pair);
     let _ = std::fs::remove_dir_all(&dir);
     println!("lab: cleaned up (namespace, veth, pins, socket)");

@@ -100,6 +100,20 @@ pub const MATRIX: &[Suite] = &[
         file: "sharing",
         filters: &[],
     },
+    Suite {
+        package: "limiter-tests",
+        file: "handoff",
+        filters: &[],
+    },
+    Suite {
+        package: "limiter-user",
+        file: "handoff",
+        filters: &[
+            "join_program_array_root_calls_the_limiter_which_calls_the_lb",
+            "kill_9_and_restart_under_traffic_keep_every_pass_going_to_the_lb",
+            "next_program_slot_uses_the_lbs_array_so_a_replacement_applies_at_once",
+        ],
+    },
 ];
 
 /// One test file to run in a guest, with the filters to pass it (none: every test).
@@ -333,7 +347,10 @@ fn unpack(package: &str) -> Result<Kernel> {
 }
 
 /// Test executables of `runs`, built here (release), by file.
-fn build_tests(runs: &[Run]) -> Result<Vec<(String, PathBuf)>> {
+/// (package directory, test target name, executable) of every test target.
+type TestExe = (PathBuf, String, PathBuf);
+
+fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
     // Every test target of the workspace, as `cargo xtask test` builds them: the same
     // features, so the same artifacts (a narrower `-p` selection would unify features
     // differently and rebuild half the dependency tree).
@@ -358,19 +375,25 @@ fn build_tests(runs: &[Run]) -> Result<Vec<(String, PathBuf)>> {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let (Some(exe), Some(name), Some(kinds)) = (
+        let (Some(exe), Some(name), Some(kinds), Some(manifest)) = (
             msg["executable"].as_str(),
             msg["target"]["name"].as_str(),
             msg["target"]["kind"].as_array(),
+            msg["manifest_path"].as_str(),
         ) else {
             continue;
         };
+        let dir = Path::new(manifest)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
         if kinds.iter().any(|k| k == "test") {
-            found.push((name.to_string(), PathBuf::from(exe)));
+            found.push((dir, name.to_string(), PathBuf::from(exe)));
         }
     }
     for s in runs {
-        if !found.iter().any(|(n, _)| *n == s.file) {
+        let dir = package_dir(s.package)?;
+        if !found.iter().any(|(d, n, _)| *d == dir && *n == s.file) {
             bail!(
                 "cargo built no test executable for {}/{}",
                 s.package,
@@ -392,7 +415,7 @@ fn package_dir(package: &str) -> Result<PathBuf> {
 
 /// The shell script the guest runs: every suite, one test at a time, all run even when
 /// one fails; the exit code says whether all passed.
-fn script(runs: &[Run], exes: &[(String, PathBuf)], out: &Path) -> Result<String> {
+fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
     let mut s = String::from(
         "#!/bin/sh\n# Written by `cargo xtask test --kernel`; runs inside the guest.\n",
     );
@@ -406,10 +429,11 @@ fn script(runs: &[Run], exes: &[(String, PathBuf)], out: &Path) -> Result<String
     s.push_str("[ \"$(stat -f -c %T /sys/fs/bpf)\" = bpf_fs ] || mount -t bpf bpf /sys/fs/bpf\n");
     s.push_str("echo \"guest: $(uname -r) ($(uname -v))\"\n");
     for run in runs {
+        let dir = package_dir(run.package)?;
         let exe = exes
             .iter()
-            .find(|(n, _)| *n == run.file)
-            .map(|(_, p)| p)
+            .find(|(d, n, _)| *d == dir && *n == run.file)
+            .map(|(_, _, p)| p)
             .with_context(|| format!("no executable for {}", run.file))?;
         // Tests that need what this machine's kernel lacks (freplace) are #[ignore]d on
         // the host and run here.

@@ -12,50 +12,21 @@
 
 mod common;
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use common::{join, Lab, LIMITER};
-use limiter_tests::{rx::RxCounter, scenario::udp_to_host, traffic::SendPlan};
+use limiter_tests::{
+    rx::RxCounter,
+    scenario::udp_to_host,
+    traffic::SendPlan,
+    xdp_tools::{run, LibxdpState},
+};
 use serde_json::Value;
 
 const WEB: &str = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\ndst_port = 9\n\
                    proto = \"udp\"\nrate = 2000\nburst = 200\n";
 /// xdp-filter drops UDP to this port.
 const FILTERED_PORT: u16 = 7;
-
-fn run(tool: &str, args: &[&str]) -> String {
-    let out = Command::new(tool).args(args).output().unwrap_or_else(|e| {
-        panic!("{tool} is missing ({e}): `cargo xtask setup` installs xdp-tools")
-    });
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
-    text
-}
-
-/// libxdp's state directory: removed at the end when the test made it.
-struct LibxdpState {
-    made: bool,
-}
-
-impl LibxdpState {
-    fn new() -> LibxdpState {
-        LibxdpState {
-            made: !Path::new("/sys/fs/bpf/xdp").exists(),
-        }
-    }
-}
-
-impl Drop for LibxdpState {
-    fn drop(&mut self) {
-        if self.made {
-            let _ = std::fs::remove_dir("/sys/fs/bpf/xdp");
-        }
-    }
-}
 
 /// xdp-filter on an interface, unloaded on drop.
 struct XdpFilter {

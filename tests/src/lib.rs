@@ -10,6 +10,7 @@ pub mod netns;
 pub mod rx;
 pub mod scenario;
 pub mod traffic;
+pub mod xdp_tools;
 
 /// Whether the tests run in an emulated guest (`cargo xtask test --kernel`, which sets
 /// `LIMITER_IN_GUEST`). Such a guest moves only 15–20 k frames/s, so the rate tests it

@@ -5,36 +5,19 @@
 //! the test reports rather than asserts.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
-use std::process::Command;
-
-use limiter_tests::netns::VethPair;
-
-fn run(tool: &str, args: &[&str]) -> String {
-    let out = Command::new(tool).args(args).output().unwrap_or_else(|e| {
-        panic!("{tool} is missing ({e}): `cargo xtask setup` installs xdp-tools")
-    });
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{tool} {args:?} failed: {text}");
-    text
-}
+use limiter_tests::{
+    netns::VethPair,
+    xdp_tools::{run, LibxdpState},
+};
 
 #[test]
 fn xdp_filter_loads_and_xdp_loader_lists_it() {
-    // libxdp keeps its state (the lock, dispatcher pins) under <bpffs>/xdp and leaves the
-    // directory behind: one this test made goes again.
-    let state = std::path::Path::new("/sys/fs/bpf/xdp");
-    let made_state = !state.exists();
+    let state = LibxdpState::new();
     let pair = VethPair::new(1).expect("creating the veth pair");
     let load = run("xdp-filter", &["load", &pair.host, "-v"]);
     let status = run("xdp-loader", &["status", &pair.host]);
     let unload = std::panic::catch_unwind(|| run("xdp-filter", &["unload", &pair.host]));
-    if made_state {
-        let _ = std::fs::remove_dir(state);
-    }
+    drop(state);
     let dispatcher = status.contains("xdp_dispatcher");
     eprintln!("{load}\n{status}\nlibxdp dispatcher installed: {dispatcher}");
     assert!(status.contains("xdpfilt_"), "{status}");

@@ -619,6 +619,15 @@ impl Program {
         self.xdp_variant(Variant::MultiBuffer)
     }
 
+    /// Loads (verifies) a build [`Program::load`] leaves out as a plain XDP program: the
+    /// libxdp component's build, so that the verdict tables run its code too (the daemon
+    /// loads it only as an freplace component, see [`Program::attach_shared`]).
+    pub fn load_as_xdp(&mut self, variant: Variant) -> Result<(), Error> {
+        xdp_mut(&mut self.ebpf, variant)?
+            .load()
+            .map_err(|e| refused(variant, e))
+    }
+
     /// One build of the program.
     pub fn xdp_variant(&self, variant: Variant) -> Result<&Xdp, Error> {
         self.ebpf

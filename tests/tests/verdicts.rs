@@ -829,21 +829,25 @@ const XDP_MIN_FRAME: usize = 14;
 /// the XDP builds run the same parser on every truncation.
 const TC_MIN_FRAME: usize = 54;
 
-/// Runs every row on every build of the program (both XDP builds and the TC build), each
-/// with maps of its own.
+/// Runs every row on every build of the program (both XDP builds, the TC build, and the
+/// libxdp component's build, run here as a plain XDP program), each with maps of its own.
 fn run_table(rows: &[Row]) {
     let mut failures = Vec::new();
-    for variant in Variant::ALL {
+    for variant in Variant::ALL.into_iter().chain([Variant::Libxdp]) {
         let mut loaded = fixture::load(RULES).expect("loading the program with the test rules");
+        if variant == Variant::Libxdp {
+            loaded
+                .program
+                .load_as_xdp(variant)
+                .expect("loading the libxdp component's build as plain XDP");
+        }
         loaded.variant = variant;
         let rows: Vec<&Row> = rows
             .iter()
             .filter(|r| match variant {
                 Variant::MultiBuffer => true,
-                Variant::Linear => r.frame.len() <= LINEAR_MAX_FRAME,
+                Variant::Linear | Variant::Libxdp => r.frame.len() <= LINEAR_MAX_FRAME,
                 Variant::Tc => (TC_MIN_FRAME..=LINEAR_MAX_FRAME).contains(&r.frame.len()),
-                // Not in Variant::ALL: loaded only as a dispatcher component.
-                Variant::Libxdp => false,
             })
             .collect();
         assert!(

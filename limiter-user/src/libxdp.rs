@@ -376,12 +376,11 @@ pub fn join(
 /// Takes the limiter's component out of the dispatcher of `iface`; the last component out
 /// takes the dispatcher with it. Nothing to do when the limiter has no component there.
 pub fn leave(iface: &str, ifindex: u32, control_id: u32) -> Result<Option<Installed>, Error> {
-    let _lock = Lock::acquire()?;
+    // A read only, to spare a rebuild: `change` reads the hook again under the lock.
     match inspect(iface, ifindex, Some(control_id))? {
         Hook::Dispatcher(d) if d.components.iter().any(|c| c.limiter) => {}
         _ => return Ok(None),
     }
-    drop(_lock);
     change(iface, ifindex, ConfigXdpMode::Auto, None, control_id).map(Some)
 }
 
@@ -685,13 +684,7 @@ fn swap(
     flags: &[u32],
 ) -> Result<XdpAttached, Attempt> {
     let old_fd = match old {
-        Some(d) => Some(
-            aya::programs::loaded_programs()
-                .filter_map(Result::ok)
-                .find(|p| p.id() == d.program_id)
-                .and_then(|p| p.fd().ok())
-                .ok_or_else(|| Attempt::Raced(format!("dispatcher {} went away", d.program_id)))?,
-        ),
+        Some(d) => Some(dispatcher_fd(d)?),
         None => None,
     };
     let mut last = String::new();
@@ -726,12 +719,16 @@ fn swap(
     }))
 }
 
-fn detach_dispatcher(iface: &str, ifindex: u32, old: &Dispatcher) -> Result<(), Attempt> {
-    let old_fd = aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == old.program_id)
+/// A descriptor of the running dispatcher `d`, for the request that must name it; gone
+/// since it was read: another writer replaced it.
+fn dispatcher_fd(d: &Dispatcher) -> Result<ProgramFd, Attempt> {
+    program_info(d.program_id)
         .and_then(|p| p.fd().ok())
-        .ok_or_else(|| Attempt::Raced(format!("dispatcher {} went away", old.program_id)))?;
+        .ok_or_else(|| Attempt::Raced(format!("dispatcher {} went away", d.program_id)))
+}
+
+fn detach_dispatcher(iface: &str, ifindex: u32, old: &Dispatcher) -> Result<(), Attempt> {
+    let old_fd = dispatcher_fd(old)?;
     match netlink::set_xdp(
         ifindex,
         -1,

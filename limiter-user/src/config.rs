@@ -47,6 +47,8 @@ pub struct Config {
     pub xdp_share: XdpShare,
     /// Run priority in a libxdp dispatcher (`xdp_share = "libxdp"`).
     pub xdp_priority: u32,
+    /// What `xdp_share = "libxdp"` does on a kernel that refuses freplace.
+    pub xdp_share_fallback: XdpShareFallback,
     pub pin_dir: PathBuf,
     pub control_socket: PathBuf,
     /// Prometheus listen address; `None` when `metrics = ""`.
@@ -173,6 +175,7 @@ impl Default for Config {
             xdp_mode: XdpMode::Auto,
             xdp_share: XdpShare::Exclusive,
             xdp_priority: DEFAULT_XDP_PRIORITY,
+            xdp_share_fallback: XdpShareFallback::None,
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             control_socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
             metrics: DEFAULT_METRICS.parse().ok(),
@@ -308,6 +311,18 @@ config_enum!(
         /// xdp-filter and other libxdp users; the limiter installs the dispatcher when the
         /// hook is empty.
         Libxdp = "libxdp",
+    }
+);
+
+config_enum!(
+    /// What `xdp_share = "libxdp"` does where the kernel refuses freplace links, without
+    /// which no libxdp dispatcher runs.
+    XdpShareFallback, "xdp_share_fallback" {
+        /// Refuse to start, naming the kernel's refusal (the default).
+        None = "none",
+        /// Take the hook: pin the program found there, run the limiter in its place,
+        /// and tail-call it for every frame the limiter passes (one interface only).
+        TailCall = "tail-call",
     }
 );
 
@@ -575,6 +590,7 @@ const TOP_KEYS: &[&str] = &[
     "xdp_mode",
     "xdp_share",
     "xdp_priority",
+    "xdp_share_fallback",
     "pin_dir",
     "control_socket",
     "metrics",
@@ -739,6 +755,11 @@ impl Checker<'_> {
                 config.xdp_priority = u32::try_from(n).unwrap_or(u32::MAX);
             }
         }
+        if let Some(value) = root.get("xdp_share_fallback") {
+            if let Some(fallback) = self.enumeration(value, top("xdp_share_fallback")) {
+                config.xdp_share_fallback = fallback;
+            }
+        }
         if config.xdp_share == XdpShare::Libxdp && config.xdp_mode == XdpMode::Tc {
             if let Some(value) = root.get("xdp_share") {
                 self.report(
@@ -756,6 +777,14 @@ impl Checker<'_> {
                     top("xdp_priority"),
                     "xdp_priority is the run priority in a libxdp dispatcher: it needs \
                      xdp_share = \"libxdp\"",
+                );
+            }
+            if let Some(value) = root.get("xdp_share_fallback") {
+                self.report(
+                    value.span(),
+                    top("xdp_share_fallback"),
+                    "xdp_share_fallback says what xdp_share = \"libxdp\" does where the \
+                     kernel refuses freplace: it needs xdp_share = \"libxdp\"",
                 );
             }
         }
@@ -1935,6 +1964,27 @@ burst = 10
             "xdp_priority",
             None,
             "between 0 and 4294967295",
+        );
+        let c = parse("xdp_share = \"libxdp\"\nxdp_share_fallback = \"tail-call\"\n").unwrap();
+        assert_eq!(c.xdp_share_fallback, XdpShareFallback::TailCall);
+        assert_eq!(
+            parse("").unwrap().xdp_share_fallback,
+            XdpShareFallback::None
+        );
+        only_problem(
+            "xdp_share = \"libxdp\"\nxdp_share_fallback = \"tailcall\"\n",
+            "xdp_share_fallback",
+            "xdp_share_fallback",
+            None,
+            "unknown xdp_share_fallback \"tailcall\"; expected one of \"none\", \"tail-call\"",
+        );
+        // Without libxdp sharing there is nothing to fall back from.
+        only_problem(
+            "xdp_share_fallback = \"tail-call\"\n",
+            "xdp_share_fallback",
+            "xdp_share_fallback",
+            None,
+            "needs xdp_share = \"libxdp\"",
         );
         // A priority without sharing would be silently ignored: refused.
         only_problem(

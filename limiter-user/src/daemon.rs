@@ -16,7 +16,7 @@ use limiter_proto::pb::{ReportReply, ReportRequest};
 use serde::Serialize;
 
 use crate::{
-    config::{Config, RateSpec, RuleSpec, Unit, XdpShare},
+    config::{Config, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
     fleet::{monotonic_ns, offered_units, FleetState, RuleTotals},
@@ -160,6 +160,10 @@ pub struct InterfaceStatus {
     /// Where frames the limiter passes go (`next_program`); absent: the stack.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoff: Option<HandoffStatus>,
+    /// Why the program cannot be found running there (someone removed it from the
+    /// hook, or the link is gone): frames pass unmetered until the daemon restarts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// What a reload did.
@@ -330,13 +334,36 @@ impl Daemon {
                 let _ = array.clear_index(&0);
             }
         }
+        // Hooks taken over by an earlier run that this config no longer takes (the
+        // interface left the config, or the fallback is off) go back to their programs
+        // before anything else is attached.
+        let fallback = config.xdp_share == XdpShare::Libxdp
+            && config.xdp_share_fallback == XdpShareFallback::TailCall;
+        let keep: &[String] = if fallback { ifaces } else { &[] };
+        let given_back = crate::takeover::give_back_unconfigured(&config.pin_dir, keep)?;
+        for (_, done) in &given_back {
+            tracing::warn!("{done} (not taken over in this config)");
+        }
+        // Where the kernel refuses freplace, the fallback's plan: which hooks are taken
+        // over, and the program they held, which then gets the frames the limiter passes.
+        let takeover = if fallback {
+            crate::takeover::plan(&config.pin_dir, ifaces)?
+        } else {
+            crate::takeover::Plan::default()
+        };
+        let handoff_spec = takeover
+            .handoff(&config.pin_dir)
+            .or_else(|| config.handoff.clone());
         let handoff = HandoffControl::new(
-            config.handoff.clone(),
+            handoff_spec,
             &config.pin_dir,
             program.take_handoff_arrays(lb_array),
-        )?;
+        )
+        .inspect_err(|_| takeover.undo(&config.pin_dir))?;
         // A slot outside the LB's array is refused before anything changes.
-        let handoff_plan = handoff.plan()?;
+        let handoff_plan = handoff
+            .plan()
+            .inspect_err(|_| takeover.undo(&config.pin_dir))?;
         let now = monotonic_ns();
         let mut fleet = config.fleet.clone().map(|spec| {
             FleetState::new(spec, config.fleet_size, config.xdp_mode, &config.rules, now)
@@ -366,7 +393,7 @@ impl Daemon {
             fleet,
             installed_states: BTreeMap::new(),
             control_listener: Some(claimed.listener),
-            detached_unconfigured: Vec::new(),
+            detached_unconfigured: given_back.into_iter().map(|(iface, _)| iface).collect(),
             handoff,
             instance: Some(claimed.instance),
         };
@@ -395,11 +422,33 @@ impl Daemon {
                     daemon.config.xdp_mode,
                     &daemon.config.pin_dir,
                 )?,
-                XdpShare::Libxdp => daemon.program.attach_shared(
-                    iface,
-                    daemon.config.xdp_mode,
-                    daemon.config.xdp_priority,
-                )?,
+                XdpShare::Libxdp => match takeover.step(iface) {
+                    crate::takeover::Step::Join => daemon.program.attach_shared(
+                        iface,
+                        daemon.config.xdp_mode,
+                        daemon.config.xdp_priority,
+                    )?,
+                    step => {
+                        let taken =
+                            (takeover.handing.as_deref() == Some(iface.as_str())).then(|| {
+                                crate::takeover::taken_pin_path(&daemon.config.pin_dir, iface)
+                            });
+                        // The build whose prog array took the taken program (its xdp.frags
+                        // flag decides); alone, the single-buffer build first, as a link
+                        // would.
+                        let variants: Vec<Variant> = if taken.is_some() {
+                            vec![daemon.handoff.generic_build()]
+                        } else if daemon.config.xdp_mode == crate::config::XdpMode::Generic {
+                            vec![generic_build]
+                        } else {
+                            Variant::XDP.to_vec()
+                        };
+                        daemon
+                            .program
+                            .attach_netlink(iface, &step, daemon.config.xdp_mode, &variants, taken)
+                            .inspect_err(|_| takeover.undo(&daemon.config.pin_dir))?
+                    }
+                },
             };
             let how = match a.origin {
                 LinkOrigin::Created => "attached",
@@ -678,6 +727,9 @@ impl Daemon {
         if new.xdp_priority != old.xdp_priority {
             needs_restart.push("xdp_priority");
         }
+        if new.xdp_share_fallback != old.xdp_share_fallback {
+            needs_restart.push("xdp_share_fallback");
+        }
         if new.xdp_mode != old.xdp_mode {
             needs_restart.push("xdp_mode");
         }
@@ -822,19 +874,23 @@ impl Daemon {
             interfaces: self
                 .attachments
                 .iter()
-                .map(|a| InterfaceStatus {
-                    name: a.iface.clone(),
-                    mode: a.mode.as_str(),
-                    program: a.variant.program_name(),
-                    link: match a.origin {
-                        LinkOrigin::Created => "created",
-                        LinkOrigin::Adopted => "adopted",
-                    },
-                    pin: a.pin.clone(),
-                    program_id: a.program_id().ok(),
-                    hook: a.hook(),
-                    chain: a.chain(),
-                    handoff: self.handoff.status(a.variant, handoff, missing),
+                .map(|a| {
+                    let running = a.program_id();
+                    InterfaceStatus {
+                        name: a.iface.clone(),
+                        mode: a.mode.as_str(),
+                        program: a.variant.program_name(),
+                        link: match a.origin {
+                            LinkOrigin::Created => "created",
+                            LinkOrigin::Adopted => "adopted",
+                        },
+                        pin: a.pin.clone(),
+                        program_id: running.as_ref().ok().copied(),
+                        hook: a.hook(),
+                        chain: a.chain(),
+                        handoff: self.handoff.status(a.variant, handoff, missing),
+                        problem: running.err().map(|e| e.to_string()),
+                    }
                 })
                 .collect(),
         })
@@ -941,7 +997,7 @@ impl Daemon {
                 tracing::info!(%iface, "detached");
             }
         } else {
-            tracing::info!("exiting; enforcement continues through the pinned links");
+            tracing::info!("exiting; enforcement continues through the pinned links and the hooks the limiter holds");
         }
         Ok(())
     }

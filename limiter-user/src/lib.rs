@@ -17,6 +17,7 @@ pub mod pins;
 pub mod program;
 pub mod ruleset;
 pub mod stats;
+pub mod takeover;
 pub mod tc_filter;
 pub mod verifier;
 

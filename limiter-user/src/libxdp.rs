@@ -410,9 +410,12 @@ fn change(
                 return Err(sharing(format!(
                     "the XDP hook runs program {program_id} ({name}, {}) that is not a \
                      libxdp dispatcher, so nothing can join it. If it is a load balancer that \
-                     owns the hook, hand frames to it with next_program or join_program_array \
-                     (README, \"Sharing the XDP hook\"); if it is the limiter's own link from \
-                     xdp_share = \"exclusive\", run `limiter detach` first",
+                     owns the hook, hand frames to it with next_program or join_program_array; \
+                     if it is a libxdp user's single program (libxdp's choice where the kernel \
+                     refuses freplace), xdp_share_fallback = \"tail-call\" lets the limiter \
+                     take its place and tail-call it (README, \"Sharing the XDP hook\"); if \
+                     it is the limiter's own link from xdp_share = \"exclusive\", run \
+                     `limiter detach` first",
                     mode.as_str()
                 )))
             }
@@ -666,13 +669,54 @@ fn freplace_refused(e: &aya::programs::ProgramError) -> String {
         format!(
             "{text}: this kernel refuses freplace (BPF_PROG_TYPE_EXT) links, so no libxdp \
              dispatcher can run here (xdp-loader falls back to a single program on such a \
-             kernel too). Use the tail-call handoff instead: next_program or \
-             join_program_array (README, \"Sharing the XDP hook\")"
+             kernel too). Use the tail-call handoff instead: xdp_share_fallback = \
+             \"tail-call\" (the limiter takes the hook and tail-calls what held it), or \
+             next_program / join_program_array (README, \"Sharing the XDP hook\")"
         )
     } else {
         text
     }
 }
+
+/// Whether this kernel refuses freplace, found by loading a dispatcher and a trivial
+/// component over its first stub (neither attached anywhere): the kernel's refusal,
+/// `None` when it accepts. Any failure counts as a refusal, since a component that cannot
+/// load here could not join a dispatcher either.
+pub fn freplace_refusal() -> Option<String> {
+    let probe = || -> Result<(), String> {
+        let config = config_for(&[]);
+        let mut loader = EbpfLoader::new();
+        loader.override_global(CONFIG_SYMBOL, &config, true);
+        let mut ebpf = loader
+            .load(DISPATCHER_OBJECT)
+            .map_err(|e| format!("loading the dispatcher object: {e}"))?;
+        let dispatcher: &mut Xdp = ebpf
+            .program_mut(PROGRAM_NAME)
+            .and_then(|p| p.try_into().ok())
+            .ok_or("the dispatcher object has no dispatcher")?;
+        dispatcher
+            .load()
+            .map_err(|e| format!("loading the dispatcher: {}", describe(&e)))?;
+        let target = dispatcher
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(Into::into))
+            .map_err(|e| e.to_string())?;
+        let mut component = EbpfLoader::new()
+            .extension(PROBE_COMPONENT)
+            .load(crate::program::BASELINE_OBJECT)
+            .map_err(|e| format!("loading the probe object: {e}"))?;
+        let ext: &mut Extension = component
+            .program_mut(PROBE_COMPONENT)
+            .and_then(|p| p.try_into().ok())
+            .ok_or("the probe object has no component")?;
+        ext.load(target, STUB_NAMES[0])
+            .map_err(|e| format!("loading an freplace program: {}", describe(&e)))
+    };
+    probe().err()
+}
+
+/// The trivial program [`freplace_refusal`] loads as a component.
+const PROBE_COMPONENT: &str = "baseline_pass";
 
 /// Puts the new dispatcher on the hook: in place of `old` with XDP_FLAGS_REPLACE, or on
 /// an empty hook with XDP_FLAGS_UPDATE_IF_NOEXIST, trying `flags` (modes) in order.

@@ -1,7 +1,8 @@
 //! What lives under `pin_dir`, and which of it is the limiter's.
 //!
-//! The limiter pins its maps under the names of `limiter_common::abi::map_name` and one
-//! bpf_link per interface as `link_<iface>`. Anything else in the directory (another
+//! The limiter pins its maps under the names of `limiter_common::abi::map_name`, one
+//! bpf_link per interface as `link_<iface>`, and the program it took a hook from as
+//! `taken_<iface>` (`xdp_share_fallback`). Anything else in the directory (another
 //! tool's pins, a subdirectory), and anything under one of those names that is not what
 //! the limiter would have put there (a map of another name, a link running another
 //! program), is someone else's: cleanup leaves it and says so, and nothing replaces it.
@@ -16,7 +17,7 @@ use std::{
 use aya::{maps::MapInfo, programs::links::PinnedLink};
 use limiter_common::abi::{map_name, PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC};
 
-use crate::{error::Error, program::LINK_PIN_PREFIX};
+use crate::{error::Error, program::LINK_PIN_PREFIX, takeover::TAKEN_PIN_PREFIX};
 
 /// A name the limiter pins under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +26,9 @@ pub enum PinName<'a> {
     Map(&'static str),
     /// The link running the program on this interface.
     Link(&'a str),
+    /// The program the limiter took this interface's hook from
+    /// (`xdp_share_fallback = "tail-call"`), which it tail-calls.
+    Taken(&'a str),
 }
 
 /// Whether `name` is one the limiter pins under (pure: by name only).
@@ -32,11 +36,15 @@ pub fn parse_name(name: &str) -> Option<PinName<'_>> {
     if let Some(map) = map_name::ALL.iter().find(|m| **m == name) {
         return Some(PinName::Map(map));
     }
-    match name.strip_prefix(LINK_PIN_PREFIX) {
-        // Interface names are 1..15 bytes without '/' (IFNAMSIZ).
-        Some(iface) if !iface.is_empty() && iface.len() < 16 => Some(PinName::Link(iface)),
-        _ => None,
+    // Interface names are 1..15 bytes without '/' (IFNAMSIZ).
+    let iface = |prefix: &str| {
+        name.strip_prefix(prefix)
+            .filter(|iface: &&str| !iface.is_empty() && iface.len() < 16)
+    };
+    if let Some(i) = iface(LINK_PIN_PREFIX) {
+        return Some(PinName::Link(i));
     }
+    iface(TAKEN_PIN_PREFIX).map(PinName::Taken)
 }
 
 /// The kind of BPF object pinned somewhere.
@@ -145,6 +153,8 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
                 )),
             }
         }
+        // Someone else's program, pinned by the limiter: any program is what it pins.
+        (PinName::Taken(_), Object::Program) => Ok(()),
         (_, kind) => Err(format!(
             "a pinned {}, not the limiter's {}",
             match kind {
@@ -156,6 +166,7 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
             match name {
                 PinName::Map(_) => "map",
                 PinName::Link(_) => "link",
+                PinName::Taken(_) => "pin of the program it took the hook from",
             }
         )),
     }
@@ -172,6 +183,8 @@ pub struct Cleanup {
     pub left: Vec<(PathBuf, String)>,
     /// Prog array slots the limiter was in (`join_program_array`), emptied.
     pub removed_slots: Vec<String>,
+    /// Hooks the limiter had taken over (`xdp_share_fallback`), given back.
+    pub gave_back: Vec<String>,
 }
 
 /// Every entry of `pin_dir` (empty if the directory does not exist).
@@ -229,6 +242,8 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
             Some(pin) => match check_ours(&path, pin) {
                 Err(why) => cleanup.left.push((path, why)),
                 Ok(()) if matches!(pin, PinName::Link(_)) => links.push(path),
+                // Removed as the hook is given back, below.
+                Ok(()) if matches!(pin, PinName::Taken(_)) => {}
                 Ok(()) => maps.push(path),
             },
         }
@@ -252,6 +267,28 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
         cleanup
             .removed_filters
             .push(format!("{iface}: {}", filter.describe()));
+    }
+    // The hooks taken over (netlink-attached, no pin of their own) are found the same
+    // way; each gets its program back before the maps go.
+    let control = crate::tc_filter::control_map_id(pin_dir);
+    for (iface, ifindex) in crate::takeover::held_interfaces(pin_dir, control)? {
+        let done = match control {
+            Some(control) if ifindex != 0 => {
+                crate::takeover::give_back(pin_dir, &iface, ifindex, control)?
+            }
+            _ => {
+                let pin = crate::takeover::taken_pin_path(pin_dir, &iface);
+                fs::remove_file(&pin).map_err(|e| Error::Io {
+                    what: format!("removing {}", pin.display()),
+                    source: e,
+                })?;
+                Some(format!(
+                    "{iface}: removed {} (no such interface)",
+                    pin.display()
+                ))
+            }
+        };
+        cleanup.gave_back.extend(done);
     }
     // Dispatcher components are found the same way.
     for (iface, ifindex) in crate::libxdp::joined_interfaces(pin_dir)? {
@@ -297,6 +334,7 @@ mod tests {
             assert_eq!(parse_name(map), Some(PinName::Map(map)));
         }
         assert_eq!(parse_name("link_eth0"), Some(PinName::Link("eth0")));
+        assert_eq!(parse_name("taken_eth0"), Some(PinName::Taken("eth0")));
         assert_eq!(
             parse_name("link_abcdefghijklmnop"),
             None,
@@ -304,6 +342,8 @@ mod tests {
         );
         for foreign in [
             "link_",
+            "taken_",
+            "taken_abcdefghijklmnop",
             "control",
             "CONTROL.bak",
             "cilium_calls",

@@ -179,6 +179,15 @@ enum AttachedLink {
         ifindex: u32,
         control_id: u32,
     },
+    /// Attached through netlink in place of the program that held the hook, or alone
+    /// (`xdp_share_fallback = "tail-call"`): it lives on the interface, and `taken` is
+    /// the pin of the program it took the hook from.
+    Netlink {
+        ifindex: u32,
+        control_id: u32,
+        pin_dir: PathBuf,
+        taken: Option<PathBuf>,
+    },
 }
 
 /// A link just made, not yet pinned or handed back to its program.
@@ -236,6 +245,20 @@ impl Attachment {
                 }),
             };
         }
+        if let AttachedLink::Netlink {
+            ifindex,
+            control_id,
+            ..
+        } = &self.link
+        {
+            return match crate::takeover::inspect(&self.iface, *ifindex, Some(*control_id))? {
+                crate::takeover::Found::Ours { program_id, .. } => Ok(program_id),
+                _ => Err(Error::Link {
+                    what: format!("reading the XDP hook of {}", self.iface),
+                    reason: "the limiter's program is no longer there".into(),
+                }),
+            };
+        }
         let AttachedLink::Pinned(link) = &self.link else {
             return Err(Error::Link {
                 what: format!("reading the link of {}", self.iface),
@@ -261,6 +284,10 @@ impl Attachment {
                 tc_filter::HANDLE
             ),
             (AttachedLink::Component { .. }, _) => "libxdp dispatcher component".into(),
+            (AttachedLink::Netlink { taken: Some(_), .. }, _) => {
+                "netlink, in place of the program it took the hook from".into()
+            }
+            (AttachedLink::Netlink { taken: None, .. }, _) => "netlink".into(),
             (_, AttachedMode::Tc) => "tcx link".into(),
             _ => "bpf_link".into(),
         }
@@ -289,6 +316,46 @@ impl Attachment {
                 Ok(libxdp::Hook::Dispatcher(d)) => libxdp::chain(&d),
                 _ => Vec::new(),
             },
+            AttachedLink::Netlink { taken, .. } => {
+                let Ok(id) = self.program_id() else {
+                    return Vec::new();
+                };
+                let taken = taken
+                    .as_ref()
+                    .and_then(|pin| Some((pin, aya::programs::ProgramInfo::from_pin(pin).ok()?)));
+                let mut chain = vec![ChainEntry {
+                    program_id: id,
+                    name: self.variant.program_name().into(),
+                    limiter: true,
+                    how: match &taken {
+                        Some((_, info)) => format!(
+                            "on the hook through netlink ({} mode) in place of program {} \
+                             (xdp_share_fallback: this kernel refuses freplace); every frame \
+                             it passes goes to that program by tail call",
+                            self.mode.as_str(),
+                            info.id()
+                        ),
+                        None => format!(
+                            "alone on the hook through netlink ({} mode; xdp_share_fallback: \
+                             this kernel refuses freplace); what it passes goes to the stack",
+                            self.mode.as_str()
+                        ),
+                    },
+                }];
+                if let Some((pin, info)) = taken {
+                    chain.push(ChainEntry {
+                        program_id: info.id(),
+                        name: info.name_as_str().unwrap_or("?").to_string(),
+                        limiter: false,
+                        how: format!(
+                            "called by the limiter (tail call; pinned at {}); its verdict is \
+                             the frame's",
+                            pin.display()
+                        ),
+                    });
+                }
+                chain
+            }
             _ => self
                 .program_id()
                 .map(|id| {
@@ -1048,8 +1115,65 @@ impl Program {
             }
             AttachedLink::Pinned(_)
             | AttachedLink::Filter { .. }
-            | AttachedLink::Component { .. } => unpin_link(attachment),
+            | AttachedLink::Component { .. }
+            | AttachedLink::Netlink { .. } => unpin_link(attachment),
         }
+    }
+
+    /// Puts one XDP build on the hook of `iface` through netlink as `step` says
+    /// (`xdp_share_fallback = "tail-call"`): in place of the program there, or alone.
+    /// `variants`: the builds to try, in order (the handoff decides which one can
+    /// tail-call the taken program); `taken`: that program's pin.
+    pub fn attach_netlink(
+        &mut self,
+        iface: &str,
+        step: &crate::takeover::Step,
+        mode: ConfigXdpMode,
+        variants: &[Variant],
+        taken: Option<PathBuf>,
+    ) -> Result<Attachment, Error> {
+        let pin_dir = self.opts.pin_dir.clone().ok_or_else(|| Error::Sharing {
+            iface: iface.to_string(),
+            reason: "taking the hook over needs the maps pinned (pin_dir)".into(),
+        })?;
+        let control_id =
+            tc_filter::control_map_id(&pin_dir).ok_or_else(|| Error::NotPinned(pin_dir.clone()))?;
+        let ifindex = ifindex_of(iface)?;
+        let mut refused = Vec::new();
+        for &variant in variants {
+            let fd = self.program_fd(variant)?;
+            match crate::takeover::attach(iface, ifindex, step, mode, fd) {
+                Ok(attached) => {
+                    return Ok(Attachment {
+                        iface: iface.to_string(),
+                        mode: match attached {
+                            crate::netlink::XdpAttached::Generic => AttachedMode::Generic,
+                            _ => AttachedMode::Native,
+                        },
+                        variant,
+                        origin: if matches!(step, crate::takeover::Step::Adopt { .. }) {
+                            LinkOrigin::Adopted
+                        } else {
+                            LinkOrigin::Created
+                        },
+                        pin: None,
+                        link: AttachedLink::Netlink {
+                            ifindex,
+                            control_id,
+                            pin_dir,
+                            taken,
+                        },
+                    })
+                }
+                // A race or a hook netlink cannot change: another build fares no better.
+                Err(e @ Error::Sharing { .. }) => return Err(e),
+                Err(e) => refused.push(format!("{}: {e}", variant.as_str())),
+            }
+        }
+        Err(Error::Link {
+            what: format!("putting the limiter on the XDP hook of {iface}"),
+            reason: refused.join("; "),
+        })
     }
 
     /// Makes the limiter a component of `iface`'s libxdp dispatcher at run priority
@@ -1156,6 +1280,21 @@ pub fn unpin_link(attachment: Attachment) -> Result<(), Error> {
     {
         return libxdp::leave(&attachment.iface, ifindex, control_id).map(|_| ());
     }
+    if let AttachedLink::Netlink {
+        ifindex,
+        control_id,
+        pin_dir,
+        ..
+    } = &attachment.link
+    {
+        return crate::takeover::give_back(pin_dir, &attachment.iface, *ifindex, *control_id).map(
+            |done| {
+                if let Some(done) = done {
+                    tracing::info!("{done}");
+                }
+            },
+        );
+    }
     if let AttachedLink::Filter { .. } = attachment.link {
         let filter = tc_filter::Filter {
             priority: tc_filter::PRIORITY,
@@ -1221,7 +1360,7 @@ fn remove_filters(
     Ok(())
 }
 
-fn ifindex_of(iface: &str) -> Result<u32, Error> {
+pub(crate) fn ifindex_of(iface: &str) -> Result<u32, Error> {
     let c = CString::new(iface).map_err(|_| Error::Link {
         what: format!("finding interface {iface:?}"),
         reason: "a NUL byte in the name".into(),

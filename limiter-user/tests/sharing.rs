@@ -19,7 +19,7 @@ use limiter_tests::{
     rx::RxCounter,
     scenario::udp_to_host,
     traffic::SendPlan,
-    xdp_tools::{run, LibxdpState},
+    xdp_tools::{libxdp_installs_a_dispatcher, run, LibxdpState, XdpFilter},
 };
 use serde_json::Value;
 
@@ -27,64 +27,6 @@ const WEB: &str = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\ndst_port 
                    proto = \"udp\"\nrate = 2000\nburst = 200\n";
 /// xdp-filter drops UDP to this port.
 const FILTERED_PORT: u16 = 7;
-
-/// xdp-filter on an interface, unloaded on drop.
-struct XdpFilter {
-    iface: String,
-    loaded: bool,
-}
-
-impl XdpFilter {
-    fn load(iface: &str) -> XdpFilter {
-        run("xdp-filter", &["load", iface, "--mode", "native"]);
-        let f = XdpFilter {
-            iface: iface.to_string(),
-            loaded: true,
-        };
-        run(
-            "xdp-filter",
-            &[
-                "port",
-                &FILTERED_PORT.to_string(),
-                "--proto",
-                "udp",
-                "--mode",
-                "dst",
-            ],
-        );
-        f
-    }
-
-    fn unload(&mut self) {
-        run("xdp-filter", &["unload", &self.iface]);
-        self.loaded = false;
-    }
-
-    /// (frames xdp-filter saw, frames it dropped): its aggregate per-action statistics.
-    fn seen_and_dropped(&self) -> (u64, u64) {
-        let status = run("xdp-filter", &["status"]);
-        let count = |action: &str| -> u64 {
-            status
-                .lines()
-                .find(|l| l.trim_start().starts_with(action))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no {action} count in:\n{status}"))
-        };
-        let (pass, drop) = (count("XDP_PASS"), count("XDP_DROP"));
-        (pass + drop, drop)
-    }
-}
-
-impl Drop for XdpFilter {
-    fn drop(&mut self) {
-        if self.loaded {
-            let _ = Command::new("xdp-filter")
-                .args(["unload", &self.iface])
-                .output();
-        }
-    }
-}
 
 /// One component as `xdp-loader status` lists it: libxdp's own reading of the dispatcher
 /// (its configuration and pins), in run order.
@@ -146,7 +88,7 @@ fn the_limiter_joins_xdp_filter_and_both_enforce() {
     );
     let _state = LibxdpState::new();
     let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
-    let filter = XdpFilter::load(&lab.pair.host);
+    let filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let rx = RxCounter::attach(&lab.pair.host).unwrap();
     let daemon = lab.start();
     let order = components(&lab.pair.host);
@@ -259,7 +201,7 @@ fn each_side_unloads_without_stopping_the_other() {
     );
     let _state = LibxdpState::new();
     let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
-    let mut first = XdpFilter::load(&lab.pair.host);
+    let first = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let daemon = lab.start();
     assert_eq!(components(&lab.pair.host).len(), 2);
 
@@ -279,8 +221,7 @@ fn each_side_unloads_without_stopping_the_other() {
         "xdp-loader",
         &["unload", &lab.pair.host, "--id", &filter_id.to_string()],
     );
-    first.loaded = false;
-    drop(first);
+    first.forget();
     assert_eq!(components(&lab.pair.host), ["limiter_libxdp"]);
     let before = lab.rule_stats("web");
     let unmatched0 = unmatched(&lab);
@@ -305,7 +246,7 @@ fn each_side_unloads_without_stopping_the_other() {
     let _ = Command::new("rm")
         .args(["-rf", "/sys/fs/bpf/xdp-filter"])
         .output();
-    let mut filter = XdpFilter::load(&lab.pair.host);
+    let mut filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     assert_eq!(components(&lab.pair.host)[0], "limiter_libxdp");
     daemon.stop();
     lab.write_config(WEB);
@@ -363,7 +304,7 @@ fn kill_9_restart_and_upgrade_keep_both_enforcing() {
     );
     let _state = LibxdpState::new();
     let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
-    let filter = XdpFilter::load(&lab.pair.host);
+    let filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let rx = RxCounter::attach(&lab.pair.host).unwrap();
     let daemon = lab.start();
     let first = lab.json(&["status", "--json"])["interfaces"][0]["program_id"]
@@ -434,7 +375,7 @@ fn xdp_filter_joins_the_dispatcher_the_limiter_installed() {
     let daemon = lab.start();
     assert_eq!(components(&lab.pair.host), ["limiter_libxdp"]);
     let ours = lab.attached_program().expect("a dispatcher");
-    let filter = XdpFilter::load(&lab.pair.host);
+    let filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let order = components(&lab.pair.host);
     assert!(
         order.len() == 2 && order[0] == "limiter_libxdp" && order[1].starts_with("xdpfilt"),
@@ -537,16 +478,6 @@ fn a_program_that_is_not_a_dispatcher_is_named_and_left_alone() {
             .unwrap_or(false),
         "dispatcher pins left behind"
     );
-}
-
-/// Whether libxdp itself installs its dispatcher on this kernel (its own verdict, from
-/// xdp-filter on a veth of its own).
-fn libxdp_installs_a_dispatcher() -> bool {
-    let pair = limiter_tests::netns::VethPair::new(1).unwrap();
-    run("xdp-filter", &["load", &pair.host]);
-    let status = run("xdp-loader", &["status", &pair.host]);
-    run("xdp-filter", &["unload", &pair.host]);
-    status.contains("xdp_dispatcher")
 }
 
 /// Where libxdp falls back to a single program (freplace refused), the limiter says why

@@ -36,9 +36,17 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
                 removed_filters,
                 left,
                 removed_slots,
+                gave_back,
             } = pins::remove_pins(pin_dir)?;
-            if removed.is_empty() && removed_filters.is_empty() && left.is_empty() {
+            if removed.is_empty()
+                && removed_filters.is_empty()
+                && left.is_empty()
+                && gave_back.is_empty()
+            {
                 println!("nothing pinned under {}", pin_dir.display());
+            }
+            for hook in gave_back {
+                println!("{hook}");
             }
             for slot in removed_slots {
                 println!("removed the limiter from {slot}");

@@ -66,6 +66,9 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
             },
             i["program_id"]
         );
+        if let Some(problem) = i["problem"].as_str() {
+            println!("  NOT RUNNING: {problem}; frames pass unmetered until the daemon restarts");
+        }
         let chain = i["chain"].as_array().into_iter().flatten();
         for (n, e) in chain.enumerate() {
             println!(

@@ -715,6 +715,40 @@ pub fn freplace_refusal() -> Option<String> {
     probe().err()
 }
 
+/// A dispatcher for `n` components, each at priority 10 and chaining on XDP_PASS,
+/// loaded but attached nowhere and pinned nowhere: for measuring what the dispatcher
+/// costs (BPF_PROG_TEST_RUN on its main function, with components linked over
+/// [`target_function`]`(n, slot)`).
+pub fn unattached_dispatcher(n: usize) -> Result<aya::Ebpf, Error> {
+    let planned: Vec<Planned> = (0..n.min(MAX_COMPONENTS))
+        .map(|slot| Planned {
+            name: format!("component{slot}"),
+            run_prio: crate::config::DEFAULT_XDP_PRIORITY,
+            chain_call_actions: CHAIN_ON_PASS,
+            frags: false,
+            from_slot: None,
+        })
+        .collect();
+    let config = config_for(&planned);
+    let mut loader = EbpfLoader::new();
+    loader.override_global(CONFIG_SYMBOL, &config, true);
+    let load = |what: &str, e: String| Error::Link {
+        what: format!("loading {what}"),
+        reason: e,
+    };
+    let mut ebpf = loader
+        .load(DISPATCHER_OBJECT)
+        .map_err(|e| load("the dispatcher object", e.to_string()))?;
+    let dispatcher: &mut Xdp = ebpf
+        .program_mut(PROGRAM_NAME)
+        .and_then(|p| p.try_into().ok())
+        .ok_or(Error::NoProgram)?;
+    dispatcher
+        .load()
+        .map_err(|e| load("the dispatcher", describe(&e)))?;
+    Ok(ebpf)
+}
+
 /// The trivial program [`freplace_refusal`] loads as a component.
 const PROBE_COMPONENT: &str = "baseline_pass";
 

@@ -1176,6 +1176,30 @@ impl Program {
         })
     }
 
+    /// The libxdp component's build ([`Variant::Libxdp`]) as an freplace program on the
+    /// maps pinned under `pin_dir` (this program's), not loaded yet: the kernel verifies
+    /// it against the dispatcher it is first linked to.
+    pub fn component(&mut self, pin_dir: &Path) -> Result<&mut Extension, Error> {
+        if self.component.is_none() {
+            let mut loader = EbpfLoader::new();
+            loader.map_max_entries(map_name::SRC_BUCKETS, self.opts.max_sources);
+            for name in map_name::ALL {
+                loader.map_pin_path(name, pin_dir.join(name));
+            }
+            loader.extension(PROGRAM_NAME_LIBXDP);
+            self.component = Some(
+                loader
+                    .load(self.object.bytes())
+                    .map_err(|e| Error::Load(Box::new(e)))?,
+            );
+        }
+        self.component
+            .as_mut()
+            .and_then(|c| c.program_mut(PROGRAM_NAME_LIBXDP))
+            .and_then(|p| p.try_into().ok())
+            .ok_or(Error::NoProgram)
+    }
+
     /// Makes the limiter a component of `iface`'s libxdp dispatcher at run priority
     /// `priority` (`xdp_share = "libxdp"`), or installs a dispatcher when the hook is
     /// empty. A component an earlier daemon left there is replaced in the same atomic
@@ -1194,25 +1218,7 @@ impl Program {
         let control_id =
             tc_filter::control_map_id(&pin_dir).ok_or_else(|| Error::NotPinned(pin_dir.clone()))?;
         let ifindex = ifindex_of(iface)?;
-        if self.component.is_none() {
-            let mut loader = EbpfLoader::new();
-            loader.map_max_entries(map_name::SRC_BUCKETS, self.opts.max_sources);
-            for name in map_name::ALL {
-                loader.map_pin_path(name, pin_dir.join(name));
-            }
-            loader.extension(PROGRAM_NAME_LIBXDP);
-            self.component = Some(
-                loader
-                    .load(self.object.bytes())
-                    .map_err(|e| Error::Load(Box::new(e)))?,
-            );
-        }
-        let ext: &mut Extension = self
-            .component
-            .as_mut()
-            .and_then(|c| c.program_mut(PROGRAM_NAME_LIBXDP))
-            .and_then(|p| p.try_into().ok())
-            .ok_or(Error::NoProgram)?;
+        let ext = self.component(&pin_dir)?;
         let installed = libxdp::join(iface, ifindex, mode, priority, control_id, ext)?;
         Ok(Attachment {
             iface: iface.to_string(),

@@ -487,18 +487,28 @@ fn a_program_that_is_not_a_dispatcher_is_named_and_left_alone() {
 fn where_freplace_is_refused_the_operator_is_told_what_to_do() {
     let _state = LibxdpState::new();
     let freplace = libxdp_installs_a_dispatcher();
-    let lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
+    let mut lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
     if freplace {
-        let daemon = lab.start();
-        assert_eq!(components(&lab.pair.host), ["limiter_libxdp"]);
-        assert!(run("xdp-loader", &["status", &lab.pair.host]).contains("xdp_dispatcher"));
-        daemon.stop();
-        lab.ok(&["detach"]);
+        // With or without the fallback: a kernel that accepts freplace gets a dispatcher.
+        for settings in [
+            "xdp_share = \"libxdp\"",
+            "xdp_share = \"libxdp\"\nxdp_share_fallback = \"tail-call\"",
+        ] {
+            lab.settings = settings.to_string();
+            lab.write_config(WEB);
+            let daemon = lab.start();
+            assert_eq!(components(&lab.pair.host), ["limiter_libxdp"], "{settings}");
+            assert!(run("xdp-loader", &["status", &lab.pair.host]).contains("xdp_dispatcher"));
+            daemon.stop();
+            lab.ok(&["detach"]);
+        }
     } else {
         let err = run_must_fail(&lab);
         eprintln!("{err}");
         assert!(
-            err.contains("refuses freplace") && err.contains("next_program"),
+            err.contains("refuses freplace")
+                && err.contains("next_program")
+                && err.contains("xdp_share_fallback = \"tail-call\""),
             "{err}"
         );
     }

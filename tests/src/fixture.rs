@@ -47,6 +47,27 @@ pub fn load(config_text: &str) -> Result<Loaded> {
     })
 }
 
+/// [`load`] with the maps pinned under `pin_dir` (for a second load on the same maps,
+/// such as the libxdp component).
+pub fn load_pinned(config_text: &str, pin_dir: &Path) -> Result<Loaded> {
+    require_root()?;
+    let config = Config::parse(config_text, Path::new("<test config>"))?;
+    let mut program = Program::load(&LoadOptions {
+        pin_dir: Some(pin_dir.to_path_buf()),
+        max_sources: config.max_sources,
+        handoff_array: None,
+    })?;
+    let mut maps = program.maps()?;
+    let table = apply_rules(&mut maps, &config)?;
+    Ok(Loaded {
+        program,
+        variant: Variant::MultiBuffer,
+        maps,
+        table,
+        config,
+    })
+}
+
 /// Counters of every rule (by name) and the global ones.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {

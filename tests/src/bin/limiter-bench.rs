@@ -49,6 +49,8 @@ use limiter_user::{
 
 /// The BPF_PROG_TEST_RUN report, next to the end-to-end one.
 const PROG_TEST_RUN_MD: &str = "prog-test-run.md";
+/// The `sharing` part alone.
+const SHARING_MD: &str = "sharing.md";
 /// Frame length the program sees (no FCS).
 const FRAME_LEN: usize = 64;
 /// Runs per BPF_PROG_TEST_RUN call in the repeat method.
@@ -154,11 +156,14 @@ fn main() -> Result<()> {
     let dir = bench_dir()?;
     let header = Header::read(None)?;
     let prog_test_run = if parts.prog_test_run {
-        run_prog_test_run(&dir)?;
+        run_prog_test_run(&dir, false)?;
         Some(PROG_TEST_RUN_MD.to_string())
     } else {
         None
     };
+    if parts.sharing && !parts.prog_test_run {
+        run_prog_test_run(&dir, true)?;
+    }
     if !parts.end_to_end.any() {
         return Ok(());
     }
@@ -189,11 +194,19 @@ fn main() -> Result<()> {
 /// Which parts to run: every one without arguments, else those named.
 struct Parts {
     prog_test_run: bool,
+    /// Only the rows of the ways of sharing the hook (also part of prog-test-run).
+    sharing: bool,
     end_to_end: bench::Parts,
     named: Vec<String>,
 }
 
-const PART_NAMES: [&str; 4] = ["prog-test-run", "drop-rate", "cpu-cost", "accuracy"];
+const PART_NAMES: [&str; 5] = [
+    "prog-test-run",
+    "sharing",
+    "drop-rate",
+    "cpu-cost",
+    "accuracy",
+];
 
 impl Parts {
     fn from_args(args: impl Iterator<Item = String>) -> Result<Parts> {
@@ -201,18 +214,21 @@ impl Parts {
         if named.is_empty() {
             return Ok(Parts {
                 prog_test_run: true,
+                sharing: false,
                 end_to_end: bench::Parts::all(),
                 named,
             });
         }
         let mut parts = Parts {
             prog_test_run: false,
+            sharing: false,
             end_to_end: bench::Parts::default(),
             named: named.clone(),
         };
         for name in &named {
             match name.as_str() {
                 "prog-test-run" => parts.prog_test_run = true,
+                "sharing" => parts.sharing = true,
                 "drop-rate" => parts.end_to_end.drop_rate = true,
                 "cpu-cost" => parts.end_to_end.cpu_cost = true,
                 "accuracy" => parts.end_to_end.accuracy = true,
@@ -237,28 +253,54 @@ impl Parts {
     }
 }
 
-/// The BPF_PROG_TEST_RUN part: a table on stdout and `prog-test-run.md` in `dir`. Runs
+/// The BPF_PROG_TEST_RUN part: a table on stdout and `prog-test-run.md` in `dir`
+/// (`sharing_only`: the rows of the ways of sharing the hook, in `sharing.md`). Runs
 /// pinned to one CPU; the end-to-end part that follows gets every CPU back.
-fn run_prog_test_run(dir: &Path) -> Result<()> {
+fn run_prog_test_run(dir: &Path, sharing_only: bool) -> Result<()> {
     let all_cpus = current_affinity()?;
     let cpu = pin_to_current_cpu()?;
     let header = Header::read(Some(cpu))?;
-    let verifier = verifier_count()?;
 
     let mut baselines = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
     load_xdp(&mut baselines, "baseline_pass")?;
     load_xdp(&mut baselines, "baseline_drop")?;
     load_tc(&mut baselines, "baseline_tc_drop")?;
-    let large = load_limiter(LARGE_SOURCES)?;
-    let small = load_limiter(SMALL_SOURCES)?;
+    let (verifier, mut rows, name) = if sharing_only {
+        let small = load_limiter(SMALL_SOURCES)?;
+        let verifier = VerifierCount {
+            max_sources: SMALL_SOURCES,
+            instructions: small.program.verified_instructions(),
+            failures: Vec::new(),
+        };
+        let rows = handoff_scenarios(&baselines, &small)?;
+        (verifier, rows, SHARING_MD)
+    } else {
+        let verifier = verifier_count()?;
+        let large = load_limiter(LARGE_SOURCES)?;
+        let small = load_limiter(SMALL_SOURCES)?;
+        let mut rows = repeat_scenarios(&baselines, &large)?;
+        rows.extend(per_frame_scenarios(&baselines, &large, &small)?);
+        rows.extend(handoff_scenarios(&baselines, &large)?);
+        (verifier, rows, PROG_TEST_RUN_MD)
+    };
+    let note = match dispatcher_scenarios(&baselines) {
+        Ok(dispatcher) => {
+            rows.extend(dispatcher);
+            None
+        }
+        Err(why) => Some(format!(
+            "the libxdp dispatcher rows are missing: {why:#} (on a kernel that accepts \
+             freplace, e.g. `cargo xtask bench --kernel 6.1 -- sharing`)"
+        )),
+    };
 
-    let mut rows = repeat_scenarios(&baselines, &large)?;
-    rows.extend(per_frame_scenarios(&baselines, &large, &small)?);
-    rows.extend(handoff_scenarios(&baselines, &large)?);
-
-    let report = render(&header, &verifier, &rows);
+    let mut report = render(&header, &verifier, &rows);
+    if let Some(note) = note {
+        let _ = writeln!(report.text, "{note}");
+        let _ = writeln!(report.markdown, "- {note}");
+    }
     print!("{}", report.text);
-    let path = dir.join(PROG_TEST_RUN_MD);
+    let path = dir.join(name);
     fs::write(&path, &report.markdown).with_context(|| format!("writing {}", path.display()))?;
     println!("\nwritten to {}\n", path.display());
     set_affinity(&all_cpus)
@@ -541,9 +583,8 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
 
 /// The cost of handing frames over (`next_program`): the stand-in load balancer alone,
 /// the limiter's linear build alone, and the same build tail-calling the stand-in for
-/// every frame it passes, each with `baseline_pass` measured in the same rounds. (The
-/// libxdp dispatcher's cost needs freplace, which this machine's kernel refuses; see the
-/// README.)
+/// every frame it passes, each with `baseline_pass` measured in the same rounds (the
+/// dispatcher's rows: [`dispatcher_scenarios`]).
 fn handoff_scenarios(baselines: &Ebpf, alone: &Loaded) -> Result<Vec<Row>> {
     let src = Ipv4Addr::new(198, 18, 0, 1);
     let lb = limiter_tests::handoff::StandinLb::load()?;
@@ -576,14 +617,81 @@ fn handoff_scenarios(baselines: &Ebpf, alone: &Loaded) -> Result<Vec<Row>> {
             limiter_tests::handoff::XDP_TX,
         ),
     ];
-    let frame = frame(src, DST_HOT_PASS);
-    for (_, prog, _) in &cases {
-        test_run(*prog, &frame, REPEAT / 10)?;
+    measure_repeat(&cases, frame(src, DST_HOT_PASS))
+}
+
+/// What a libxdp dispatcher adds (`xdp_share = "libxdp"`): the limiter's component alone
+/// in a dispatcher (linked over its main function, as libxdp does for one component),
+/// and the limiter then the stand-in LB as two components (the dispatcher calls each
+/// stub in turn and goes on while a component returns XDP_PASS), each with
+/// `baseline_pass` in the same rounds, next to the tail-call rows above. Needs freplace:
+/// an error says why the rows cannot be measured here.
+fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
+    if let Some(refusal) = limiter_user::libxdp::freplace_refusal() {
+        anyhow::bail!("this kernel refuses freplace ({refusal})");
+    }
+    use limiter_user::libxdp::{target_function, unattached_dispatcher};
+    let pins = limiter_tests::scenario::PinDir::new();
+    let mut pinned = fixture::load_pinned(&config(SMALL_SOURCES), &pins.path)?;
+    let lone = unattached_dispatcher(1)?;
+    let pair = unattached_dispatcher(2)?;
+    let fd_of = |ebpf: &Ebpf| -> Result<aya::programs::ProgramFd> {
+        Ok(xdp(ebpf, limiter_common::dispatcher::PROGRAM_NAME)?
+            .fd()?
+            .try_clone()?)
+    };
+    let (lone_fd, pair_fd) = (fd_of(&lone)?, fd_of(&pair)?);
+    let component = pinned.program.component(&pins.path)?;
+    component
+        .load(lone_fd, target_function(1, 0))
+        .context("loading the limiter's component")?;
+    let lone_link = component.attach().context("linking the limiter's component")?;
+    let pair_link = component
+        .attach_to_program(&pair_fd, target_function(2, 0))
+        .context("linking the limiter's component to the second dispatcher")?;
+    let mut lb_object = aya::EbpfLoader::new()
+        .extension(limiter_tests::handoff::LB)
+        .load(limiter_user::program::STANDIN_LB_OBJECT)
+        .context("loading the stand-in LB as a component")?;
+    let lb: &mut aya::programs::Extension = lb_object
+        .program_mut(limiter_tests::handoff::LB)
+        .context("no stand-in LB")?
+        .try_into()?;
+    lb.load(pair_fd, target_function(2, 1))
+        .context("loading the stand-in LB's component")?;
+    let lb_link = lb.attach().context("linking the stand-in LB's component")?;
+    let cases: [(&'static str, Prog<'_>, u32); 3] = [
+        (
+            "baseline_pass (the ratio base of the rows below)",
+            Prog::Xdp(xdp(baselines, "baseline_pass")?),
+            XDP_PASS,
+        ),
+        (
+            "hot path passing, the limiter alone in a libxdp dispatcher",
+            Prog::Xdp(xdp(&lone, limiter_common::dispatcher::PROGRAM_NAME)?),
+            XDP_PASS,
+        ),
+        (
+            "hot path passing, dispatcher: the limiter then the stand-in LB",
+            Prog::Xdp(xdp(&pair, limiter_common::dispatcher::PROGRAM_NAME)?),
+            limiter_tests::handoff::XDP_TX,
+        ),
+    ];
+    let rows = measure_repeat(&cases, frame(Ipv4Addr::new(198, 18, 0, 1), DST_HOT_PASS));
+    drop((lone_link, pair_link, lb_link));
+    rows
+}
+
+/// Rounds of `cases` (the first is the ratio base), interleaved, median per case.
+fn measure_repeat(cases: &[(&'static str, Prog<'_>, u32)], frame: Vec<u8>) -> Result<Vec<Row>> {
+    let repeat = repeat_here();
+    for (_, prog, _) in cases {
+        test_run(*prog, &frame, repeat / 10)?;
     }
     let mut samples = vec![Vec::with_capacity(REPEAT_ROUNDS); cases.len()];
     for _ in 0..REPEAT_ROUNDS {
         for ((scenario, prog, want), samples) in cases.iter().zip(&mut samples) {
-            let (verdict, ns) = test_run(*prog, &frame, REPEAT)?;
+            let (verdict, ns) = test_run(*prog, &frame, repeat)?;
             check_verdict(scenario, verdict, *want)?;
             samples.push(ns as f64);
         }
@@ -601,6 +709,16 @@ fn handoff_scenarios(baselines: &Ebpf, alone: &Loaded) -> Result<Vec<Row>> {
             hot_path: false,
         })
         .collect())
+}
+
+/// Runs per call: [`REPEAT`], a tenth of it in an emulated guest (every run there costs
+/// tens of times more).
+fn repeat_here() -> u32 {
+    if limiter_tests::in_guest() {
+        REPEAT / 10
+    } else {
+        REPEAT
+    }
 }
 
 /// Every run of scenarios 2–4 went the way its name says, not just the last of a call.
@@ -1071,7 +1189,11 @@ fn bench_dir() -> Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("the tests crate has no parent directory")?;
-    let dir = workspace.join("target").join("bench");
+    // A guest sees the workspace read-only but for its output directory.
+    let dir = match std::env::var_os("LIMITER_BENCH_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace.join("target").join("bench"),
+    };
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }

@@ -4,13 +4,18 @@ use anyhow::Result;
 
 use crate::{cargo, run_cmd};
 
-pub fn run() -> Result<()> {
-    run_cmd(cargo().args([
-        "run",
-        "--release",
-        "--package",
-        "limiter-tests",
-        "--bin",
-        "limiter-bench",
-    ]))
+pub fn run(parts: &[String]) -> Result<()> {
+    run_cmd(
+        cargo()
+            .args([
+                "run",
+                "--release",
+                "--package",
+                "limiter-tests",
+                "--bin",
+                "limiter-bench",
+                "--",
+            ])
+            .args(parts),
+    )
 }

@@ -690,6 +690,81 @@ pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
     }
 }
 
+/// `cargo xtask bench --kernel K -- PART...`: limiter-bench in a guest of kernel `K`,
+/// its report written to `target/guest/<release>-bench/` (the guest's only writable
+/// place) and printed.
+pub fn bench(name: &str, accel: Accel, parts: &[String]) -> Result<()> {
+    check_tools()?;
+    let package = resolve_package(name)?;
+    let kernel = unpack(&package)?;
+    let mut cmd = cargo();
+    cmd.args([
+        "build",
+        "--release",
+        "--package",
+        "limiter-tests",
+        "--bin",
+        "limiter-bench",
+    ]);
+    run_cmd(&mut cmd)?;
+    let root = workspace_root()?;
+    let exe = root.join("target/release/limiter-bench");
+    let out = root
+        .join("target/guest")
+        .join(format!("{}-bench", kernel.release));
+    let _ = fs::remove_dir_all(&out);
+    fs::create_dir_all(&out)?;
+    let quoted: Vec<String> = parts.iter().map(|p| sh_quote(p)).collect();
+    let script = format!(
+        "#!/bin/sh\n# Written by `cargo xtask bench --kernel`; runs inside the guest.\n\
+         export LIMITER_IN_GUEST=1 LIMITER_BENCH_DIR={out}\n\
+         [ \"$(stat -f -c %T /sys/fs/bpf)\" = bpf_fs ] || mount -t bpf bpf /sys/fs/bpf\n\
+         echo \"guest: $(uname -r) ($(uname -v))\"\n\
+         cd {root} && {exe} {parts}\necho $? > {out}/result\n",
+        out = sh_quote(&out.display().to_string()),
+        root = sh_quote(&root.display().to_string()),
+        exe = sh_quote(&exe.display().to_string()),
+        parts = quoted.join(" "),
+    );
+    let script_path = out.join("bench.sh");
+    fs::write(&script_path, script)?;
+    let accel = choose_accel(accel, &kernel)?;
+    eprintln!(
+        "guest: benchmark on {} under {}; report in {}",
+        kernel.release,
+        match accel {
+            Accel::Kvm => "KVM",
+            _ => "TCG emulation (compare ratios, not nanoseconds)",
+        },
+        out.display()
+    );
+    let status = run_logged(
+        vng(
+            &kernel,
+            accel,
+            &out,
+            &format!("sh {}", sh_quote(&script_path.display().to_string())),
+        )?,
+        &out.join("guest.log"),
+    )?;
+    match fs::read_to_string(out.join("result"))
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        Some("0") => Ok(()),
+        Some(code) => bail!(
+            "limiter-bench failed in the {} guest (exit {code})",
+            kernel.release
+        ),
+        None => bail!(
+            "the {} guest ended ({status}) without writing {}",
+            kernel.release,
+            out.join("result").display()
+        ),
+    }
+}
+
 /// Packages whose tests/ the guest runner knows.
 const TEST_PACKAGES: &[&str] = &["limiter-tests", "limiter-user"];
 

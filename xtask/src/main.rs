@@ -54,8 +54,20 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         selection: Vec<String>,
     },
-    /// BPF_PROG_TEST_RUN cost per frame against a trivial XDP program (a benchmark).
-    Bench,
+    /// BPF_PROG_TEST_RUN cost per frame against a trivial XDP program, then the
+    /// end-to-end figures (a benchmark); `-- PART...` runs some parts only. With
+    /// `--kernel`, runs in a guest of that Debian kernel under qemu instead (figures under
+    /// TCG emulation: compare ratios of the same run, never nanoseconds).
+    Bench {
+        /// A Debian kernel (`6.1`, `6.12`, a package version), as for `test --kernel`.
+        #[arg(long)]
+        kernel: Option<String>,
+        #[arg(long, value_enum, default_value_t = guest::Accel::Auto)]
+        accel: guest::Accel,
+        /// Parts of limiter-bench: prog-test-run, sharing, drop-rate, cpu-cost, accuracy.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        parts: Vec<String>,
+    },
     /// The evasion fuzz test (tests/tests/evasion.rs) with as many cases as you like:
     /// random header stacks, fragments, options and chains through every build of the
     /// program, checked against a model of what a receiving stack delivers (root).
@@ -135,9 +147,19 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Task::Bench => {
+        Task::Bench {
+            kernel,
+            accel,
+            parts,
+        } => {
             setup::run()?;
-            bench::run()
+            match kernel {
+                None => bench::run(&parts),
+                Some(kernel) => {
+                    setup::guest()?;
+                    guest::bench(&kernel, accel, &parts)
+                }
+            }
         }
         Task::Sim { args } => sim::run(&args),
         Task::Fuzz { cases, seed } => {

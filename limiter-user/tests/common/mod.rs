@@ -105,7 +105,10 @@ impl Lab {
         let limit = if limiter_tests::in_guest() { 120 } else { 20 };
         let deadline = Instant::now() + Duration::from_secs(limit);
         while !self.limiter(&["status", "--json"]).status.success() {
-            assert!(Instant::now() < deadline, "daemon not ready after {limit} s");
+            assert!(
+                Instant::now() < deadline,
+                "daemon not ready after {limit} s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

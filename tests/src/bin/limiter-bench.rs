@@ -542,20 +542,21 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
         ),
     ];
     // Exhaust the 1/s bucket, and warm everything up (JIT image, caches, map entries).
+    let repeat = repeat_here();
     for case in &cases {
-        test_run(case.prog, &case.frame, REPEAT / 10)?;
+        test_run(case.prog, &case.frame, repeat / 10)?;
     }
     let before = limiter.snapshot()?;
     let started = Instant::now();
     let mut samples = vec![Vec::with_capacity(REPEAT_ROUNDS); cases.len()];
     for _ in 0..REPEAT_ROUNDS {
         for (case, samples) in cases.iter().zip(&mut samples) {
-            let (verdict, ns) = test_run(case.prog, &case.frame, REPEAT)?;
+            let (verdict, ns) = test_run(case.prog, &case.frame, repeat)?;
             check_verdict(case.scenario, verdict, case.want)?;
             samples.push(ns as f64);
         }
     }
-    let runs = u64::from(REPEAT) * REPEAT_ROUNDS as u64;
+    let runs = u64::from(repeat) * REPEAT_ROUNDS as u64;
     let delta = fixture::delta(&before, &limiter.snapshot()?);
     check_repeat_counters(&delta, runs, started.elapsed())?;
 
@@ -645,8 +646,11 @@ fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
     component
         .load(lone_fd, target_function(1, 0))
         .context("loading the limiter's component")?;
-    let lone_link = component.attach().context("linking the limiter's component")?;
-    let pair_link = component
+    // The links live as long as the programs that made them (to the end of this function).
+    component
+        .attach()
+        .context("linking the limiter's component")?;
+    component
         .attach_to_program(&pair_fd, target_function(2, 0))
         .context("linking the limiter's component to the second dispatcher")?;
     let mut lb_object = aya::EbpfLoader::new()
@@ -659,7 +663,7 @@ fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
         .try_into()?;
     lb.load(pair_fd, target_function(2, 1))
         .context("loading the stand-in LB's component")?;
-    let lb_link = lb.attach().context("linking the stand-in LB's component")?;
+    lb.attach().context("linking the stand-in LB's component")?;
     let cases: [(&'static str, Prog<'_>, u32); 3] = [
         (
             "baseline_pass (the ratio base of the rows below)",
@@ -677,9 +681,7 @@ fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
             limiter_tests::handoff::XDP_TX,
         ),
     ];
-    let rows = measure_repeat(&cases, frame(Ipv4Addr::new(198, 18, 0, 1), DST_HOT_PASS));
-    drop((lone_link, pair_link, lb_link));
-    rows
+    measure_repeat(&cases, frame(Ipv4Addr::new(198, 18, 0, 1), DST_HOT_PASS))
 }
 
 /// Rounds of `cases` (the first is the ratio base), interleaved, median per case.
@@ -1102,8 +1104,14 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
          (TC_ACT_SHOT as XDP_DROP)"
             .to_string(),
         format!(
-            "repeat: {REPEAT} runs per call, median of {REPEAT_ROUNDS} interleaved rounds \
-             (the kernel reports whole ns per run)"
+            "repeat: {} runs per call, median of {REPEAT_ROUNDS} interleaved rounds \
+             (the kernel reports whole ns per run){}",
+            repeat_here(),
+            if limiter_tests::in_guest() {
+                "; in an emulated guest: compare ratios of this run, never nanoseconds"
+            } else {
+                ""
+            }
         ),
         format!(
             "per frame: repeat = 1, a new source each call, mean of {FRAMES_PER_ROUND} calls, \

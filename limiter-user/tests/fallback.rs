@@ -14,11 +14,9 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use common::{join, Lab, LIMITER};
+use common::{join, two_ports, Lab};
 use limiter_tests::{
     rx::RxCounter,
-    scenario::udp_to_host,
-    traffic::SendPlan,
     xdp_tools::{libxdp_installs_a_dispatcher, LibxdpState, XdpFilter},
 };
 use serde_json::Value;
@@ -38,23 +36,15 @@ fn needs_freplace_refused() {
     );
 }
 
-fn plan(rate: u64, duration: Duration, pair: &limiter_tests::netns::VethPair) -> SendPlan {
-    SendPlan {
-        frames: vec![
-            udp_to_host(pair, 9, 64),
-            udp_to_host(pair, FILTERED_PORT, 64),
-        ],
-        rate: Some(rate),
-        count: (rate as f64 * duration.as_secs_f64()) as u64,
-        duration: duration + Duration::from_secs(2),
-        cpu: None,
-    }
-}
-
 /// Sends `rate` frames/s for `secs`, half to each port; returns the frames per port and
 /// the span of the sending.
 fn send_both(lab: &Lab, rate: u64, secs: u64) -> (u64, Duration) {
-    let sent = join(lab.send_in_background(plan(rate, Duration::from_secs(secs), &lab.pair)));
+    let sent = join(lab.send_in_background(two_ports(
+        &lab.pair,
+        FILTERED_PORT,
+        rate,
+        Duration::from_secs(secs),
+    )));
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(sent.sent % 2, 0, "an even count alternates the two frames");
     (sent.sent / 2, sent.span)
@@ -86,31 +76,6 @@ fn held_by_a_link(id: u32) -> bool {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .any(|l| l.contains(" xdp ") && l.contains(&format!("prog {id}")))
-}
-
-/// `limiter run` that must fail: its stderr (killed after 30 s).
-fn run_must_fail(lab: &Lab) -> String {
-    let mut child = Command::new(LIMITER)
-        .args(["run", "--config"])
-        .arg(&lab.config)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting limiter run");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-            assert!(!status.success(), "limiter run succeeded: {err}");
-            return err;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("limiter run kept running where it must refuse");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The limiter takes xdp-filter's hook and tail-calls it: both enforce, `status` shows
@@ -187,7 +152,12 @@ fn the_limiter_takes_xdp_filters_hook_and_both_enforce_through_restarts() {
     let (passed0, limited0) = web(&lab);
     let (_, dropped0) = filter.seen_and_dropped();
     let rx0 = rx.totals().unwrap().packets;
-    let sender = lab.send_in_background(plan(8_000, Duration::from_secs(4), &lab.pair));
+    let sender = lab.send_in_background(two_ports(
+        &lab.pair,
+        FILTERED_PORT,
+        8_000,
+        Duration::from_secs(4),
+    ));
     std::thread::sleep(Duration::from_secs(1));
     daemon.kill9();
     assert_eq!(
@@ -262,7 +232,7 @@ fn without_the_key_nothing_is_taken_and_an_earlier_takeover_is_given_back() {
     let mut lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
     let _filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let xdp_filter = lab.attached_program().unwrap();
-    let err = run_must_fail(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains("xdpfilt") && err.contains("xdp_share_fallback = \"tail-call\""),
         "{err}"
@@ -284,7 +254,7 @@ fn without_the_key_nothing_is_taken_and_an_earlier_takeover_is_given_back() {
 
     lab.settings = "xdp_share = \"libxdp\"".to_string();
     lab.write_config(WEB);
-    let err = run_must_fail(&lab);
+    let err = lab.run_must_fail();
     assert!(err.contains("xdp_share_fallback"), "{err}");
     assert_eq!(
         lab.attached_program(),
@@ -344,7 +314,7 @@ fn what_cannot_be_taken_is_refused_and_left_alone() {
             .unwrap();
         let before = lab.attached_program().unwrap();
         assert!(held_by_a_link(before));
-        let err = run_must_fail(&lab);
+        let err = lab.run_must_fail();
         assert!(
             err.contains("baseline_pass") && err.contains("bpf_link"),
             "{err}"
@@ -365,7 +335,7 @@ fn what_cannot_be_taken_is_refused_and_left_alone() {
         .status()
         .unwrap();
     assert!(status.success(), "bpftool map create");
-    let err = run_must_fail(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains(&taken_pin(&lab).display().to_string()) && err.contains("map"),
         "{err}"

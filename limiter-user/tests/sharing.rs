@@ -14,11 +14,9 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use common::{join, Lab, LIMITER};
+use common::{join, two_ports, Lab};
 use limiter_tests::{
     rx::RxCounter,
-    scenario::udp_to_host,
-    traffic::SendPlan,
     xdp_tools::{libxdp_installs_a_dispatcher, run, LibxdpState, XdpFilter},
 };
 use serde_json::Value;
@@ -60,19 +58,6 @@ fn loader_rows(iface: &str) -> Vec<LoaderRow> {
 /// The component names `xdp-loader status` lists for `iface`, in run order.
 fn components(iface: &str) -> Vec<String> {
     loader_rows(iface).into_iter().map(|r| r.name).collect()
-}
-
-fn plan(rate: u64, duration: Duration, pair: &limiter_tests::netns::VethPair) -> SendPlan {
-    SendPlan {
-        frames: vec![
-            udp_to_host(pair, 9, 64),
-            udp_to_host(pair, FILTERED_PORT, 64),
-        ],
-        rate: Some(rate),
-        count: (rate as f64 * duration.as_secs_f64()) as u64,
-        duration: duration + Duration::from_secs(2),
-        cpu: None,
-    }
 }
 
 fn counter(v: &Value, key: &str) -> u64 {
@@ -149,7 +134,12 @@ fn the_limiter_joins_xdp_filter_and_both_enforce() {
         "{explained}"
     );
     let (seen0, dropped0) = filter.seen_and_dropped();
-    let sent = join(lab.send_in_background(plan(20_000, Duration::from_secs(2), &lab.pair)));
+    let sent = join(lab.send_in_background(two_ports(
+        &lab.pair,
+        FILTERED_PORT,
+        20_000,
+        Duration::from_secs(2),
+    )));
     std::thread::sleep(Duration::from_millis(200));
     let (seen, dropped) = filter.seen_and_dropped();
     let (seen, dropped) = (seen - seen0, dropped - dropped0);
@@ -180,7 +170,12 @@ fn the_limiter_joins_xdp_filter_and_both_enforce() {
 /// Sends `rate` frames/s for `secs` (half to the limiter's port, half to xdp-filter's)
 /// and returns (frames sent to each port).
 fn send_both(lab: &Lab, rate: u64, secs: u64) -> u64 {
-    let sent = join(lab.send_in_background(plan(rate, Duration::from_secs(secs), &lab.pair)));
+    let sent = join(lab.send_in_background(two_ports(
+        &lab.pair,
+        FILTERED_PORT,
+        rate,
+        Duration::from_secs(secs),
+    )));
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(sent.sent % 2, 0, "an even count alternates the two frames");
     sent.sent / 2
@@ -311,7 +306,12 @@ fn kill_9_restart_and_upgrade_keep_both_enforcing() {
         .as_u64()
         .unwrap();
     let (_, dropped0) = filter.seen_and_dropped();
-    let sender = lab.send_in_background(plan(8_000, Duration::from_secs(5), &lab.pair));
+    let sender = lab.send_in_background(two_ports(
+        &lab.pair,
+        FILTERED_PORT,
+        8_000,
+        Duration::from_secs(5),
+    ));
     std::thread::sleep(Duration::from_secs(1));
     daemon.kill9();
     assert_eq!(
@@ -410,31 +410,6 @@ fn xdp_filter_joins_the_dispatcher_the_limiter_installed() {
     daemon.stop();
 }
 
-/// `limiter run` that must fail: its exit status and stderr (killed after 30 s).
-fn run_must_fail(lab: &Lab) -> String {
-    let mut child = Command::new(LIMITER)
-        .args(["run", "--config"])
-        .arg(&lab.config)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting limiter run");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-            assert!(!status.success(), "limiter run succeeded: {err}");
-            return err;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("limiter run kept running where it must refuse");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A program that is not a libxdp dispatcher holds the hook (here the test's own, through
 /// a bpf_link): with either xdp_share the limiter refuses, names it, says what to do,
 /// and leaves it running.
@@ -454,7 +429,7 @@ fn a_program_that_is_not_a_dispatcher_is_named_and_left_alone() {
     let before = lab
         .attached_program()
         .expect("the test's program is attached");
-    let err = run_must_fail(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains("baseline_pass") && err.contains("not a libxdp dispatcher"),
         "{err}"
@@ -462,7 +437,7 @@ fn a_program_that_is_not_a_dispatcher_is_named_and_left_alone() {
     assert!(err.contains("next_program"), "{err}");
     lab.settings.clear();
     lab.write_config(WEB);
-    let err = run_must_fail(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains("baseline_pass") && err.contains("xdp_share = \"exclusive\" needs it free"),
         "{err}"
@@ -503,7 +478,7 @@ fn where_freplace_is_refused_the_operator_is_told_what_to_do() {
             lab.ok(&["detach"]);
         }
     } else {
-        let err = run_must_fail(&lab);
+        let err = lab.run_must_fail();
         eprintln!("{err}");
         assert!(
             err.contains("refuses freplace")

@@ -29,31 +29,20 @@ pub struct Loaded {
 
 /// The config text with `pin_dir` etc. defaulted; only `[[rules]]` matter here.
 pub fn load(config_text: &str) -> Result<Loaded> {
-    require_root()?;
-    let config = Config::parse(config_text, Path::new("<test config>"))?;
-    let mut program = Program::load(&LoadOptions {
-        pin_dir: None,
-        max_sources: config.max_sources,
-        handoff_array: None,
-    })?;
-    let mut maps = program.maps()?;
-    let table = apply_rules(&mut maps, &config)?;
-    Ok(Loaded {
-        program,
-        variant: Variant::MultiBuffer,
-        maps,
-        table,
-        config,
-    })
+    load_with(config_text, None)
 }
 
 /// [`load`] with the maps pinned under `pin_dir` (for a second load on the same maps,
 /// such as the libxdp component).
 pub fn load_pinned(config_text: &str, pin_dir: &Path) -> Result<Loaded> {
+    load_with(config_text, Some(pin_dir))
+}
+
+fn load_with(config_text: &str, pin_dir: Option<&Path>) -> Result<Loaded> {
     require_root()?;
     let config = Config::parse(config_text, Path::new("<test config>"))?;
     let mut program = Program::load(&LoadOptions {
-        pin_dir: Some(pin_dir.to_path_buf()),
+        pin_dir: pin_dir.map(Path::to_path_buf),
         max_sources: config.max_sources,
         handoff_array: None,
     })?;

@@ -490,6 +490,25 @@ fn check_tools() -> Result<()> {
     Ok(())
 }
 
+/// Boots `kernel` with `out` writable, runs `script` in it (logged to
+/// `out/guest.log`) and returns vng's exit status.
+fn boot(
+    kernel: &Kernel,
+    accel: Accel,
+    out: &Path,
+    script: &Path,
+) -> Result<std::process::ExitStatus> {
+    run_logged(
+        vng(
+            kernel,
+            accel,
+            out,
+            &format!("sh {}", sh_quote(&script.display().to_string())),
+        )?,
+        &out.join("guest.log"),
+    )
+}
+
 fn vng(kernel: &Kernel, accel: Accel, rwdir: &Path, exec: &str) -> Result<Command> {
     let scripts = crate::setup::scripts_dir()?;
     let mut cmd = Command::new(scripts.join("vng"));
@@ -657,15 +676,7 @@ pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
         out.display()
     );
     let started = Instant::now();
-    let status = run_logged(
-        vng(
-            &kernel,
-            accel,
-            &out,
-            &format!("sh {}", sh_quote(&script_path.display().to_string())),
-        )?,
-        &out.join("guest.log"),
-    )?;
+    let status = boot(&kernel, accel, &out, &script_path)?;
     let result = fs::read_to_string(out.join("result")).ok();
     eprintln!(
         "guest: {} finished in {:.0} s ({status})",
@@ -738,15 +749,7 @@ pub fn bench(name: &str, accel: Accel, parts: &[String]) -> Result<()> {
         },
         out.display()
     );
-    let status = run_logged(
-        vng(
-            &kernel,
-            accel,
-            &out,
-            &format!("sh {}", sh_quote(&script_path.display().to_string())),
-        )?,
-        &out.join("guest.log"),
-    )?;
+    let status = boot(&kernel, accel, &out, &script_path)?;
     match fs::read_to_string(out.join("result"))
         .ok()
         .as_deref()

@@ -162,6 +162,32 @@ impl Lab {
         text[at + 12..].split_whitespace().next()?.parse().ok()
     }
 
+    /// `limiter run` on this config that must fail: its stderr (killed after 30 s).
+    pub fn run_must_fail(&self) -> String {
+        let mut child = Command::new(LIMITER)
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting limiter run");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().expect("waiting") {
+                let mut err = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().expect("stderr"), &mut err)
+                    .expect("reading stderr");
+                assert!(!status.success(), "limiter run succeeded: {err}");
+                return err;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("limiter run kept running where it must refuse");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Sends `plan` from the peer on a thread of its own.
     pub fn send_in_background(
         &self,
@@ -185,6 +211,21 @@ impl Drop for Lab {
             .arg("--pin-dir")
             .arg(&self.pins.path)
             .output();
+    }
+}
+
+/// `rate` frames/s for `duration`, alternating UDP to port 9 (the `web` rule of the
+/// sharing tests) and UDP to `other_port` (another program's rule).
+pub fn two_ports(pair: &VethPair, other_port: u16, rate: u64, duration: Duration) -> SendPlan {
+    SendPlan {
+        frames: vec![
+            limiter_tests::scenario::udp_to_host(pair, 9, 64),
+            limiter_tests::scenario::udp_to_host(pair, other_port, 64),
+        ],
+        rate: Some(rate),
+        count: (rate as f64 * duration.as_secs_f64()) as u64,
+        duration: duration + Duration::from_secs(2),
+        cpu: None,
     }
 }
 

@@ -40,6 +40,8 @@ const LIVE_BATCH: u32 = 64;
 pub struct LiveSender {
     ebpf: Ebpf,
     ifindex: u32,
+    /// `traffic_tx`, or `traffic_tx_spray` (a random source per frame).
+    program: &'static str,
     /// Dropped after `ebpf` (field order), so the link goes before the pair.
     _holder: Holder,
 }
@@ -78,18 +80,24 @@ impl LiveSender {
     /// Loads the generator for interface `ifindex` of the calling thread's namespace
     /// (a test namespace: the holder pair is created there).
     pub fn new(ifindex: u32) -> Result<LiveSender> {
+        LiveSender::with_program(ifindex, "traffic_tx")
+    }
+
+    /// The same with another generator of the baseline object (`traffic_tx_spray`).
+    pub fn with_program(ifindex: u32, program: &'static str) -> Result<LiveSender> {
         let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the harness programs")?;
         let prog: &mut Xdp = ebpf
-            .program_mut("traffic_tx")
-            .context("no traffic_tx program")?
+            .program_mut(program)
+            .with_context(|| format!("no {program} program"))?
             .try_into()?;
-        prog.load().context("loading traffic_tx")?;
+        prog.load().with_context(|| format!("loading {program}"))?;
         let holder = Holder::new()?;
         prog.attach(&holder.name, XdpMode::Skb)
-            .with_context(|| format!("attaching traffic_tx to {} (generic)", holder.name))?;
+            .with_context(|| format!("attaching {program} to {} (generic)", holder.name))?;
         Ok(LiveSender {
             ebpf,
             ifindex,
+            program,
             _holder: holder,
         })
     }
@@ -97,8 +105,8 @@ impl LiveSender {
     fn program(&self) -> Result<&Xdp> {
         Ok(self
             .ebpf
-            .program("traffic_tx")
-            .context("no traffic_tx program")?
+            .program(self.program)
+            .with_context(|| format!("no {} program", self.program))?
             .try_into()?)
     }
 

@@ -38,6 +38,36 @@ pub fn traffic_tx(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_TX
 }
 
+/// A flood from forged sources: `traffic_tx` with a fresh random source in every frame
+/// it transmits. An IPv4 frame gets a source in 198.18.0.0/15 (all 131,072 of them: the
+/// test network), an IPv6 frame a random /64 of 2001:db8::/32 (bytes 4..8 of the
+/// address, 2^32 of them). Checksums are left stale: the limiter does not read them, and
+/// the frames end at the test's veth.
+#[xdp(frags)]
+pub fn traffic_tx_spray(ctx: XdpContext) -> u32 {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + SPRAY_OFFSET + 4 > end {
+        return xdp_action::XDP_TX;
+    }
+    // SAFETY: a helper without arguments.
+    let r = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+    // SAFETY: bytes 12..14 and SPRAY_OFFSET..+4 are within the frame (checked above).
+    unsafe {
+        let ethertype = *((data + 12) as *const [u8; 2]);
+        let at = (data + SPRAY_OFFSET) as *mut [u8; 4];
+        if ethertype == [0x08, 0x00] {
+            *at = [198, 18 | ((r >> 16) & 1) as u8, (r >> 8) as u8, r as u8];
+        } else if ethertype == [0x86, 0xdd] {
+            *at = r.to_be_bytes();
+        }
+    }
+    xdp_action::XDP_TX
+}
+
+/// The IPv4 source address, and bytes 4..8 of the IPv6 one (its /64 beyond the /32),
+/// both at the same offset of an untagged frame.
+const SPRAY_OFFSET: usize = ETH_HLEN + 12;
+
 /// Frames and bytes received, per CPU.
 #[repr(C)]
 pub struct RxTotals {

@@ -24,6 +24,9 @@ pub enum Backend {
     /// BPF_PROG_TEST_RUN live frames through an XDP_TX program on the peer: frames arrive
     /// as XDP frames, the path a NIC driver gives.
     Live,
+    /// The same with a random source in every frame (`traffic_tx_spray`): a flood from
+    /// forged sources. Not in [`Backend::ALL`] (a generator, not a path).
+    LiveSpray,
 }
 
 impl Backend {
@@ -33,6 +36,7 @@ impl Backend {
         match self {
             Backend::AfPacket => "AF_PACKET (skb)",
             Backend::Live => "live frames (XDP frame)",
+            Backend::LiveSpray => "live frames, a random source each",
         }
     }
 }
@@ -193,6 +197,11 @@ fn sender(peer: &str, cpu: usize, offer: &Offer) -> Result<Sent> {
         }
         Backend::Live => {
             let sender = LiveSender::new(ifindex).context("live-frames sender")?;
+            send_loop(&mut LiveSink { sender }, offer)
+        }
+        Backend::LiveSpray => {
+            let sender = LiveSender::with_program(ifindex, "traffic_tx_spray")
+                .context("live-frames spray sender")?;
             send_loop(&mut LiveSink { sender }, offer)
         }
     }

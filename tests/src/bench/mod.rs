@@ -5,12 +5,15 @@
 //! - [`drop_rate`]: frames/s the limiter drops vs a plain XDP_DROP program;
 //! - [`cpu_cost`]: CPU time per frame vs nftables doing the same job, at a paced offer;
 //! - [`accuracy`]: admitted vs configured rate, an offered-rate sweep and a burst timeline;
+//! - [`flood`]: a spoofed-source flood against a good and a heavy source (its own part,
+//!   `flood`, with its own report);
 //! - [`report`] and [`svg`]: `target/bench/report.md` and the plots.
 
 pub mod accuracy;
 pub mod cpu;
 pub mod cpu_cost;
 pub mod drop_rate;
+pub mod flood;
 pub mod gen;
 pub mod host;
 pub mod nft;

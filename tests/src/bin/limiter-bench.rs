@@ -164,6 +164,9 @@ fn main() -> Result<()> {
     if parts.sharing && !parts.prog_test_run {
         run_prog_test_run(&dir, true)?;
     }
+    if parts.flood {
+        run_flood(&dir, &header)?;
+    }
     if !parts.end_to_end.any() {
         return Ok(());
     }
@@ -196,16 +199,19 @@ struct Parts {
     prog_test_run: bool,
     /// Only the rows of the ways of sharing the hook (also part of prog-test-run).
     sharing: bool,
+    /// The spoofed-source flood (`flood.md`).
+    flood: bool,
     end_to_end: bench::Parts,
     named: Vec<String>,
 }
 
-const PART_NAMES: [&str; 5] = [
+const PART_NAMES: [&str; 6] = [
     "prog-test-run",
     "sharing",
     "drop-rate",
     "cpu-cost",
     "accuracy",
+    "flood",
 ];
 
 impl Parts {
@@ -215,6 +221,7 @@ impl Parts {
             return Ok(Parts {
                 prog_test_run: true,
                 sharing: false,
+                flood: true,
                 end_to_end: bench::Parts::all(),
                 named,
             });
@@ -222,6 +229,7 @@ impl Parts {
         let mut parts = Parts {
             prog_test_run: false,
             sharing: false,
+            flood: false,
             end_to_end: bench::Parts::default(),
             named: named.clone(),
         };
@@ -229,6 +237,7 @@ impl Parts {
             match name.as_str() {
                 "prog-test-run" => parts.prog_test_run = true,
                 "sharing" => parts.sharing = true,
+                "flood" => parts.flood = true,
                 "drop-rate" => parts.end_to_end.drop_rate = true,
                 "cpu-cost" => parts.end_to_end.cpu_cost = true,
                 "accuracy" => parts.end_to_end.accuracy = true,
@@ -251,6 +260,22 @@ impl Parts {
             )
         }
     }
+}
+
+/// Sizes of the per-source structure the flood runs against: smaller than the flood's
+/// IPv4 sources alone (131,072), and the default.
+const FLOOD_SIZES: [u32; 2] = [16_384, 1 << 20];
+
+/// The `flood` part: `flood.md` in `dir`, two rounds of each size.
+fn run_flood(dir: &Path, header: &Header) -> Result<()> {
+    let pair = bench::veth_pair()?;
+    let runs = bench::flood::measure(&pair, &FLOOD_SIZES, 2)?;
+    let markdown = bench::flood::markdown(&runs, header.kernel.trim());
+    print!("\n{markdown}");
+    let path = dir.join("flood.md");
+    fs::write(&path, &markdown).with_context(|| format!("writing {}", path.display()))?;
+    println!("\nwritten to {}", path.display());
+    Ok(())
 }
 
 /// The BPF_PROG_TEST_RUN part: a table on stdout and `prog-test-run.md` in `dir`

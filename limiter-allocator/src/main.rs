@@ -55,6 +55,13 @@ enum Command {
     /// List or change global quotas at runtime.
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// Check a configuration file as `run` would (its TLS files read too), changing
+    /// nothing: exit status 0 when it would be accepted, 1 with the problem when not.
+    Check {
+        /// Configuration file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -89,6 +96,7 @@ fn main() -> std::process::ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Run { config } => run(&config),
+        Command::Check { config } => check(&config),
         Command::Quota(QuotaCommand::List { socket }) => {
             control_call(&socket, &serde_json::json!({"cmd": "list"})).map(|v| println!("{v}"))
         }
@@ -110,6 +118,25 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn check(path: &Path) -> Result<()> {
+    let config = Config::load(path)?;
+    server_tls(&TlsFiles {
+        ca: &config.tls.ca,
+        cert: &config.tls.cert,
+        key: &config.tls.key,
+    })
+    .with_context(|| format!("{}: the tls files", path.display()))?;
+    println!(
+        "{}: ok: listen {}, {} quotas, lease_ttl_ms {}, report_interval_ms {}",
+        path.display(),
+        config.listen,
+        config.quotas.len(),
+        config.lease_ttl_ms,
+        config.report_interval_ms
+    );
+    Ok(())
 }
 
 fn run(path: &Path) -> Result<()> {

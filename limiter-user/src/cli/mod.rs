@@ -2,6 +2,7 @@
 //! ask it over the control socket, except `stats`, which reads the pinned maps directly
 //! (it works even when the daemon is down).
 
+mod check;
 mod detach;
 mod explain;
 mod quota;
@@ -42,6 +43,9 @@ enum Command {
     Explain(explain::ExplainArgs),
     /// Detach from every interface and remove every pin (maps and counters too).
     Detach(detach::DetachArgs),
+    /// Check a config file as `run` and `reload` would, changing nothing: exit status 0
+    /// when it would be accepted, 1 with every problem (file, line, field) when not.
+    Check(check::CheckArgs),
 }
 
 /// `--socket`, shared by the commands that talk to the daemon.
@@ -69,6 +73,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Reload(args) => reload::execute(args),
         Command::Explain(args) => explain::execute(args),
         Command::Detach(args) => detach::execute(args),
+        Command::Check(args) => check::execute(args),
     }
 }
 

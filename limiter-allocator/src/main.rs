@@ -340,11 +340,13 @@ struct MetricSources {
 }
 
 impl MetricSources {
-    fn render(&self, now: u64) -> String {
+    /// The exposition text; a poisoned state is an error (a 500), never an empty page.
+    fn render(&self, now: u64) -> Result<String, String> {
         use std::{fmt::Write as _, sync::atomic::Ordering::Relaxed};
-        let Ok(mut state) = self.state.lock() else {
-            return String::new();
-        };
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| "allocator state is poisoned".to_string())?;
         let mut out = state.metrics(now);
         let (fleet_full, host_rate) = (state.refused_fleet_full, state.refused_host_rate);
         drop(state);
@@ -390,50 +392,13 @@ impl MetricSources {
             c.refused_total.load(Relaxed),
             c.refused_per_ip.load(Relaxed)
         );
-        out
+        Ok(out)
     }
 }
 
-/// Scrapes in flight at once; more are closed at accept.
-const MAX_SCRAPES: usize = 4;
-
-/// One task per scrape, at most [`MAX_SCRAPES`], each done within 5 s: a scraper that
-/// sends nothing or reads nothing delays no other.
+/// Serves the allocator's metrics (limiter_http: concurrent, with timeouts) for the
+/// life of the process.
 async fn serve_metrics(listener: TcpListener, sources: MetricSources) {
-    let sources = Arc::new(sources);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            continue;
-        };
-        let sources = Arc::clone(&sources);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), scrape(stream, &sources)).await;
-            drop(permit);
-        });
-    }
-}
-
-async fn scrape(mut stream: tokio::net::TcpStream, sources: &MetricSources) {
-    let mut head = vec![0u8; 2048];
-    let Ok(n) = stream.read(&mut head).await else {
-        return;
-    };
-    let ok = String::from_utf8_lossy(&head[..n]).starts_with("GET /metrics");
-    let body = if ok {
-        sources.render(now_ns())
-    } else {
-        String::new()
-    };
-    let status = if ok { "200 OK" } else { "404 Not Found" };
-    let _ = stream
-        .write_all(
-            format!("HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
-                .as_bytes(),
-        )
-        .await;
+    let render: limiter_http::Render = Arc::new(move || sources.render(now_ns()));
+    limiter_http::serve(listener, render, std::future::pending()).await;
 }

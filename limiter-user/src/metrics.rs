@@ -1,5 +1,5 @@
-//! Prometheus text exposition: a pure renderer over a snapshot, and a tiny HTTP/1.1
-//! endpoint (`GET /metrics`) on the configured address.
+//! Prometheus text exposition: a pure renderer over a snapshot, served on the configured
+//! address by limiter_http (`GET`/`HEAD /metrics`).
 
 use std::{
     fmt::Write as _,
@@ -8,11 +8,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpListener,
-    sync::broadcast,
-};
+use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
     control::Shutdown,
@@ -275,7 +271,8 @@ pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
     })
 }
 
-/// Serves `GET /metrics` on `addr` until shutdown.
+/// Serves the daemon's metrics on `addr` (limiter_http: concurrent, with timeouts)
+/// until a shutdown is broadcast.
 pub async fn serve(
     addr: SocketAddr,
     daemon: Arc<Mutex<Daemon>>,
@@ -289,46 +286,22 @@ pub async fn serve(
         })?;
     tracing::info!(%addr, "metrics endpoint listening");
     let mut stop = shutdown.subscribe();
-    loop {
-        tokio::select! {
-            _ = stop.recv() => return Ok(()),
-            accepted = listener.accept() => {
-                let Ok((mut stream, _)) = accepted else { continue };
-                let mut head = vec![0u8; 2048];
-                let n = match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await {
-                    Ok(Ok(n)) => n,
-                    _ => continue,
-                };
-                let request = String::from_utf8_lossy(&head[..n]);
-                let response = if request.starts_with("GET /metrics ") || request.starts_with("GET / ") {
-                    let body = daemon
-                        .lock()
-                        .map_err(|_| "daemon state is poisoned".to_string())
-                        .and_then(|d| snapshot(&d).map_err(|e| e.to_string()));
-                    match body {
-                        Ok(s) => http(200, "text/plain; version=0.0.4", &render(&s)),
-                        Err(e) => http(500, "text/plain", &format!("{e}\n")),
-                    }
-                } else {
-                    http(404, "text/plain", "try GET /metrics\n")
-                };
-                let _ = stream.write_all(response.as_bytes()).await;
-                let _ = stream.shutdown().await;
-            }
-        }
-    }
-}
-
-fn http(code: u16, content_type: &str, body: &str) -> String {
-    let reason = match code {
-        200 => "OK",
-        404 => "Not Found",
-        _ => "Internal Server Error",
-    };
-    format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    // Weak: a scrape in flight must not keep the daemon's state alive past its exit.
+    let daemon = Arc::downgrade(&daemon);
+    let render: limiter_http::Render = Arc::new(move || {
+        let daemon = daemon.upgrade().ok_or("the daemon is stopping")?;
+        let daemon = daemon
+            .lock()
+            .map_err(|_| "daemon state is poisoned".to_string())?;
+        snapshot(&daemon)
+            .map(|s| render(&s))
+            .map_err(|e| e.to_string())
+    });
+    limiter_http::serve(listener, render, async move {
+        let _ = stop.recv().await;
+    })
+    .await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -490,12 +490,27 @@ fn metrics_endpoint_is_scraped_and_parsed() {
     limiter_tests::scenario::flood(&lab.pair, plan(frames, 1000, Duration::from_millis(100)))
         .unwrap();
 
-    let mut stream = TcpStream::connect(("127.0.0.1", lab.metrics_port)).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
+    // A scraper that connects and sends nothing holds no other up.
+    let _idle = TcpStream::connect(("127.0.0.1", lab.metrics_port)).unwrap();
+    let ask = |request: &[u8]| {
+        let mut stream = TcpStream::connect(("127.0.0.1", lab.metrics_port)).unwrap();
+        stream.write_all(request).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    };
+    let started = std::time::Instant::now();
+    let response = ask(b"GET /metrics?name[]=limiter_up HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the scrape waited {:?} behind an idle client",
+        started.elapsed()
+    );
+    let head_only = ask(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        head_only.starts_with("HTTP/1.1 200") && head_only.ends_with("\r\n\r\n"),
+        "{head_only}"
+    );
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(head.contains("text/plain; version=0.0.4"));

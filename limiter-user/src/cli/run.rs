@@ -145,8 +145,20 @@ async fn serve(args: RunArgs, config: Config, ifaces: Vec<String>) -> anyhow::Re
     let _ = shutdown.send(reason);
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    let daemon = Arc::try_unwrap(daemon)
-        .map_err(|_| anyhow::anyhow!("daemon state still shared at exit"))?
+    // A metrics scrape may hold the state for the moment of one render.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut shared = daemon;
+    let daemon = loop {
+        match Arc::try_unwrap(shared) {
+            Ok(daemon) => break daemon,
+            Err(back) if std::time::Instant::now() < deadline => {
+                shared = back;
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Err(_) => anyhow::bail!("daemon state still shared at exit"),
+        }
+    };
+    let daemon = daemon
         .into_inner()
         .map_err(|_| anyhow::anyhow!("daemon state poisoned"))?;
     // Either way the daemon removes its control socket last (if it is still its own):

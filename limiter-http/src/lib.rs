@@ -1,0 +1,255 @@
+//! The Prometheus endpoint of the daemon and of the allocator: `GET` (or `HEAD`) of
+//! `/metrics` or `/` answers the text exposition a caller-supplied renderer makes.
+//!
+//! hyper's HTTP/1.1 does the protocol; this crate adds what a scrape target exposed to a
+//! network needs: every connection is served on a task of its own (an idle or stalled
+//! client delays no other), a client must send its request head within
+//! [`HEADER_TIMEOUT`] and be done within [`CONNECTION_TIMEOUT`], and at most
+//! [`MAX_CONNECTIONS`] are served at once (more are closed at accept). A renderer that
+//! fails answers 500 with its reason, never an empty 200.
+
+use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    body::Incoming, header, server::conn::http1, service::service_fn, Method, Request, Response,
+    StatusCode,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{net::TcpListener, sync::Semaphore};
+
+/// The request head must arrive within this.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection, request to last byte of the answer, gets this long.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 16;
+/// The exposition format's content type.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Makes the exposition text, or says why it cannot.
+pub type Render = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// The answer to one request (pure): the method and path decide, the query is ignored.
+pub fn respond(
+    method: &Method,
+    path: &str,
+    render: &dyn Fn() -> Result<String, String>,
+) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &str, body: String, head: bool| {
+        let length = body.len();
+        let body = if head {
+            Bytes::new()
+        } else {
+            Bytes::from(body)
+        };
+        let mut response = Response::new(Full::new(body));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        if let Ok(v) = header::HeaderValue::from_str(content_type) {
+            headers.insert(header::CONTENT_TYPE, v);
+        }
+        headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(length));
+        response
+    };
+    let head = method == Method::HEAD;
+    if method != Method::GET && !head {
+        let mut r = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET or HEAD /metrics\n".into(),
+            false,
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    if path != "/metrics" && path != "/" {
+        return reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "try GET /metrics\n".into(),
+            head,
+        );
+    }
+    match render() {
+        Ok(text) => reply(StatusCode::OK, CONTENT_TYPE, text, head),
+        Err(why) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            format!("{why}\n"),
+            head,
+        ),
+    }
+}
+
+/// Serves `listener` until `shutdown` completes; the connections still open then are
+/// closed before it returns (and when it is dropped), so nothing keeps `render` alive.
+pub async fn serve(listener: TcpListener, render: Render, shutdown: impl Future<Output = ()>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            _ = &mut shutdown => {
+                connections.abort_all();
+                while connections.join_next().await.is_some() {}
+                return;
+            }
+            // Reaps finished connections as they end.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: try again shortly rather than spin.
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            // Closed: the scraper retries at its next interval.
+            continue;
+        };
+        let render = Arc::clone(&render);
+        connections.spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let render = Arc::clone(&render);
+                async move { Ok::<_, Infallible>(respond(req.method(), req.uri().path(), &*render)) }
+            });
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            drop(permit);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+    use std::time::Instant;
+
+    use http_body_util::BodyExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    fn ok() -> Result<String, String> {
+        Ok("limiter_up 1\n".into())
+    }
+
+    async fn body(r: Response<Full<Bytes>>) -> String {
+        String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn answers_by_method_and_path() {
+        let r = respond(&Method::GET, "/metrics", &ok);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+        assert_eq!(body(r).await, "limiter_up 1\n");
+        // HEAD: the headers of a GET, no body.
+        let r = respond(&Method::HEAD, "/metrics", &ok);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[header::CONTENT_LENGTH], "13");
+        assert_eq!(body(r).await, "");
+        assert_eq!(respond(&Method::GET, "/", &ok).status(), StatusCode::OK);
+        assert_eq!(
+            respond(&Method::GET, "/stats", &ok).status(),
+            StatusCode::NOT_FOUND
+        );
+        let r = respond(&Method::POST, "/metrics", &ok);
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(r.headers()[header::ALLOW], "GET, HEAD");
+        let failing = || Err("state is poisoned".to_string());
+        let r = respond(&Method::GET, "/metrics", &failing);
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body(r).await, "state is poisoned\n");
+    }
+
+    async fn get(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_client_delays_no_other_and_queries_are_ignored() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, Arc::new(ok), async {
+            let _ = stopped.await;
+        }));
+        // Connects, sends nothing: held by the header timeout on a task of its own.
+        let _idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        let answer = get(addr, "GET /metrics?name[]=up HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("limiter_up 1\n"), "{answer}");
+        assert!(
+            started.elapsed() < HEADER_TIMEOUT,
+            "the second client waited for the idle one"
+        );
+        let head = get(addr, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(
+            head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(2), server)
+            .await
+            .expect("serve did not stop")
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_shutdown_no_connection_keeps_the_renderer() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let render: Render = Arc::new(ok);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, Arc::clone(&render), async {
+            let _ = stopped.await;
+        }));
+        let _idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let answer = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            Arc::strong_count(&render) > 1,
+            "the idle connection holds a copy"
+        );
+        stop.send(()).unwrap();
+        server.await.unwrap();
+        assert_eq!(Arc::strong_count(&render), 1, "a connection outlived serve");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_sends_no_request_is_closed_after_the_header_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Arc::new(ok), std::future::pending()));
+        let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let started = Instant::now();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(HEADER_TIMEOUT * 3, idle.read_to_end(&mut buf))
+            .await
+            .expect("the idle connection was never closed");
+        let waited = started.elapsed();
+        assert!(
+            waited >= HEADER_TIMEOUT - Duration::from_millis(100)
+                && waited < CONNECTION_TIMEOUT + Duration::from_secs(1),
+            "closed after {waited:?}"
+        );
+    }
+}

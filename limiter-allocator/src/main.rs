@@ -8,23 +8,22 @@ mod service;
 mod state;
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    os::unix::net::UnixStream,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use limiter_proto::{
     pb::allocator_server::AllocatorServer, server_tls, TlsFiles, MAX_MESSAGE_BYTES,
 };
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, UnixListener},
     signal::unix::{signal, SignalKind},
 };
+
+use limiter_service::control::Reply;
 
 use crate::{
     config::{Config, Quota},
@@ -98,18 +97,15 @@ fn main() -> std::process::ExitCode {
         Command::Run { config } => run(&config),
         Command::Check { config } => check(&config),
         Command::Quota(QuotaCommand::List { socket }) => {
-            control_call(&socket, &serde_json::json!({"cmd": "list"})).map(|v| println!("{v}"))
+            control_call(&socket, &ControlRequest::List).map(|v| println!("{v}"))
         }
         Command::Quota(QuotaCommand::Set {
             rule,
             rate,
             burst,
             socket,
-        }) => control_call(
-            &socket,
-            &serde_json::json!({"cmd": "set", "rule": rule, "rate": rate, "burst": burst}),
-        )
-        .map(|v| println!("{v}")),
+        }) => control_call(&socket, &ControlRequest::Set { rule, rate, burst })
+            .map(|v| println!("{v}")),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -261,75 +257,64 @@ fn claim_control(path: &Path) -> Result<(limiter_instance::Instance, UnixListene
     Ok((claimed.instance, listener))
 }
 
-/// Root-only JSON control socket: `{"cmd":"list"}`, `{"cmd":"set","rule":..,"rate":..,"burst":..}`.
+/// What the allocator's control socket takes (`limiter-allocator quota …`), on
+/// limiter_service::control's transport (root peers only, size limit, timeouts).
+#[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+enum ControlRequest {
+    /// Every rule's global quota.
+    List,
+    /// Change (or add) a rule's global quota; `burst` absent keeps the current one.
+    Set {
+        rule: String,
+        rate: u64,
+        burst: Option<u64>,
+    },
+}
+
+/// Who answers on the allocator's socket, for the client's errors.
+const OWNER: &str = "limiter-allocator";
+
+/// Serves the control socket, one connection at a time (each is one quota change or a
+/// listing; a client that sends nothing is dropped after the transport's timeout).
 async fn serve_control(listener: UnixListener, state: Arc<Mutex<State>>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
-        let (read, mut write) = stream.into_split();
-        let mut line = String::new();
-        let mut reader = tokio::io::BufReader::new(read.take(64 * 1024));
-        // Requests are served one at a time: a client that sends nothing must not hold
-        // the socket (the claim's liveness probe, for one, connects and hangs up).
-        let read = tokio::time::timeout(Duration::from_secs(10), reader.read_line(&mut line)).await;
-        let reply = match (root, read) {
-            (false, _) => serde_json::json!({"ok": false, "error": "root only"}),
-            (true, Err(_)) => {
-                serde_json::json!({"ok": false, "error": "timed out waiting for the request"})
-            }
-            (true, Ok(Err(e))) => serde_json::json!({"ok": false, "error": e.to_string()}),
-            (true, Ok(Ok(_))) => control(&line, &state),
-        };
-        let _ = write.write_all(format!("{reply}\n").as_bytes()).await;
+        let served =
+            limiter_service::control::serve_connection(stream, |request| control(request, &state))
+                .await;
+        if let Err(e) = served {
+            tracing::debug!(error = %e, "control connection failed");
+        }
     }
 }
 
-fn control(line: &str, state: &Arc<Mutex<State>>) -> serde_json::Value {
-    let fail = |e: String| serde_json::json!({"ok": false, "error": e});
-    let Ok(request) = serde_json::from_str::<serde_json::Value>(line) else {
-        return fail("malformed request".into());
-    };
+fn control(request: ControlRequest, state: &Arc<Mutex<State>>) -> Reply {
     let Ok(mut state) = state.lock() else {
-        return fail("state poisoned".into());
+        return Reply::refused("allocator state is poisoned; restart the allocator");
     };
-    match request["cmd"].as_str() {
-        Some("list") => serde_json::json!({"ok": true, "data": state.quotas()}),
-        Some("set") => {
-            let rule = request["rule"].as_str().unwrap_or_default().to_string();
+    match request {
+        ControlRequest::List => Reply::data(state.quotas()),
+        ControlRequest::Set { rule, rate, burst } => {
             let current = state.quotas().into_iter().find(|q| q.rule == rule);
-            let burst = request["burst"].as_u64().or(current.map(|q| q.burst));
-            let Some(burst) = burst else {
-                return fail(format!("rule {rule:?} is new: give --burst"));
+            let Some(burst) = burst.or(current.map(|q| q.burst)) else {
+                return Reply::refused(format!("rule {rule:?} is new: give --burst"));
             };
-            let quota = Quota {
-                rule,
-                rate: request["rate"].as_u64().unwrap_or(0),
-                burst,
-            };
+            let quota = Quota { rule, rate, burst };
             if let Err(e) = config::check_quota(&quota) {
-                return fail(e.to_string());
+                return Reply::refused(e.to_string());
             }
             state.set_quota(&quota, now_ns());
             tracing::info!(rule = %quota.rule, rate = quota.rate, burst = quota.burst, "quota set");
-            serde_json::json!({"ok": true, "data": quota})
+            Reply::data(quota)
         }
-        _ => fail("unknown command".into()),
     }
 }
 
-fn control_call(socket: &Path, request: &serde_json::Value) -> Result<serde_json::Value> {
-    let mut stream = UnixStream::connect(socket)
-        .with_context(|| format!("connecting to {}", socket.display()))?;
-    stream.write_all(format!("{request}\n").as_bytes())?;
-    let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply)?;
-    let reply: serde_json::Value = serde_json::from_str(&reply).context("reply is not JSON")?;
-    if reply["ok"] != true {
-        bail!("{}", reply["error"].as_str().unwrap_or("refused"));
-    }
-    Ok(reply["data"].clone())
+fn control_call(socket: &Path, request: &ControlRequest) -> Result<serde_json::Value> {
+    Ok(limiter_service::control::call(socket, OWNER, request)?)
 }
 
 /// What the metrics endpoint reads.
@@ -396,9 +381,9 @@ impl MetricSources {
     }
 }
 
-/// Serves the allocator's metrics (limiter_http: concurrent, with timeouts) for the
+/// Serves the allocator's metrics (limiter_service::metrics: concurrent, with timeouts) for the
 /// life of the process.
 async fn serve_metrics(listener: TcpListener, sources: MetricSources) {
-    let render: limiter_http::Render = Arc::new(move || sources.render(now_ns()));
-    limiter_http::serve(listener, render, std::future::pending()).await;
+    let render: limiter_service::metrics::Render = Arc::new(move || sources.render(now_ns()));
+    limiter_service::metrics::serve(listener, render, std::future::pending()).await;
 }

@@ -1,30 +1,24 @@
-//! The control socket: one JSON request per connection, one JSON reply. Unix socket,
-//! mode 0600, and the peer must be root (SO_PEERCRED), so only root can question or
-//! change the daemon. `limiter_instance::claim` binds it (when the daemon starts): a
+//! The daemon's control socket: its requests and what each does. The transport (one
+//! JSON request per connection, one JSON reply, root peers only, size limit and timeouts)
+//! is limiter_service::control, shared with the allocator. Unix socket, mode 0600, so
+//! only root can question or change the daemon. `limiter_instance::claim` binds it (when the daemon starts): a
 //! directory it creates is 0700, an existing one keeps its mode, and nothing but a dead
 //! socket at the path is ever replaced.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    os::unix::net::UnixStream,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
+pub use limiter_service::control::{ControlError, Reply};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::{
-    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _},
-    net::UnixListener,
-    sync::broadcast,
-};
+use tokio::{net::UnixListener, sync::broadcast};
 
 use crate::{daemon::Daemon, explain::ExplainQuery};
 
-/// Longest request accepted (a request is a few hundred bytes).
-const MAX_REQUEST: u64 = 64 * 1024;
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Who answers on this socket, for the client's errors.
+const OWNER: &str = "limiter daemon";
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -43,15 +37,6 @@ pub enum Request {
     Detach,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Reply {
-    pub ok: bool,
-    #[serde(default)]
-    pub data: Value,
-    #[serde(default)]
-    pub error: Option<String>,
-}
-
 /// How the daemon should end, as told by a signal or a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shutdown {
@@ -61,60 +46,9 @@ pub enum Shutdown {
     Detach,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    #[error(
-        "no limiter daemon is listening at {0} (is `limiter run` running? another control_socket?)"
-    )]
-    NotRunning(PathBuf),
-    #[error("permission denied on {0}: the control socket is for root only")]
-    PermissionDenied(PathBuf),
-    #[error("talking to the daemon at {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("the daemon sent a reply that is not JSON: {0}")]
-    BadReply(String),
-    #[error("{0}")]
-    Refused(String),
-}
-
 /// Sends `request` to the daemon at `socket` and returns its data.
 pub fn call(socket: &Path, request: &Request) -> Result<Value, ControlError> {
-    let io = |source| ControlError::Io {
-        path: socket.to_path_buf(),
-        source,
-    };
-    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-            ControlError::NotRunning(socket.to_path_buf())
-        }
-        std::io::ErrorKind::PermissionDenied => {
-            ControlError::PermissionDenied(socket.to_path_buf())
-        }
-        _ => io(e),
-    })?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
-    let mut line =
-        serde_json::to_vec(request).map_err(|e| ControlError::BadReply(e.to_string()))?;
-    line.push(b'\n');
-    stream.write_all(&line).map_err(io)?;
-    let mut reply = String::new();
-    BufReader::new(stream).read_line(&mut reply).map_err(io)?;
-    let reply: Reply = serde_json::from_str(&reply)
-        .map_err(|e| ControlError::BadReply(format!("{e}: {reply:?}")))?;
-    if reply.ok {
-        Ok(reply.data)
-    } else {
-        Err(ControlError::Refused(
-            reply
-                .error
-                .unwrap_or_else(|| "refused without a reason".into()),
-        ))
-    }
+    limiter_service::control::call(socket, OWNER, request)
 }
 
 /// Serves the control socket the daemon claimed ([`crate::daemon::Daemon::take_control_listener`])
@@ -157,43 +91,16 @@ async fn handle(
     daemon: &Arc<Mutex<Daemon>>,
     shutdown: &broadcast::Sender<Shutdown>,
 ) -> std::io::Result<()> {
-    let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
-    let (read, mut write) = stream.into_split();
-    let mut line = String::new();
-    let mut reader = tokio::io::BufReader::new(read.take(MAX_REQUEST));
-    let read = tokio::time::timeout(CLIENT_TIMEOUT, reader.read_line(&mut line)).await;
-    let reply = match (root, read) {
-        (false, _) => refuse("the control socket is for root only".into()),
-        (true, Err(_)) => refuse("timed out waiting for the request".into()),
-        (true, Ok(Err(e))) => refuse(format!("reading the request: {e}")),
-        (true, Ok(Ok(_))) => match serde_json::from_str::<Request>(&line) {
-            Err(e) => refuse(format!("malformed request: {e}")),
-            Ok(request) => dispatch(request, daemon, shutdown),
-        },
-    };
-    let mut bytes = serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
-    bytes.push(b'\n');
-    write.write_all(&bytes).await?;
-    write.shutdown().await
-}
-
-fn refuse(error: String) -> Reply {
-    Reply {
-        ok: false,
-        data: Value::Null,
-        error: Some(error),
-    }
+    limiter_service::control::serve_connection(stream, |request| {
+        dispatch(request, daemon, shutdown)
+    })
+    .await
 }
 
 fn to_reply<T: Serialize>(result: Result<T, crate::Error>) -> Reply {
-    match result.map(|v| serde_json::to_value(v)) {
-        Ok(Ok(data)) => Reply {
-            ok: true,
-            data,
-            error: None,
-        },
-        Ok(Err(e)) => refuse(format!("encoding the reply: {e}")),
-        Err(e) => refuse(e.to_string()),
+    match result {
+        Ok(value) => Reply::data(value),
+        Err(e) => Reply::refused(e.to_string()),
     }
 }
 
@@ -203,7 +110,7 @@ fn dispatch(
     shutdown: &broadcast::Sender<Shutdown>,
 ) -> Reply {
     let Ok(mut d) = daemon.lock() else {
-        return refuse("daemon state is poisoned; restart the daemon".into());
+        return Reply::refused("daemon state is poisoned; restart the daemon");
     };
     match request {
         Request::Status => to_reply(d.status()),

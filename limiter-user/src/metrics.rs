@@ -271,7 +271,7 @@ pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
     })
 }
 
-/// Serves the daemon's metrics on `addr` (limiter_http: concurrent, with timeouts)
+/// Serves the daemon's metrics on `addr` (limiter_service::metrics: concurrent, with timeouts)
 /// until a shutdown is broadcast.
 pub async fn serve(
     addr: SocketAddr,
@@ -288,7 +288,7 @@ pub async fn serve(
     let mut stop = shutdown.subscribe();
     // Weak: a scrape in flight must not keep the daemon's state alive past its exit.
     let daemon = Arc::downgrade(&daemon);
-    let render: limiter_http::Render = Arc::new(move || {
+    let render: limiter_service::metrics::Render = Arc::new(move || {
         let daemon = daemon.upgrade().ok_or("the daemon is stopping")?;
         let daemon = daemon
             .lock()
@@ -297,7 +297,7 @@ pub async fn serve(
             .map(|s| render(&s))
             .map_err(|e| e.to_string())
     });
-    limiter_http::serve(listener, render, async move {
+    limiter_service::metrics::serve(listener, render, async move {
         let _ = stop.recv().await;
     })
     .await;

@@ -30,7 +30,7 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
             Ok(())
         }
         // No daemon: remove what an earlier one left pinned.
-        Err(ControlError::NotRunning(_)) => {
+        Err(ControlError::NotRunning { .. }) => {
             let Cleanup {
                 removed,
                 removed_filters,

@@ -1,7 +1,7 @@
-//! The Prometheus endpoint of the daemon and of the allocator: `GET` (or `HEAD`) of
+//! The Prometheus endpoint: `GET` (or `HEAD`) of
 //! `/metrics` or `/` answers the text exposition a caller-supplied renderer makes.
 //!
-//! hyper's HTTP/1.1 does the protocol; this crate adds what a scrape target exposed to a
+//! hyper's HTTP/1.1 does the protocol; this module adds what a scrape target exposed to a
 //! network needs: every connection is served on a task of its own (an idle or stalled
 //! client delays no other), a client must send its request head within
 //! [`HEADER_TIMEOUT`] and be done within [`CONNECTION_TIMEOUT`], and at most

@@ -1,0 +1,264 @@
+//! The control socket's transport, typed: one JSON request per connection (one line),
+//! one JSON reply ([`Reply`]). The peer must be root (SO_PEERCRED), a request is at most
+//! [`MAX_REQUEST`] bytes and must arrive within [`TIMEOUT`]; the client waits as long
+//! for the reply. Each binary has its own request enum and serves it with
+//! [`serve_connection`]; `limiter_instance::claim` binds the socket.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::net::UnixStream,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Longest request accepted (a request is a few hundred bytes).
+pub const MAX_REQUEST: u64 = 64 * 1024;
+/// How long either side waits for the other.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The answer to one request.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default)]
+    pub data: Value,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl Reply {
+    pub fn data<T: Serialize>(value: T) -> Reply {
+        match serde_json::to_value(value) {
+            Ok(data) => Reply {
+                ok: true,
+                data,
+                error: None,
+            },
+            Err(e) => Reply::refused(format!("encoding the reply: {e}")),
+        }
+    }
+
+    pub fn refused(reason: impl Into<String>) -> Reply {
+        Reply {
+            ok: false,
+            data: Value::Null,
+            error: Some(reason.into()),
+        }
+    }
+}
+
+/// Why a [`call`] got no data.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("no {owner} is listening at {path} (is it running? another control_socket?)")]
+    NotRunning { path: PathBuf, owner: &'static str },
+    #[error("permission denied on {0}: the control socket is for root only")]
+    PermissionDenied(PathBuf),
+    #[error("talking to the {owner} at {path}: {source}")]
+    Io {
+        path: PathBuf,
+        owner: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the {owner} sent a reply that is not one: {reply}")]
+    BadReply { owner: &'static str, reply: String },
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Sends `request` to the `owner` ("limiter daemon", "limiter-allocator") at `socket`
+/// and returns its data, or its refusal as [`ControlError::Refused`].
+pub fn call<R: Serialize>(
+    socket: &Path,
+    owner: &'static str,
+    request: &R,
+) -> Result<Value, ControlError> {
+    let io = |source| ControlError::Io {
+        path: socket.to_path_buf(),
+        owner,
+        source,
+    };
+    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            ControlError::NotRunning {
+                path: socket.to_path_buf(),
+                owner,
+            }
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            ControlError::PermissionDenied(socket.to_path_buf())
+        }
+        _ => io(e),
+    })?;
+    stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
+    let mut line = serde_json::to_vec(request).map_err(|e| ControlError::BadReply {
+        owner,
+        reply: format!("encoding the request: {e}"),
+    })?;
+    line.push(b'\n');
+    stream.write_all(&line).map_err(io)?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply).map_err(io)?;
+    let reply: Reply = serde_json::from_str(&reply).map_err(|e| ControlError::BadReply {
+        owner,
+        reply: format!("{e}: {reply:?}"),
+    })?;
+    if reply.ok {
+        Ok(reply.data)
+    } else {
+        Err(ControlError::Refused(
+            reply
+                .error
+                .unwrap_or_else(|| "refused without a reason".into()),
+        ))
+    }
+}
+
+/// Reads one request from `stream` and writes `handle`'s reply. Refused before `handle`
+/// runs: a peer that is not root, a request not received within [`TIMEOUT`], longer than
+/// [`MAX_REQUEST`], or not an `R`.
+pub async fn serve_connection<R: DeserializeOwned>(
+    stream: tokio::net::UnixStream,
+    handle: impl FnOnce(R) -> Reply,
+) -> std::io::Result<()> {
+    let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = tokio::io::BufReader::new(read.take(MAX_REQUEST));
+    let read = tokio::time::timeout(TIMEOUT, reader.read_line(&mut line)).await;
+    let reply = match (root, read) {
+        (false, _) => Reply::refused("the control socket is for root only"),
+        (true, Err(_)) => Reply::refused("timed out waiting for the request"),
+        (true, Ok(Err(e))) => Reply::refused(format!("reading the request: {e}")),
+        (true, Ok(Ok(_))) if !line.ends_with('\n') => Reply::refused(format!(
+            "the request is not one line of at most {MAX_REQUEST} bytes"
+        )),
+        (true, Ok(Ok(_))) => match serde_json::from_str::<R>(&line) {
+            Err(e) => Reply::refused(format!("malformed request: {e}")),
+            Ok(request) => handle(request),
+        },
+    };
+    let mut bytes = serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+    bytes.push(b'\n');
+    tokio::time::timeout(TIMEOUT, write.write_all(&bytes))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "writing the reply"))??;
+    write.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+    use super::*;
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    #[serde(tag = "cmd", rename_all = "snake_case")]
+    enum Ask {
+        Echo { text: String },
+    }
+
+    /// Serves one connection on `socket` in the background with an echoing handler.
+    fn serve_once(socket: &Path) -> std::thread::JoinHandle<()> {
+        let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                listener.set_nonblocking(true).unwrap();
+                let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+                let (stream, _) = listener.accept().await.unwrap();
+                serve_connection(stream, |Ask::Echo { text }| Reply::data(text))
+                    .await
+                    .unwrap();
+            });
+        })
+    }
+
+    #[test]
+    fn a_typed_request_gets_its_reply() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let server = serve_once(&socket);
+        let data = call(
+            &socket,
+            "test server",
+            &Ask::Echo {
+                text: "hello".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(data, Value::from("hello"));
+        server.join().unwrap();
+    }
+
+    /// Sends raw bytes and reads the reply line.
+    fn raw(socket: &Path, bytes: &[u8]) -> Reply {
+        let mut stream = UnixStream::connect(socket).unwrap();
+        let _ = stream.write_all(bytes);
+        let mut reply = String::new();
+        BufReader::new(stream).read_line(&mut reply).unwrap();
+        serde_json::from_str(&reply).unwrap()
+    }
+
+    #[test]
+    fn what_is_not_a_request_is_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        for (bytes, expected) in [
+            (
+                &b"{\"cmd\":\"delete_everything\"}\n"[..],
+                "malformed request",
+            ),
+            (&b"not json\n"[..], "malformed request"),
+        ] {
+            let _ = std::fs::remove_file(&socket);
+            let server = serve_once(&socket);
+            let reply = raw(&socket, bytes);
+            assert!(!reply.ok);
+            assert!(
+                reply.error.as_deref().unwrap().contains(expected),
+                "{reply:?}"
+            );
+            server.join().unwrap();
+        }
+        // Longer than MAX_REQUEST: refused without reading the rest.
+        let _ = std::fs::remove_file(&socket);
+        let server = serve_once(&socket);
+        let long = vec![b'x'; MAX_REQUEST as usize + 10];
+        let reply = raw(&socket, &long);
+        assert!(
+            reply
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("at most 65536 bytes"),
+            "{reply:?}"
+        );
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn no_server_names_the_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = call(
+            &dir.path().join("nobody.sock"),
+            "limiter-allocator",
+            &Ask::Echo { text: "x".into() },
+        )
+        .unwrap_err();
+        assert!(matches!(e, ControlError::NotRunning { .. }), "{e}");
+        assert!(
+            e.to_string().contains("no limiter-allocator is listening"),
+            "{e}"
+        );
+    }
+}

@@ -39,31 +39,6 @@ fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
 }
 
-/// Runs `limiter run` expecting it to refuse to start; returns its stderr.
-fn run_refused(lab: &Lab) -> String {
-    let mut child = Command::new(LIMITER)
-        .args(["run", "--config"])
-        .arg(&lab.config)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(!status.success(), "limiter run succeeded: {err}");
-            return err;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("limiter run did not refuse to start: it is running");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Whether XDP is off `iface` within a second: the kernel releases a link whose pin and
 /// last descriptor are gone asynchronously.
 fn xdp_detached_soon(iface: &str) -> bool {
@@ -110,7 +85,7 @@ fn daemon_refuses_a_file_at_its_socket_path_and_changes_nothing() {
     let lab = Lab::new(RULE);
     std::fs::create_dir_all(lab.socket.parent().unwrap()).unwrap();
     std::fs::write(&lab.socket, "not a socket").unwrap();
-    let err = run_refused(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains(&format!("{} is in the way", lab.socket.display()))
             && err.contains("a regular file"),
@@ -130,7 +105,7 @@ fn daemon_refuses_a_live_socket_and_a_second_daemon() {
     std::fs::create_dir_all(lab.socket.parent().unwrap()).unwrap();
     // Someone else serves at the path (no limiter lock held).
     let foreign = UnixListener::bind(&lab.socket).unwrap();
-    let err = run_refused(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains(&format!("{} is live", lab.socket.display())),
         "{err}"
@@ -144,7 +119,7 @@ fn daemon_refuses_a_live_socket_and_a_second_daemon() {
     // A dead socket (the foreign server exited) is replaced; then a second daemon on
     // the same socket is refused, naming the first one's pid.
     let daemon = lab.start();
-    let err = run_refused(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains("another limiter daemon is running")
             && err.contains(&format!("pid {}", daemon.pid())),
@@ -400,7 +375,7 @@ fn a_foreign_object_at_a_link_pin_is_refused_not_replaced() {
     std::fs::create_dir(&lab.pins.path).unwrap();
     let pin = lab.pins.path.join(format!("link_{}", lab.pair.host));
     foreign_map(&pin, "someone_elses");
-    let err = run_refused(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains(&format!("{} is in the way", pin.display())) && err.contains("a pinned map"),
         "{err}"
@@ -413,7 +388,7 @@ fn a_foreign_object_at_a_link_pin_is_refused_not_replaced() {
     // adopted: the program would run on it.
     let control = lab.pins.path.join("CONTROL");
     foreign_map_of(&control, "someones_ctl", 8);
-    let err = run_refused(&lab);
+    let err = lab.run_must_fail();
     assert!(
         err.contains(&format!("{} is in the way", control.display()))
             && err.contains("a map named \"someones_ctl\", not the limiter's CONTROL"),

@@ -1,9 +1,9 @@
 //! The daemon's control socket: its requests and what each does. The transport (one
 //! JSON request per connection, one JSON reply, root peers only, size limit and timeouts)
 //! is limiter_service::control, shared with the allocator. Unix socket, mode 0600, so
-//! only root can question or change the daemon. `limiter_instance::claim` binds it (when the daemon starts): a
-//! directory it creates is 0700, an existing one keeps its mode, and nothing but a dead
-//! socket at the path is ever replaced.
+//! only root can question or change the daemon. `limiter_instance::claim` binds it when
+//! the daemon starts: a directory it creates is 0700, an existing one keeps its mode,
+//! and nothing but a dead socket at the path is ever replaced.
 
 use std::{
     path::Path,

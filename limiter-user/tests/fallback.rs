@@ -83,8 +83,9 @@ fn held_by_a_link(id: u32) -> bool {
 /// `limiter detach` gives the hook back to the very program it took.
 #[test]
 fn the_limiter_takes_xdp_filters_hook_and_both_enforce_through_restarts() {
-    needs_freplace_refused();
+    // First: the check below runs libxdp, which makes its state directory.
     let _state = LibxdpState::new();
+    needs_freplace_refused();
     let lab = Lab::with_settings(WEB, "native", FALLBACK);
     let filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let xdp_filter = lab.attached_program().expect("xdp-filter on the hook");
@@ -227,8 +228,9 @@ fn the_limiter_takes_xdp_filters_hook_and_both_enforce_through_restarts() {
 /// it gives the hook back at the next start (and then refuses, as without it).
 #[test]
 fn without_the_key_nothing_is_taken_and_an_earlier_takeover_is_given_back() {
-    needs_freplace_refused();
+    // First: the check below runs libxdp, which makes its state directory.
     let _state = LibxdpState::new();
+    needs_freplace_refused();
     let mut lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
     let _filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let xdp_filter = lab.attached_program().unwrap();
@@ -268,8 +270,9 @@ fn without_the_key_nothing_is_taken_and_an_earlier_takeover_is_given_back() {
 /// loads a single program there), adopts it on restart, and detach empties the hook.
 #[test]
 fn on_an_empty_hook_the_limiter_runs_alone_through_netlink() {
-    needs_freplace_refused();
+    // First: the check below runs libxdp, which makes its state directory.
     let _state = LibxdpState::new();
+    needs_freplace_refused();
     let lab = Lab::with_settings(WEB, "native", FALLBACK);
     let daemon = lab.start();
     let ours = lab.attached_program().expect("the limiter on the hook");
@@ -299,8 +302,9 @@ fn on_an_empty_hook_the_limiter_runs_alone_through_netlink() {
 /// the pin the limiter would use.
 #[test]
 fn what_cannot_be_taken_is_refused_and_left_alone() {
-    needs_freplace_refused();
+    // First: the check below runs libxdp, which makes its state directory.
     let _state = LibxdpState::new();
+    needs_freplace_refused();
     let lab = Lab::with_settings(WEB, "native", FALLBACK);
     {
         let mut ebpf = aya::Ebpf::load(limiter_user::program::BASELINE_OBJECT).unwrap();
@@ -357,8 +361,9 @@ fn what_cannot_be_taken_is_refused_and_left_alone() {
 /// load is refused by libxdp and changes nothing, so neither side can take the other down.
 #[test]
 fn xdp_filters_tools_keep_working_and_cannot_undo_the_takeover() {
-    needs_freplace_refused();
+    // First: the check below runs libxdp, which makes its state directory.
     let _state = LibxdpState::new();
+    needs_freplace_refused();
     let lab = Lab::with_settings(WEB, "native", FALLBACK);
     let filter = XdpFilter::load(&lab.pair.host, FILTERED_PORT);
     let rx = RxCounter::attach(&lab.pair.host).unwrap();

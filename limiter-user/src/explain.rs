@@ -304,7 +304,11 @@ fn explain_metered(
             rule.source_prefix_v4,
             rule.source_prefix_v6,
         );
-        let tat = maps.source_bucket(&key)?.map_or(0, |b| b.tat);
+        // The source's most advanced cell is the one that decides (a frame must conform
+        // in every cell); cells never used read as a full bucket.
+        let tat = maps
+            .source_cells(&key, &rule.per_source)?
+            .map_or(0, |cells| binding_tat(&cells, now));
         out.per_source = Some(bucket_view(
             source_label(query, rule),
             rule.source_rate,
@@ -430,6 +434,22 @@ fn render_verdict(e: &Explanation) -> String {
         e.dropped_last_10s, e.dropped_last_60s, e.dropped_total
     );
     out + &format!("verdict now: {} ({})\n", e.verdict, e.reason)
+}
+
+/// Of a source's sketch cells (index, TAT), the TAT furthest ahead of `now`: the cell
+/// that refuses first.
+fn binding_tat(cells: &[(u32, u64)], now: u64) -> u64 {
+    cells
+        .iter()
+        .map(|&(_, tat)| tat)
+        .max_by_key(|&tat| {
+            if tat == 0 {
+                i64::MIN
+            } else {
+                tat.wrapping_sub(now) as i64
+            }
+        })
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

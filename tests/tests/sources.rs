@@ -207,3 +207,124 @@ fn the_aggregate_bucket_is_unchanged() {
         "third: the aggregate refilled and the refused frame was refunded to the source"
     );
 }
+
+/// `bytes_memlock` of one map, as bpftool reports it.
+fn memlock_of_map(id: u32) -> (String, u64) {
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "show", "id", &id.to_string(), "-j"])
+        .output()
+        .expect("running bpftool (apt-get install bpftool)");
+    assert!(out.status.success(), "bpftool map show id {id}: {out:?}");
+    // One flat JSON object: the two fields are read without a JSON dependency.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        let at = text
+            .find(&format!("\"{name}\":"))
+            .unwrap_or_else(|| panic!("no {name} in bpftool's output: {text}"));
+        let rest = text[at + name.len() + 3..].trim_start();
+        rest.split([',', '}'])
+            .next()
+            .unwrap_or("")
+            .trim()
+            .trim_matches('"')
+            .to_string()
+    };
+    (
+        field("name"),
+        field("bytes_memlock")
+            .parse()
+            .expect("bytes_memlock is a number"),
+    )
+}
+
+/// This process's memory cgroup usage (v1 or v2), for the kernel's own accounting.
+fn cgroup_memory() -> Option<u64> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let file = match controllers {
+            "memory" => format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"),
+            "" => format!("/sys/fs/cgroup{path}/memory.current"),
+            _ => continue,
+        };
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            return text.trim().parse().ok();
+        }
+    }
+    None
+}
+
+/// The sketch's memory and the whole program's at `max_sources` 1 M and 16 M, from
+/// bpftool's memlock of every map the program's builds use and from the memory
+/// cgroup's usage before and after loading; beside it, the per-source LRU of earlier
+/// versions at the same sizes (the bench's `cand_lru` map). Prints the README's table;
+/// checks the sketch costs ROWS × 8 bytes per cell (plus at most a page).
+#[test]
+fn memory_per_source_at_1m_and_16m() {
+    use limiter_common::sketch;
+    use limiter_user::program::{LoadOptions, Program, Variant, BASELINE_OBJECT};
+    limiter_tests::netns::require_root().unwrap();
+    eprintln!("max_sources  sketch memlock  program memlock  cgroup delta  LRU memlock");
+    for max_sources in [1u32 << 20, 1 << 24] {
+        let before = cgroup_memory();
+        let program = Program::load(&LoadOptions {
+            pin_dir: None,
+            max_sources,
+            handoff_array: None,
+        })
+        .expect("loading the program");
+        let after = cgroup_memory();
+        let mut ids: Vec<u32> = Variant::ALL
+            .iter()
+            .flat_map(|&v| {
+                program
+                    .info(v)
+                    .expect("program info")
+                    .map_ids()
+                    .expect("map ids")
+                    .unwrap_or_default()
+            })
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let maps: Vec<(String, u64)> = ids.into_iter().map(memlock_of_map).collect();
+        let total: u64 = maps.iter().map(|(_, b)| b).sum();
+        let sketch_bytes = maps
+            .iter()
+            .find(|(n, _)| n == "SRC_SKETCH")
+            .map(|(_, b)| *b)
+            .expect("SRC_SKETCH among the program's maps");
+        let cells = u64::from(sketch::cells_for(max_sources));
+        assert!(
+            sketch_bytes >= cells * 8 && sketch_bytes <= cells * 8 + 2 * 4096,
+            "SRC_SKETCH memlock {sketch_bytes} for {cells} cells"
+        );
+        drop(program);
+
+        let mut baseline = aya::EbpfLoader::new()
+            .map_max_entries("CAND_LRU", max_sources)
+            .load(BASELINE_OBJECT)
+            .expect("loading the baseline object");
+        let lru = baseline
+            .take_map("CAND_LRU")
+            .expect("CAND_LRU in the baseline object");
+        let aya::maps::Map::LruHashMap(data) = &lru else {
+            panic!("CAND_LRU is not an LRU hash map");
+        };
+        let (_, lru_bytes) = memlock_of_map(data.info().expect("CAND_LRU info").id());
+        let per_source = |bytes: u64| bytes as f64 / f64::from(max_sources);
+        eprintln!(
+            "{max_sources:>11}  {sketch_bytes:>14}  {total:>15}  {:>12}  {lru_bytes:>11}",
+            match (before, after) {
+                (Some(b), Some(a)) => (a as i64 - b as i64).to_string(),
+                _ => "n/a".into(),
+            }
+        );
+        eprintln!(
+            "             per source: sketch {:.1} B, LRU {:.1} B",
+            per_source(sketch_bytes),
+            per_source(lru_bytes)
+        );
+    }
+}

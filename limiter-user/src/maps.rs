@@ -485,6 +485,71 @@ impl Maps {
         Ok(fill)
     }
 
+    /// Carries the per-source state of an earlier version's pinned LRU (`SRC_BUCKETS` in
+    /// `pin_dir`) into the sketch, then removes that pin: an upgrade gives no throttled
+    /// source its burst back, and the old map (96 bytes a source) is freed once the old
+    /// program is replaced. Each bucket still holding state is folded into its source's
+    /// cells under the rule's current per-source limit (a cell keeps the more advanced of
+    /// its own TAT and the bucket's: upper bounds stay upper bounds). Runs before the new
+    /// rule table is written, so the live table is the one the old buckets were keyed by.
+    /// `None`: no such pin. A map there that is not the limiter's LRU is left alone.
+    pub fn carry_over_lru(&mut self, pin_dir: &Path) -> Result<Option<u64>, Error> {
+        let path = pin_dir.join(map_name::SRC_BUCKETS);
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Ok(None);
+        }
+        let data = MapData::from_pin(&path)
+            .map_err(map_err(format!("opening pinned map {}", path.display())))?;
+        let info = data
+            .info()
+            .map_err(map_err(format!("reading {}", path.display())))?;
+        let is_lru = matches!(info.map_type(), Ok(aya::maps::MapType::LruHash));
+        if info.name_as_str() != Some(map_name::SRC_BUCKETS)
+            || !is_lru
+            || info.key_size() as usize != std::mem::size_of::<SourceKey>()
+            || info.value_size() as usize != std::mem::size_of::<Bucket>()
+        {
+            return Err(Error::PinInTheWay {
+                path,
+                why: "not the per-source LRU of an earlier limiter (name, type or layout)".into(),
+            });
+        }
+        let lru: HashMap<MapData, SourceKey, Bucket> = typed(
+            Map::from_map_data(data).map_err(map_err("opening SRC_BUCKETS"))?,
+            map_name::SRC_BUCKETS,
+        )?;
+        let meta = self.sketch_meta()?;
+        let rules = self.live_rules()?;
+        let now = limiter_common::gcra::ticks_from_ns(crate::fleet::monotonic_ns());
+        let mut carried = 0u64;
+        for entry in lru.iter() {
+            let (key, bucket) = entry.map_err(map_err("reading SRC_BUCKETS"))?;
+            let Some(rule) = rules.get(&key.slot) else {
+                continue;
+            };
+            if rule.flags & limiter_common::abi::RULE_HAS_PER_SOURCE == 0
+                || sketch::at_rest(bucket.tat, now)
+            {
+                continue;
+            }
+            for index in sketch::cells_of(&meta, &key, &rule.per_source) {
+                let cell = self
+                    .src_sketch
+                    .get(&index, 0)
+                    .map_err(map_err(format!("reading SRC_SKETCH cell {index}")))?;
+                if sketch::lead(bucket.tat, now) > sketch::lead(cell.tat, now) {
+                    self.set_sketch_cell(index, bucket.tat)?;
+                }
+            }
+            carried += 1;
+        }
+        std::fs::remove_file(&path).map_err(|e| Error::Io {
+            what: format!("removing {}", path.display()),
+            source: e,
+        })?;
+        Ok(Some(carried))
+    }
+
     /// The sketch's counters, summed over CPUs.
     pub fn sketch_counters(&self) -> Result<SketchCounters, Error> {
         let per_cpu = self

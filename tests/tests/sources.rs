@@ -328,3 +328,123 @@ fn memory_per_source_at_1m_and_16m() {
         );
     }
 }
+
+/// An LRU hash named `SRC_BUCKETS` with the earlier versions' layout (SourceKey →
+/// Bucket), created by BPF_MAP_CREATE as the earlier daemon's loader made it.
+fn earlier_versions_lru(entries: u32) -> aya::maps::MapData {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    #[repr(C)]
+    #[derive(Default)]
+    struct MapCreate {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+        inner_map_fd: u32,
+        numa_node: u32,
+        map_name: [u8; 16],
+    }
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+    let mut attr = MapCreate {
+        map_type: BPF_MAP_TYPE_LRU_HASH,
+        key_size: size_of::<limiter_common::abi::SourceKey>() as u32,
+        value_size: size_of::<limiter_common::abi::Bucket>() as u32,
+        max_entries: entries,
+        ..MapCreate::default()
+    };
+    attr.map_name[..11].copy_from_slice(b"SRC_BUCKETS");
+    // SAFETY: attr is a valid prefix of union bpf_attr for BPF_MAP_CREATE.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            &mut attr as *mut MapCreate,
+            size_of::<MapCreate>(),
+        )
+    };
+    assert!(
+        fd >= 0,
+        "BPF_MAP_CREATE: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    aya::maps::MapData::from_fd(fd).expect("wrapping the map fd")
+}
+
+/// A daemon upgrade over the pins of a version with the per-source LRU: a source its
+/// LRU bucket throttles stays throttled in the sketch (its state is carried over), and
+/// the old map's pin is removed. Without the carry-over the upgraded program would give
+/// the source a fresh burst: its frame would pass.
+#[test]
+fn an_upgrade_carries_the_lru_state_into_the_sketch() {
+    use aya::programs::{TestRun, TestRunOptions};
+    use limiter_common::abi::{map_name, Bucket, SourceKey};
+    use limiter_user::{
+        config::Config,
+        daemon::apply_rules,
+        program::{LoadOptions, Program},
+    };
+    limiter_tests::netns::require_root().unwrap();
+    let pins = limiter_tests::scenario::PinDir::new();
+    struct Cleanup<'a>(&'a std::path::Path);
+    impl Drop for Cleanup<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0);
+        }
+    }
+    let _cleanup = Cleanup(&pins.path);
+    let config_text = format!(
+        "max_sources = 4096\n[[rules]]\nname = \"guarded\"\ndst = \"{DST}/32\"\n\
+         [rules.per_source]\nrate = 1\nburst = 1\n"
+    );
+    let config = Config::parse(&config_text, std::path::Path::new("<test>")).unwrap();
+    let opts = LoadOptions {
+        pin_dir: Some(pins.path.clone()),
+        max_sources: config.max_sources,
+        handoff_array: None,
+    };
+    // The running version: its rules pinned, and its LRU with the throttled source's
+    // bucket a whole second in debt (its burst of 1 just spent).
+    let slot = {
+        let mut program = Program::load(&opts).expect("loading the program (root, bpffs)");
+        let mut maps = program.maps().unwrap();
+        let table = apply_rules(&mut maps, &config).unwrap();
+        table.slots["guarded"]
+    };
+    let mut src = [0u8; 16];
+    src[..4].copy_from_slice(&THROTTLED.octets());
+    let key = SourceKey::masked(slot, 4, &src, 32, 128);
+    let now_ns = limiter_user::fleet::monotonic_ns();
+    let debt = limiter_common::gcra::ticks_from_ns(now_ns + 5_000_000_000);
+    let lru = earlier_versions_lru(4096);
+    lru.pin(pins.path.join(map_name::SRC_BUCKETS)).unwrap();
+    let mut lru: aya::maps::HashMap<_, SourceKey, Bucket> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(lru)).unwrap();
+    lru.insert(key, Bucket { tat: debt }, 0).unwrap();
+    drop(lru);
+
+    // The upgrade: the same pins, this version's program.
+    let mut program = Program::load(&opts).expect("loading over the pins");
+    let maps = program.maps().unwrap();
+    assert!(
+        !pins.path.join(map_name::SRC_BUCKETS).exists(),
+        "the earlier version's LRU pin is still there"
+    );
+    let limit = maps.live_rules().unwrap()[&slot].per_source;
+    let cells = maps.source_cells(&key, &limit).unwrap().unwrap();
+    assert!(
+        cells.iter().all(|&(_, tat)| tat == debt),
+        "the cells do not hold the carried state: {cells:?}, expected {debt}"
+    );
+    let frame = frame(THROTTLED);
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(&frame);
+    let verdict = program.xdp().unwrap().test_run(opts).unwrap().return_value;
+    assert_eq!(
+        verdict, XDP_DROP,
+        "the throttled source got a fresh burst at the upgrade"
+    );
+}

@@ -392,17 +392,21 @@ mod tests {
             let keys: Vec<[u32; ROWS as usize]> = (0..sources)
                 .map(|i| cells_of(&meta, &key(0, 0xC612_0000 + i), &limit))
                 .collect();
-            let mut order: Vec<(u64, u32)> = (0..sources)
-                .map(|i| (rng.next() % period, i))
-                .collect();
+            let mut order: Vec<(u64, u32)> =
+                (0..sources).map(|i| (rng.next() % period, i)).collect();
             order.sort_unstable();
             let mut cells = vec![0u64; cells_for(width) as usize];
             let mut limited = vec![false; sources as usize];
             for round in 0..100u64 {
                 for &(phase, i) in &order {
                     let now = start + round * period + phase;
-                    let admitted =
-                        conform_cells(&mut cells, &keys[i as usize], now, limit.cost(1), limit.tolerance);
+                    let admitted = conform_cells(
+                        &mut cells,
+                        &keys[i as usize],
+                        now,
+                        limit.cost(1),
+                        limit.tolerance,
+                    );
                     if !admitted && round >= 25 {
                         limited[i as usize] = true;
                     }
@@ -474,7 +478,11 @@ mod tests {
                                 .all(|&c| counts[c as usize] > others)
                         })
                         .count() as f64;
-                    let p = false_limit_formula(f64::from(sources), f64::from(width), u32::from(others));
+                    let p = false_limit_formula(
+                        f64::from(sources),
+                        f64::from(width),
+                        u32::from(others),
+                    );
                     let n = f64::from(sources);
                     let sigma = (n * p * (1.0 - p)).sqrt();
                     eprintln!(

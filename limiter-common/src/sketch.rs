@@ -436,6 +436,70 @@ mod tests {
         }
     }
 
+    /// The attacker's best flood against the sketch: sources each sending at or above
+    /// the limit, so each holds both its cells at R. A well-behaved source at r = R/2 is
+    /// then limited if each of its cells holds one of them (or 2 other well-behaved
+    /// ones): P = (1 - e^(-H/W) · P(Poisson(L/W) < 2))^ROWS for H such sources and L
+    /// well-behaved ones. Through the cell arithmetic: H = W/8 sources at 2R beside 4096
+    /// at R/2, 2 s of virtual time.
+    #[test]
+    fn sources_held_at_their_limit_cost_their_cell_mates_as_the_formula_says() {
+        let limit = Limit::new(Granularity::Event, 100, 10).unwrap();
+        let width: u32 = 1 << 16;
+        let meta = SketchMeta {
+            seed: [0x0bad_5eed, 0x600d_5eed],
+            width_mask: width - 1,
+            rows: ROWS,
+        };
+        let (heavy, light) = (width / 8, 4096u32);
+        // A light source every 20 ms (50/s), a heavy one every 5 ms (200/s).
+        let period = gcra::ticks_from_ns(20_000_000);
+        let start = 1u64 << 40;
+        let mut rng = Rng(0x1234_5678_9abc_def1);
+        let keys: Vec<[u32; ROWS as usize]> = (0..heavy + light)
+            .map(|i| cells_of(&meta, &key(0, 0x0A00_0000 + i), &limit))
+            .collect();
+        // (time within the period, source); heavy sources four times a period.
+        let mut order: Vec<(u64, u32)> = Vec::new();
+        for i in 0..heavy + light {
+            let phase = rng.next() % period;
+            let times = if i < heavy { 4 } else { 1 };
+            for k in 0..times {
+                order.push(((phase + k * period / 4) % period, i));
+            }
+        }
+        order.sort_unstable();
+        let mut cells = vec![0u64; cells_for(width) as usize];
+        let mut limited = vec![false; (heavy + light) as usize];
+        for round in 0..100u64 {
+            for &(at, i) in &order {
+                let now = start + round * period + at;
+                let admitted = conform_cells(
+                    &mut cells,
+                    &keys[i as usize],
+                    now,
+                    limit.cost(1),
+                    limit.tolerance,
+                );
+                if !admitted && round >= 25 {
+                    limited[i as usize] = true;
+                }
+            }
+        }
+        let got = limited[heavy as usize..].iter().filter(|&&l| l).count() as f64;
+        let w = f64::from(width);
+        let no_heavy = (-f64::from(heavy) / w).exp();
+        let few_light = 1.0 - poisson_tail(f64::from(light) / w, 2);
+        let p = (1.0 - no_heavy * few_light).powi(ROWS as i32);
+        let expected = p * f64::from(light);
+        let sigma = (expected * (1.0 - p)).sqrt();
+        eprintln!("{heavy} sources at 2R, {light} at R/2 in {width} cells a row: {got} of the latter limited, formula {expected:.1}");
+        assert!(
+            (got - expected).abs() <= (4.0 * sigma).max(3.0),
+            "{got} limited, the formula says {expected:.1}"
+        );
+    }
+
     /// The formula against the real hash at the scales: 1 M, 10 M and 100 M
     /// distinct sources hashed into the rows of `max_sources` = 1 M and 16 M; a source
     /// counts as limited at rate R/2 (R/10) when both its cells hold at least 2 (10)

@@ -1173,7 +1173,8 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
 }
 
 fn outro_lines(rows: &[Row]) -> Vec<String> {
-    rows.iter()
+    let mut lines: Vec<String> = rows
+        .iter()
         .filter(|r| r.hot_path)
         .map(|r| {
             let met = if r.ratio() <= HOT_PATH_TARGET {
@@ -1187,8 +1188,43 @@ fn outro_lines(rows: &[Row]) -> Vec<String> {
                 r.ratio()
             )
         })
-        .collect()
+        .collect();
+    // The issue's new-source target, against both known working sets of the same run.
+    let ns = |prefix: &str| {
+        rows.iter()
+            .find(|r| r.scenario.starts_with(prefix))
+            .map(|r| r.ns)
+    };
+    if let Some(new) = ns("new source every frame (max_sources 1048576)") {
+        for (what, prefix) in [
+            (
+                "cached",
+                "known source every frame (max_sources 1048576; 4096",
+            ),
+            (
+                "uncached",
+                "known source every frame (max_sources 1048576; 65536",
+            ),
+        ] {
+            if let Some(known) = ns(prefix) {
+                let ratio = new / known;
+                let met = if ratio <= NEW_SOURCE_TARGET {
+                    "met"
+                } else {
+                    "NOT met"
+                };
+                lines.push(format!(
+                    "new-source target ≤ {NEW_SOURCE_TARGET}× a known source ({what} cells): \
+                     {ratio:.2}×: {met}"
+                ));
+            }
+        }
+    }
+    lines
 }
+
+/// The issue's target for a new source every frame, as a multiple of a known source.
+const NEW_SOURCE_TARGET: f64 = 1.5;
 
 fn text_table(rows: &[[String; 5]]) -> String {
     let mut widths = COLUMNS.map(|c| c.chars().count());

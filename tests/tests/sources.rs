@@ -448,3 +448,92 @@ fn an_upgrade_carries_the_lru_state_into_the_sketch() {
         "the throttled source got a fresh burst at the upgrade"
     );
 }
+
+/// Collisions as the sketch defines them, in the kernel and in `explain`: in a sketch of
+/// 1024 cells a row, with a throttled source A, a source B sharing one of A's cells is
+/// decided by its other cell (the least advanced) and passes, while a source C sharing
+/// both is limited: the false limit the formula counts, which `explain` foretells. An
+/// all-cells-must-admit sketch would refuse B too.
+#[test]
+fn one_shared_cell_limits_nobody_two_do_and_explain_says_so() {
+    use std::net::{IpAddr, Ipv6Addr};
+
+    use limiter_common::{abi::SourceKey, sketch};
+    use limiter_user::{
+        config::Proto,
+        explain::{explain, ExplainQuery},
+    };
+    const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+    let config = format!(
+        "max_sources = 1024\n[[rules]]\nname = \"guarded\"\ndst = \"{DST6}/128\"\n\
+         [rules.per_source]\nrate = 1\nburst = 1\nprefix_v6 = 128\n"
+    );
+    let loaded = fixture::load(&config).expect("loading the program");
+    let slot = loaded.table.slots["guarded"];
+    let meta = loaded.maps.sketch_meta_as_is().unwrap();
+    let limit = loaded.maps.live_rules().unwrap()[&slot].per_source;
+    let source = |i: u64| {
+        Ipv6Addr::new(
+            0x2001,
+            0xdb8,
+            1,
+            0,
+            (i >> 48) as u16,
+            (i >> 32) as u16,
+            (i >> 16) as u16,
+            i as u16,
+        )
+    };
+    let cells = |a: Ipv6Addr| {
+        sketch::cells_of(
+            &meta,
+            &SourceKey::masked(slot, 6, &a.octets(), 32, 128),
+            &limit,
+        )
+    };
+    let a = source(0);
+    let of_a = cells(a);
+    let b = (1..)
+        .map(source)
+        .find(|&s| {
+            let c = cells(s);
+            c[0] == of_a[0] && c[1] != of_a[1]
+        })
+        .unwrap();
+    // 2^20 pairs of cells: found within a few million tries.
+    let c = (1..50_000_000)
+        .map(source)
+        .find(|&s| cells(s) == of_a)
+        .expect("a source sharing both of A's cells within 5e7 addresses");
+
+    let run = |src: Ipv6Addr| {
+        let f = FrameBuilder::ipv6(src, DST6).udp(1, 53).build();
+        loaded.run(&f).expect("test run")
+    };
+    let foretold = |src: Ipv6Addr| {
+        let query = ExplainQuery {
+            src: IpAddr::V6(src),
+            dst: IpAddr::V6(DST6),
+            dst_port: Some(53),
+            proto: Proto::Udp,
+            frame_len: 64,
+            syn: false,
+        };
+        let e = explain(&loaded.table, &loaded.maps, &query, |_, _| (0, 0)).unwrap();
+        e.per_source.expect("a per-source view").conforms
+    };
+    assert_eq!(run(a), XDP_PASS, "A's first frame");
+    assert_eq!(run(a), XDP_DROP, "A is throttled");
+    assert!(foretold(b), "explain: B's other cell is free");
+    assert!(!foretold(c), "explain: both of C's cells are A's");
+    assert_eq!(
+        run(b),
+        XDP_PASS,
+        "B shares one cell with A: its other cell decides"
+    );
+    assert_eq!(
+        run(c),
+        XDP_DROP,
+        "C shares both cells with A: limited by collision"
+    );
+}

@@ -525,7 +525,8 @@ pub struct GlobalCounters {
     pub non_ip: u64,
     /// IP frames no rule matched (passed).
     pub unmatched: u64,
-    /// Per-source buckets that could not be created (frame metered by the aggregate only).
+    /// Frames a per-source limit could not meter (the sketch not set up yet: no seed);
+    /// metered by the aggregate only. The name is the LRU's, whose inserts could fail.
     pub insert_failures: u64,
     /// Bucket updates that lost the CAS race too often and were passed.
     pub contended: u64,

@@ -178,7 +178,7 @@ pub fn render(s: &Snapshot) -> String {
         ),
         (
             "limiter_source_insert_failures_total",
-            "Per-source buckets that could not be created.",
+            "Frames a per-source limit could not meter (the sketch not set up yet).",
             g.insert_failures,
         ),
         (

@@ -27,7 +27,15 @@ pub mod map_name {
     pub const PREFIXES_V6_0: &str = "PREFIXES_V6_0";
     pub const PREFIXES_V6_1: &str = "PREFIXES_V6_1";
     pub const AGG_BUCKETS: &str = "AGG_BUCKETS";
+    /// The per-source LRU of earlier versions: no longer created. An upgrade reads a
+    /// pinned one once, to carry its sources' state into the sketch.
     pub const SRC_BUCKETS: &str = "SRC_BUCKETS";
+    /// Per-source GCRA cells (limiter_common::sketch): `ROWS × width` TATs.
+    pub const SRC_SKETCH: &str = "SRC_SKETCH";
+    /// The sketch's seed and width (limiter_common::sketch::SketchMeta).
+    pub const SKETCH_META: &str = "SKETCH_META";
+    /// Per-CPU sketch counters (limiter_common::sketch::SketchCounters).
+    pub const SKETCH_COUNTS: &str = "SKETCH_COUNTS";
     pub const RULE_COUNTERS: &str = "RULE_COUNTERS";
     pub const GLOBAL_COUNTERS: &str = "GLOBAL_COUNTERS";
     pub const HOSTS: &str = "HOSTS";
@@ -46,7 +54,7 @@ pub mod map_name {
     pub const HANDOFF_MULTI: &str = "HANDOFF_MULTI";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 18] = [
+    pub const ALL: [&str; 20] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -54,7 +62,9 @@ pub mod map_name {
         PREFIXES_V6_0,
         PREFIXES_V6_1,
         AGG_BUCKETS,
-        SRC_BUCKETS,
+        SRC_SKETCH,
+        SKETCH_META,
+        SKETCH_COUNTS,
         RULE_COUNTERS,
         GLOBAL_COUNTERS,
         HOSTS,
@@ -515,7 +525,8 @@ pub struct GlobalCounters {
     pub non_ip: u64,
     /// IP frames no rule matched (passed).
     pub unmatched: u64,
-    /// Per-source buckets that could not be created (frame metered by the aggregate only).
+    /// Frames a per-source limit could not meter (the sketch not set up yet: no seed);
+    /// metered by the aggregate only. The name is the LRU's, whose inserts could fail.
     pub insert_failures: u64,
     /// Bucket updates that lost the CAS race too often and were passed.
     pub contended: u64,
@@ -675,6 +686,8 @@ mod pod {
     unsafe impl aya::Pod for super::SynCounters {}
     unsafe impl aya::Pod for super::Handoff {}
     unsafe impl aya::Pod for super::HandoffCounters {}
+    unsafe impl aya::Pod for crate::sketch::SketchMeta {}
+    unsafe impl aya::Pod for crate::sketch::SketchCounters {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
@@ -699,6 +712,8 @@ const _: () = {
     assert!(size_of::<FragmentRecord>() == 8);
     assert!(size_of::<HeaderCounters>() == 6 * 8);
     assert!(size_of::<SynCounters>() == 8);
+    assert!(size_of::<crate::sketch::SketchMeta>() == 8 * 2 + 4 * 2);
+    assert!(size_of::<crate::sketch::SketchCounters>() == 8 * 2);
     assert!(size_of::<TickClock>() == 16);
     assert!(size_of::<RuleCpuState>() == 64);
     assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>() + 40);

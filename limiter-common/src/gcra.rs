@@ -190,9 +190,24 @@ pub const TICK_CLOCK_MIN_TOLERANCE: u64 = CLOCK_SKEW_MARGIN;
 ///   accuracy, never an unbounded block.
 #[inline(always)]
 pub const fn conform(tat: u64, now: u64, cost: u64, tolerance: u64) -> Step {
+    conform_within(tat, now, cost, tolerance, tolerance + CLOCK_SKEW_MARGIN)
+}
+
+/// [`conform`] with the point beyond which a TAT ahead of `now` is pulled back given
+/// explicitly (`conform` uses `tolerance + CLOCK_SKEW_MARGIN`; a cell shared by rules of
+/// different tolerances uses the largest tolerance any rule may have, see
+/// [`crate::sketch::conform_cell`]). `reset_beyond` must be at least that.
+#[inline(always)]
+pub const fn conform_within(
+    tat: u64,
+    now: u64,
+    cost: u64,
+    tolerance: u64,
+    reset_beyond: u64,
+) -> Step {
     let ahead = tat.wrapping_sub(now);
     if ahead > tolerance && (ahead as i64) > 0 && tat != 0 {
-        let tat = if ahead - tolerance > CLOCK_SKEW_MARGIN {
+        let tat = if ahead > reset_beyond {
             now.wrapping_add(tolerance)
         } else {
             tat

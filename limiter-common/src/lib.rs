@@ -4,10 +4,12 @@
 //! struct is laid out by hand to a multiple of its alignment). `gcra` holds the rate
 //! arithmetic and `clock` the per-tick cached clock it runs on; the XDP program and the
 //! host tests call the same functions. `dispatcher` is libxdp's multi-program dispatcher
-//! configuration, shared by the limiter's dispatcher program and the daemon.
+//! configuration, shared by the limiter's dispatcher program and the daemon. `sketch` holds
+//! the per-source cells (layout, hash, the cell step).
 #![cfg_attr(not(test), no_std)]
 
 pub mod abi;
 pub mod clock;
 pub mod dispatcher;
 pub mod gcra;
+pub mod sketch;

@@ -89,8 +89,13 @@ fn partial(rules: &PrefixRules, pkt: &Packet) -> Action {
 #[inline(always)]
 fn later_fragment(rules: &PrefixRules, pkt: &Packet) -> Action {
     let key = fragment_key(pkt);
-    // SAFETY: the value is copied out at once.
-    let record = unsafe { maps::FRAGMENTS.get(&key) }.copied();
+    // Copied out at once, by volatile loads: every field is loaded here, on every path.
+    // With plain loads LLVM leaves a field unloaded on paths where it is dead and still
+    // spills its register there, which the verifier refuses (seen in the libxdp build).
+    // SAFETY: a map value pointer the lookup just returned.
+    let record = maps::FRAGMENTS
+        .get_ptr(&key)
+        .map(|p| unsafe { core::ptr::read_volatile(p) });
     let Some(record) = record else {
         // Its first fragment did not pass here (refused, not seen yet, or never sent).
         return match classify::first_possible(rules, pkt) {

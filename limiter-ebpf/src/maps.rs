@@ -5,19 +5,22 @@ use aya_ebpf::{
     btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
-use limiter_common::abi::{
-    AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
-    HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
-    SynCounters, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES,
-    MAX_RULES,
+use limiter_common::{
+    abi::{
+        AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
+        HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
+        SynCounters, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS,
+        MAX_PREFIXES, MAX_RULES,
+    },
+    sketch::{self, SketchCounters, SketchMeta},
 };
 
 const RULE_ENTRIES: usize = (GENERATIONS * MAX_RULES) as usize;
 const SLOTS: usize = MAX_RULES as usize;
 const HOST_ENTRIES: usize = (GENERATIONS * HOST_SLOTS) as usize;
 const PREFIXES: usize = MAX_PREFIXES as usize;
-/// Overridden at load time with the config's `max_sources`.
-const SOURCES: usize = DEFAULT_MAX_SOURCES as usize;
+/// Overridden at load time with `sketch::cells_for(max_sources)`.
+const SKETCH_CELLS: usize = sketch::cells_for(DEFAULT_MAX_SOURCES) as usize;
 /// Page-aligned values, so entries sized in whole cache lines start on one.
 const PAGE_ALIGNED: usize = aya_ebpf::bindings::BPF_F_MMAPABLE as usize;
 /// LPM tries must not preallocate.
@@ -42,9 +45,15 @@ pub static PREFIXES_V6_1: LpmTrie<[u8; 16], PrefixRules, PREFIXES, NO_PREALLOC> 
 #[btf_map]
 pub static AGG_BUCKETS: Array<AggBucket, SLOTS, PAGE_ALIGNED> = Array::new();
 
-/// Per-source buckets: spoofed sources can only evict each other.
+/// Per-source GCRA cells (limiter_common::sketch): nothing to insert, nothing to evict.
 #[btf_map]
-pub static SRC_BUCKETS: LruHashMap<SourceKey, Bucket, SOURCES> = LruHashMap::new();
+pub static SRC_SKETCH: Array<Bucket, SKETCH_CELLS> = Array::new();
+
+#[btf_map]
+pub static SKETCH_META: Array<SketchMeta, 1> = Array::new();
+
+#[btf_map]
+pub static SKETCH_COUNTS: PerCpuArray<SketchCounters, 1> = PerCpuArray::new();
 
 #[btf_map]
 pub static RULE_COUNTERS: PerCpuArray<RuleCpuState, SLOTS> = PerCpuArray::new();

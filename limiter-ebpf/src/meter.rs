@@ -1,6 +1,7 @@
 //! Metering and the verdict: a frame must conform to the rule's per-source limit and to
-//! its aggregate limit. Buckets are single u64s updated by compare-and-swap with the
-//! GCRA step from limiter-common, so concurrent CPUs never over-admit.
+//! its aggregate limit. Buckets (and the per-source sketch's cells) are single u64s
+//! updated by compare-and-swap with the GCRA step from limiter-common, so concurrent CPUs
+//! never over-admit.
 
 use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
@@ -10,12 +11,13 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        rule_index, Bucket, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
+        rule_index, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
         RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_TICK_CLOCK,
         UNIT_BYTES, UNIT_SYN,
     },
     clock::TickClock,
     gcra::{self, Limit},
+    sketch::{self, SketchCounters},
 };
 
 use crate::{count_global, maps, parse::Packet};
@@ -24,9 +26,6 @@ use crate::{count_global, maps, parse::Packet};
 /// failed attempt means another CPU just updated the bucket; running out takes sustained
 /// contention far beyond what the rates we meter produce.
 const CAS_ATTEMPTS: usize = 8;
-
-const BPF_NOEXIST: u64 = 1;
-const EEXIST: i32 = 17;
 
 enum Outcome {
     Admit,
@@ -105,7 +104,9 @@ pub fn meter(
     }
     let now = gcra::ticks_from_ns(now_ns);
 
-    let mut source_charge: Option<(*mut u64, u64)> = None;
+    // The cells that admitted the frame (null: none), and what they were charged.
+    let mut charged: Charged = [core::ptr::null_mut(); sketch::ROWS as usize];
+    let mut source_cost = 0;
     let mut conforms = true;
     if flags & RULE_HAS_PER_SOURCE != 0 {
         let limit = &rule.per_source;
@@ -117,10 +118,10 @@ pub fn meter(
             rule.source_prefix_v4,
             rule.source_prefix_v6,
         );
-        match meter_source(&key, now, cost, limit) {
-            (Outcome::Admit, tat) => source_charge = tat.map(|p| (p, cost)),
-            (Outcome::Reject, _) => conforms = false,
-            (Outcome::Unmetered, _) => {}
+        match meter_source(&key, now, cost, limit, &mut charged) {
+            Outcome::Admit => source_cost = cost,
+            Outcome::Reject => conforms = false,
+            Outcome::Unmetered => {}
         }
     }
     if conforms && flags & RULE_HAS_AGGREGATE != 0 {
@@ -129,17 +130,14 @@ pub fn meter(
         // SAFETY: array values live as long as the map; `tat` is only touched atomically
         // or by aligned 8-byte loads.
         let tat = unsafe { &raw mut (*bucket).bucket.tat };
-        if let Outcome::Reject = step(tat, now, limit.cost(units), limit.tolerance) {
+        let tolerance = limit.tolerance;
+        let reset_beyond = tolerance + gcra::CLOCK_SKEW_MARGIN;
+        if let Outcome::Reject = step(tat, now, limit.cost(units), tolerance, reset_beyond) {
             conforms = false;
-            // The source's bucket paid for a frame the aggregate refused: give it back,
+            // The source's cells paid for a frame the aggregate refused: give it back,
             // so a source is not starved by congestion that others caused.
-            if let Some((source_tat, cost)) = source_charge {
-                unsafe {
-                    atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(
-                        source_tat,
-                        cost.wrapping_neg(),
-                    )
-                };
+            if source_cost != 0 {
+                refund(&charged, source_cost);
             }
         }
     }
@@ -197,13 +195,14 @@ fn pass(counters: &mut RuleCounters, size: Size) -> u32 {
     xdp_action::XDP_PASS
 }
 
-/// One GCRA step applied to a bucket with compare-and-swap.
+/// One GCRA step applied to a bucket with compare-and-swap (`reset_beyond`: see
+/// `gcra::conform_within`; a rule's own bucket uses `tolerance + CLOCK_SKEW_MARGIN`).
 #[inline(always)]
-fn step(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Outcome {
+fn step(tat: *mut u64, now: u64, cost: u64, tolerance: u64, reset_beyond: u64) -> Outcome {
     for _ in 0..CAS_ATTEMPTS {
         // SAFETY: `tat` points into a map value; aligned 8-byte loads are atomic.
         let old = unsafe { core::ptr::read_volatile(tat) };
-        let next = gcra::conform(old, now, cost, tolerance);
+        let next = gcra::conform_within(old, now, cost, tolerance, reset_beyond);
         if next.tat == old {
             return if next.admit {
                 Outcome::Admit
@@ -229,36 +228,117 @@ fn step(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Outcome {
     Outcome::Unmetered
 }
 
-/// Meters one source; also returns its TAT pointer when it admitted (for a refund).
+// meter_source reads a source's cells as a pair.
+const _: () = assert!(sketch::ROWS == 2);
+
+/// The cells a source was charged in, for a refund (null: not charged).
+type Charged = [*mut u64; sketch::ROWS as usize];
+
+/// Meters one source in the sketch (limiter_common::sketch): the least advanced of its
+/// cells decides, by the usual compare-and-swap step; an admitted frame is then charged to
+/// the other cell too, admitting or not, so both stay upper bounds of the source's own
+/// bucket. On admission `charged` holds both cells (for the aggregate's refund).
 #[inline(always)]
 fn meter_source(
     key: &SourceKey,
     now: u64,
     cost: u64,
     limit: &Limit,
-) -> (Outcome, Option<*mut u64>) {
-    for _ in 0..2 {
-        if let Some(bucket) = maps::SRC_BUCKETS.get_ptr_mut(key) {
-            let tat = unsafe { &raw mut (*bucket).tat };
-            let outcome = step(tat, now, cost, limit.tolerance);
-            return (outcome, Some(tat));
+    charged: &mut Charged,
+) -> Outcome {
+    let Some(meta) = maps::SKETCH_META.get(0) else {
+        return Outcome::Unmetered;
+    };
+    let mask = meta.width_mask;
+    let seed = meta.seed;
+    if mask == 0 {
+        // Not set up yet: the daemon writes the seed before any rule.
+        count_global(|g| &mut g.insert_failures);
+        return Outcome::Unmetered;
+    }
+    let hash = sketch::hash(&seed, key, limit);
+    let (Some(first), Some(second)) = (
+        maps::SRC_SKETCH.get_ptr_mut(sketch::cell_index(hash, 0, mask)),
+        maps::SRC_SKETCH.get_ptr_mut(sketch::cell_index(hash, 1, mask)),
+    ) else {
+        return Outcome::Unmetered;
+    };
+    // SAFETY: array values live as long as the map; touched atomically or by aligned
+    // 8-byte loads.
+    let (first, second) = unsafe { (&raw mut (*first).tat, &raw mut (*second).tat) };
+    let (tat_first, tat_second) = unsafe {
+        (
+            core::ptr::read_volatile(first),
+            core::ptr::read_volatile(second),
+        )
+    };
+    let (decider, other) = if sketch::lead(tat_second, now) < sketch::lead(tat_first, now) {
+        (second, first)
+    } else {
+        (first, second)
+    };
+    match step(
+        decider,
+        now,
+        cost,
+        limit.tolerance,
+        sketch::CELL_RESET_BEYOND,
+    ) {
+        Outcome::Admit => {}
+        Outcome::Reject => {
+            count_sketch(|c| &mut c.refused);
+            return Outcome::Reject;
         }
-        // A new source starts with a full bucket: this frame is its first.
-        let first = gcra::conform(0, now, cost, limit.tolerance);
-        match maps::SRC_BUCKETS.insert(key, Bucket { tat: first.tat }, BPF_NOEXIST) {
-            Ok(()) => {
-                let outcome = if first.admit {
-                    Outcome::Admit
-                } else {
-                    Outcome::Reject
-                };
-                return (outcome, None);
-            }
-            // Another CPU created it first: meter against theirs.
-            Err(e) if e == -EEXIST => continue,
-            Err(_) => break,
+        Outcome::Unmetered => return Outcome::Unmetered,
+    }
+    charge(other, now, cost);
+    if sketch::at_rest(tat_first, now) && sketch::at_rest(tat_second, now) {
+        count_sketch(|c| &mut c.new_sources);
+    }
+    *charged = [decider, other];
+    Outcome::Admit
+}
+
+/// Charges a cell that did not decide (`sketch::charge_cell`), by compare-and-swap. Lost
+/// races past `CAS_ATTEMPTS` leave the charge out and are counted as `contended`.
+#[inline(always)]
+fn charge(tat: *mut u64, now: u64, cost: u64) {
+    for _ in 0..CAS_ATTEMPTS {
+        // SAFETY: `tat` points into a map value; aligned 8-byte loads are atomic.
+        let old = unsafe { core::ptr::read_volatile(tat) };
+        let next = sketch::charge_cell(old, now, cost);
+        // SeqCst: the result is read, so it must be the fetching BPF_CMPXCHG.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                tat, old, next,
+            )
+        };
+        if swapped {
+            return;
         }
     }
-    count_global(|g| &mut g.insert_failures);
-    (Outcome::Unmetered, None)
+    count_global(|g| &mut g.contended);
+}
+
+/// Gives back `cost` to every cell charged for a frame that was refused after all.
+#[inline(always)]
+fn refund(charged: &Charged, cost: u64) {
+    for &tat in charged {
+        if !tat.is_null() {
+            // SAFETY: a pointer into SRC_SKETCH taken in this run.
+            unsafe {
+                atomic_xadd::<u64, u64, { AtomicOrdering::SeqCst }>(tat, cost.wrapping_neg())
+            };
+        }
+    }
+}
+
+/// Increments one sketch counter on this CPU.
+#[inline(always)]
+fn count_sketch(field: impl FnOnce(&mut SketchCounters) -> &mut u64) {
+    if let Some(c) = maps::SKETCH_COUNTS.get_ptr_mut(0) {
+        // SAFETY: a per-CPU array value, touched only by this CPU's program run.
+        let counter = field(unsafe { &mut *c });
+        *counter = counter.wrapping_add(1);
+    }
 }

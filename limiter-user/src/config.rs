@@ -29,8 +29,8 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/limiter/limiter.sock";
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
 /// Default `fleet_size` (DESIGN.md "Fleet behaviour": quota ÷ fleet_size while bootstrapping).
 pub const DEFAULT_FLEET_SIZE: u32 = 500;
-/// Largest accepted `max_sources`: 2^24 per-source buckets. The LRU map is preallocated
-/// (about 100 bytes an entry), so this is already ~1.7 GB of kernel memory.
+/// Largest accepted `max_sources`: 2^24 cells in each of the per-source sketch's two
+/// rows, 256 MiB of kernel memory (16 bytes a source).
 pub const MAX_MAX_SOURCES: u32 = 1 << 24;
 /// Smallest burst in unit `bytes`: one full Ethernet frame (1500 + 14 header + 4 VLAN
 /// tag). A frame larger than the burst could never conform.

@@ -10,6 +10,7 @@ use limiter_common::{
         RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
     },
     gcra::{self, Limit},
+    sketch,
 };
 use serde::{Deserialize, Serialize};
 
@@ -304,7 +305,11 @@ fn explain_metered(
             rule.source_prefix_v4,
             rule.source_prefix_v6,
         );
-        let tat = maps.source_bucket(&key)?.map_or(0, |b| b.tat);
+        // The source's least advanced cell decides (count-min's min over the rows);
+        // cells never used read as a full bucket.
+        let tat = maps
+            .source_cells(&key, &rule.per_source)?
+            .map_or(0, |cells| deciding_tat(&cells, now));
         out.per_source = Some(bucket_view(
             source_label(query, rule),
             rule.source_rate,
@@ -432,8 +437,35 @@ fn render_verdict(e: &Explanation) -> String {
     out + &format!("verdict now: {} ({})\n", e.verdict, e.reason)
 }
 
+/// Of a source's sketch cells (index, TAT), the one that decides its next frame: the
+/// least advanced (limiter_common::sketch; cells at rest first).
+fn deciding_tat(cells: &[(u32, u64)], now: u64) -> u64 {
+    cells
+        .iter()
+        .map(|&(_, tat)| tat)
+        .min_by_key(|&tat| sketch::lead(tat, now))
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
+    /// The least advanced cell decides (it is the tightest upper bound of the source's
+    /// own bucket); a cell at rest decides before any other.
+    #[test]
+    fn the_least_advanced_cell_decides() {
+        let now = 1u64 << 40;
+        let second = gcra::ticks_from_ns(1_000_000_000);
+        assert_eq!(
+            deciding_tat(&[(0, now + 10 * second), (7, now + second)], now),
+            now + second
+        );
+        assert_eq!(deciding_tat(&[(0, now + second), (7, 0)], now), 0);
+        assert_eq!(
+            deciding_tat(&[(0, now - second), (7, now + second)], now),
+            now - second
+        );
+    }
+
     use super::*;
     use limiter_common::gcra::Granularity;
 

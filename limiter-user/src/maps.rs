@@ -3,7 +3,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    os::fd::{AsFd as _, AsRawFd as _},
     path::Path,
 };
 
@@ -14,10 +13,15 @@ use aya::{
     util::nr_cpus,
     Ebpf,
 };
-use limiter_common::abi::{
-    map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters,
-    Handoff, HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCounters,
-    RuleCpuState, SourceKey, SynCounters, HOST_SLOTS, MAX_RULES, RULE_IN_USE,
+use limiter_common::{
+    abi::{
+        map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord,
+        GlobalCounters, Handoff, HandoffCounters, HeaderCounters, HostEntry, PrefixRules,
+        RuleConfig, RuleCounters, RuleCpuState, SourceKey, SynCounters, HOST_SLOTS, MAX_RULES,
+        RULE_IN_USE,
+    },
+    gcra::Limit,
+    sketch::{self, SketchCounters, SketchMeta},
 };
 
 use crate::{
@@ -34,9 +38,10 @@ pub struct Maps {
     v4: [Trie<4>; 2],
     v6: [Trie<16>; 2],
     agg_buckets: Array<MapData, AggBucket>,
-    src_buckets: HashMap<MapData, SourceKey, Bucket>,
-    /// A second handle on SRC_BUCKETS for batch reads (aya's HashMap hides its fd).
-    src_buckets_raw: MapData,
+    /// Per-source GCRA cells (limiter_common::sketch) and how to find a source's.
+    src_sketch: Array<MapData, Bucket>,
+    sketch_meta: Array<MapData, SketchMeta>,
+    sketch_counts: PerCpuArray<MapData, SketchCounters>,
     rule_counters: PerCpuArray<MapData, RuleCpuState>,
     global_counters: PerCpuArray<MapData, GlobalCounters>,
     /// `None` for pins of a build that predates the map (read as zeros).
@@ -67,8 +72,11 @@ where
 
 impl Maps {
     /// Takes the maps out of a loaded object.
+    /// Sets up the per-source sketch if the maps are new.
     pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Maps, Error> {
-        Self::build(|name| ebpf.take_map(name).ok_or(Error::MissingMap(name)))
+        let mut maps = Self::build(|name| ebpf.take_map(name).ok_or(Error::MissingMap(name)))?;
+        maps.sketch_meta()?;
+        Ok(maps)
     }
 
     /// Opens the maps pinned under `pin_dir` by a running (or previous) daemon.
@@ -85,18 +93,9 @@ impl Maps {
     }
 
     fn build(mut take: impl FnMut(&'static str) -> Result<Map, Error>) -> Result<Maps, Error> {
-        let (src_buckets, src_buckets_raw) = {
-            let map = take(map_name::SRC_BUCKETS)?;
-            let Map::LruHashMap(data) = &map else {
-                return Err(Error::MissingMap(map_name::SRC_BUCKETS));
-            };
-            let id = data
-                .info()
-                .map_err(map_err("reading SRC_BUCKETS info"))?
-                .id();
-            let raw = MapData::from_id(id).map_err(map_err("reopening SRC_BUCKETS"))?;
-            (typed(map, map_name::SRC_BUCKETS)?, raw)
-        };
+        let src_sketch = typed(take(map_name::SRC_SKETCH)?, map_name::SRC_SKETCH)?;
+        let sketch_meta = typed(take(map_name::SKETCH_META)?, map_name::SKETCH_META)?;
+        let sketch_counts = typed(take(map_name::SKETCH_COUNTS)?, map_name::SKETCH_COUNTS)?;
         Ok(Maps {
             control: typed(take(map_name::CONTROL)?, map_name::CONTROL)?,
             rules: typed(take(map_name::RULES)?, map_name::RULES)?,
@@ -109,8 +108,9 @@ impl Maps {
                 typed(take(map_name::PREFIXES_V6_1)?, map_name::PREFIXES_V6_1)?,
             ],
             agg_buckets: typed(take(map_name::AGG_BUCKETS)?, map_name::AGG_BUCKETS)?,
-            src_buckets,
-            src_buckets_raw,
+            src_sketch,
+            sketch_meta,
+            sketch_counts,
             rule_counters: typed(take(map_name::RULE_COUNTERS)?, map_name::RULE_COUNTERS)?,
             global_counters: typed(take(map_name::GLOBAL_COUNTERS)?, map_name::GLOBAL_COUNTERS)?,
             header_counters: take(map_name::HEADER_COUNTERS)
@@ -225,47 +225,10 @@ impl Maps {
             generation: next,
             ..control
         })?;
-        // After the flip: from now on no packet meters these slots under their old rules,
-        // so nothing can bring an old rule's bucket back (a source of the new rule that
-        // got a bucket in the meantime starts again from a full one, as a new rule should).
-        if !changed.is_empty() {
-            match self.purge_source_buckets(&changed) {
-                Ok(purged) => tracing::debug!(?changed, purged, "per-source buckets cleared"),
-                // Less accurate, never less available: the rules are in force.
-                Err(e) => tracing::error!(
-                    ?changed,
-                    "clearing the per-source buckets of reassigned rule slots: {e}"
-                ),
-            }
-        }
+        // A reassigned slot's per-source state needs no clearing: a new limit hashes
+        // its sources to other cells (limiter_common::sketch::hash).
+        let _ = changed;
         Ok(())
-    }
-
-    /// Deletes every per-source bucket of the rules in `slots` (keys are slot + source).
-    /// One pass over `SRC_BUCKETS` in batches of 4096 (BPF_MAP_LOOKUP_BATCH), then batched
-    /// deletes: a few hundred syscalls for a million entries. Returns how many went.
-    pub fn purge_source_buckets(&self, slots: &BTreeSet<u32>) -> Result<u64, Error> {
-        let fd = self.src_buckets_raw.fd().as_fd().as_raw_fd();
-        let key_size = std::mem::size_of::<SourceKey>();
-        let mut doomed: Vec<SourceKey> = Vec::new();
-        batch_scan(fd, key_size, std::mem::size_of::<Bucket>(), |keys| {
-            for raw in keys.chunks_exact(key_size) {
-                // SAFETY: `raw` holds key_size bytes the kernel wrote as a SourceKey, a
-                // plain-old-data struct; read unaligned.
-                let key: SourceKey = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
-                if slots.contains(&key.slot) {
-                    doomed.push(key);
-                }
-            }
-        })
-        .map_err(|e| Error::Io {
-            what: "listing SRC_BUCKETS".into(),
-            source: e,
-        })?;
-        batch_delete(fd, &doomed).map_err(|e| Error::Io {
-            what: "deleting per-source buckets from SRC_BUCKETS".into(),
-            source: e,
-        })
     }
 
     /// Writes generation `generation` of `HOSTS`: the slots `hosts` uses, and the ones
@@ -426,37 +389,178 @@ impl Maps {
         }
     }
 
-    /// A per-source bucket, if the source has one (it may have been evicted).
-    pub fn source_bucket(&self, key: &SourceKey) -> Result<Option<Bucket>, Error> {
-        match self.src_buckets.get(key, 0) {
-            Ok(b) => Ok(Some(b)),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(Error::Map {
-                what: "reading SRC_BUCKETS".into(),
-                source: e,
-            }),
+    /// The sketch's seed and width, setting them up first if the map is new (zeroed):
+    /// a random seed, and the width the array was created for. Adopted pins keep theirs.
+    pub fn sketch_meta(&mut self) -> Result<SketchMeta, Error> {
+        let meta = self
+            .sketch_meta
+            .get(&0, 0)
+            .map_err(map_err("reading SKETCH_META"))?;
+        if meta.width_mask != 0 {
+            return Ok(meta);
         }
+        let cells = self.src_sketch.len();
+        let width = cells / sketch::ROWS;
+        if width == 0 || !width.is_power_of_two() || width * sketch::ROWS != cells {
+            return Err(Error::Io {
+                what: format!(
+                    "SRC_SKETCH has {cells} cells, not {} rows of 2^n",
+                    sketch::ROWS
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+            });
+        }
+        let meta = SketchMeta {
+            seed: random_seed()?,
+            width_mask: width - 1,
+            rows: sketch::ROWS,
+        };
+        self.sketch_meta
+            .set(0, meta, 0)
+            .map_err(map_err("writing SKETCH_META"))?;
+        Ok(meta)
     }
 
-    /// Sets a per-source bucket (seeding state: tests, benchmarks).
-    pub fn set_source_bucket(&mut self, key: &SourceKey, bucket: Bucket) -> Result<(), Error> {
-        self.src_buckets
-            .insert(key, bucket, 0)
-            .map_err(map_err("writing SRC_BUCKETS"))
+    /// The sketch's seed and width as they are (zero: not set up yet).
+    pub fn sketch_meta_as_is(&self) -> Result<SketchMeta, Error> {
+        self.sketch_meta
+            .get(&0, 0)
+            .map_err(map_err("reading SKETCH_META"))
     }
 
-    /// How many per-source buckets exist (BPF_MAP_LOOKUP_BATCH: a few syscalls per
-    /// hundred thousand entries, instead of one per entry).
-    pub fn source_bucket_count(&self) -> Result<u64, Error> {
-        batch_count(
-            self.src_buckets_raw.fd().as_fd().as_raw_fd(),
-            std::mem::size_of::<SourceKey>(),
-            std::mem::size_of::<Bucket>(),
-        )
-        .map_err(|e| Error::Io {
-            what: "counting SRC_BUCKETS entries".into(),
+    /// A source's cells under `limit` (its rule's per-source limit): (index, TAT) per
+    /// row. `None` when the sketch is not set up.
+    pub fn source_cells(
+        &self,
+        key: &SourceKey,
+        limit: &Limit,
+    ) -> Result<Option<[(u32, u64); sketch::ROWS as usize]>, Error> {
+        let meta = self.sketch_meta_as_is()?;
+        if meta.width_mask == 0 {
+            return Ok(None);
+        }
+        let mut out = [(0u32, 0u64); sketch::ROWS as usize];
+        for (slot, index) in out.iter_mut().zip(sketch::cells_of(&meta, key, limit)) {
+            let bucket = self
+                .src_sketch
+                .get(&index, 0)
+                .map_err(map_err(format!("reading SRC_SKETCH cell {index}")))?;
+            *slot = (index, bucket.tat);
+        }
+        Ok(Some(out))
+    }
+
+    /// Sets one sketch cell (seeding state: tests, an upgrade carrying LRU state over).
+    pub fn set_sketch_cell(&mut self, index: u32, tat: u64) -> Result<(), Error> {
+        self.src_sketch
+            .set(index, Bucket { tat }, 0)
+            .map_err(map_err(format!("writing SRC_SKETCH cell {index}")))
+    }
+
+    /// Cells per row of the sketch (`max_sources` rounded up to a power of two).
+    pub fn sketch_width(&self) -> u32 {
+        self.src_sketch.len() / sketch::ROWS
+    }
+
+    /// How full the sketch is: of `SAMPLE_CELLS` cells spread evenly over it, how many
+    /// hold state at `now` (ticks). Hashing spreads sources evenly, so this estimates
+    /// the busy share of every cell to about ±1.5 % (4096 reads, one syscall each).
+    pub fn sketch_busy(&self, now: u64) -> Result<SketchFill, Error> {
+        const SAMPLE_CELLS: u32 = 4096;
+        let cells = self.src_sketch.len();
+        let step = (cells / SAMPLE_CELLS).max(1);
+        let mut fill = SketchFill::default();
+        let mut index = 0;
+        while index < cells {
+            let bucket = self
+                .src_sketch
+                .get(&index, 0)
+                .map_err(map_err(format!("reading SRC_SKETCH cell {index}")))?;
+            fill.sampled += 1;
+            if !sketch::at_rest(bucket.tat, now) {
+                fill.busy += 1;
+            }
+            index += step;
+        }
+        Ok(fill)
+    }
+
+    /// Carries the per-source state of an earlier version's pinned LRU (`SRC_BUCKETS` in
+    /// `pin_dir`) into the sketch, then removes that pin: an upgrade gives no throttled
+    /// source its burst back, and the old map (96 bytes a source) is freed once the old
+    /// program is replaced. Each bucket still holding state is folded into its source's
+    /// cells under the rule's current per-source limit (a cell keeps the more advanced of
+    /// its own TAT and the bucket's: upper bounds stay upper bounds). Runs before the new
+    /// rule table is written, so the live table is the one the old buckets were keyed by.
+    /// `None`: no such pin. A map there that is not the limiter's LRU is left alone.
+    pub fn carry_over_lru(&mut self, pin_dir: &Path) -> Result<Option<u64>, Error> {
+        let path = pin_dir.join(map_name::SRC_BUCKETS);
+        if std::fs::symlink_metadata(&path).is_err() {
+            return Ok(None);
+        }
+        let data = MapData::from_pin(&path)
+            .map_err(map_err(format!("opening pinned map {}", path.display())))?;
+        let info = data
+            .info()
+            .map_err(map_err(format!("reading {}", path.display())))?;
+        let is_lru = matches!(info.map_type(), Ok(aya::maps::MapType::LruHash));
+        if info.name_as_str() != Some(map_name::SRC_BUCKETS)
+            || !is_lru
+            || info.key_size() as usize != std::mem::size_of::<SourceKey>()
+            || info.value_size() as usize != std::mem::size_of::<Bucket>()
+        {
+            return Err(Error::PinInTheWay {
+                path,
+                why: "not the per-source LRU of an earlier limiter (name, type or layout)".into(),
+            });
+        }
+        let lru: HashMap<MapData, SourceKey, Bucket> = typed(
+            Map::from_map_data(data).map_err(map_err("opening SRC_BUCKETS"))?,
+            map_name::SRC_BUCKETS,
+        )?;
+        let meta = self.sketch_meta()?;
+        let rules = self.live_rules()?;
+        let now = limiter_common::gcra::ticks_from_ns(crate::fleet::monotonic_ns());
+        let mut carried = 0u64;
+        for entry in lru.iter() {
+            let (key, bucket) = entry.map_err(map_err("reading SRC_BUCKETS"))?;
+            let Some(rule) = rules.get(&key.slot) else {
+                continue;
+            };
+            if rule.flags & limiter_common::abi::RULE_HAS_PER_SOURCE == 0
+                || sketch::at_rest(bucket.tat, now)
+            {
+                continue;
+            }
+            for index in sketch::cells_of(&meta, &key, &rule.per_source) {
+                let cell = self
+                    .src_sketch
+                    .get(&index, 0)
+                    .map_err(map_err(format!("reading SRC_SKETCH cell {index}")))?;
+                if sketch::lead(bucket.tat, now) > sketch::lead(cell.tat, now) {
+                    self.set_sketch_cell(index, bucket.tat)?;
+                }
+            }
+            carried += 1;
+        }
+        std::fs::remove_file(&path).map_err(|e| Error::Io {
+            what: format!("removing {}", path.display()),
             source: e,
-        })
+        })?;
+        Ok(Some(carried))
+    }
+
+    /// The sketch's counters, summed over CPUs.
+    pub fn sketch_counters(&self) -> Result<SketchCounters, Error> {
+        let per_cpu = self
+            .sketch_counts
+            .get(&0, 0)
+            .map_err(map_err("reading SKETCH_COUNTS"))?;
+        let mut total = SketchCounters::default();
+        for c in per_cpu.iter() {
+            total.accumulate(c);
+        }
+        Ok(total)
     }
 
     /// Sets a rule's aggregate bucket (a fleet grant taking over with its token count).
@@ -498,116 +602,39 @@ fn replace_trie<const N: usize>(
     Ok(())
 }
 
-/// `union bpf_attr` for BPF_MAP_LOOKUP_BATCH.
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
+/// A sample of the sketch's cells: how many were read, how many hold state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SketchFill {
+    pub sampled: u32,
+    pub busy: u32,
 }
 
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-
-/// Counts a hash map's entries with batched lookups.
-fn batch_count(fd: i32, key_size: usize, value_size: usize) -> std::io::Result<u64> {
-    let mut total = 0u64;
-    batch_scan(fd, key_size, value_size, |keys| {
-        total += (keys.len() / key_size) as u64;
-    })?;
-    Ok(total)
-}
-
-const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
-
-/// Deletes `keys` from a hash map in batches (BPF_MAP_DELETE_BATCH). A key already gone
-/// (evicted by the LRU meanwhile) is skipped. Returns how many were deleted.
-fn batch_delete(fd: i32, keys: &[SourceKey]) -> std::io::Result<u64> {
-    const CHUNK: usize = 4096;
-    let mut deleted = 0u64;
-    let mut rest = keys;
-    while !rest.is_empty() {
-        let chunk = &rest[..rest.len().min(CHUNK)];
-        let mut attr = BatchAttr {
-            keys: chunk.as_ptr() as u64,
-            count: chunk.len() as u32,
-            map_fd: fd as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: attr points at `chunk.len()` keys of the map's key size.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_DELETE_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        // The kernel stops at the first key it cannot delete; `count` says how many went.
-        let done = (attr.count as usize).min(chunk.len());
-        deleted += done as u64;
-        if rc < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::ENOENT) {
-                return Err(err);
-            }
-            // Skip the key that was gone.
-            rest = &rest[(done + 1).min(rest.len())..];
+impl SketchFill {
+    /// The busy share, 0..=1.
+    pub fn ratio(&self) -> f64 {
+        if self.sampled == 0 {
+            0.0
         } else {
-            rest = &rest[chunk.len()..];
+            f64::from(self.busy) / f64::from(self.sampled)
         }
     }
-    Ok(deleted)
 }
 
-/// Walks a hash map with batched lookups, handing each batch's keys (packed) to `f`.
-fn batch_scan(
-    fd: i32,
-    key_size: usize,
-    value_size: usize,
-    mut f: impl FnMut(&[u8]),
-) -> std::io::Result<()> {
-    const CHUNK: usize = 4096;
-    let mut keys = vec![0u8; key_size * CHUNK];
-    // Per-CPU maps would need more; SRC_BUCKETS is a plain LRU hash.
-    let mut values = vec![0u8; value_size * CHUNK];
-    let mut cursor = [0u8; 8];
-    let mut next = [0u8; 8];
-    let mut first = true;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first { 0 } else { cursor.as_ptr() as u64 },
-            out_batch: next.as_mut_ptr() as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
-            map_fd: fd as u32,
-            ..BatchAttr::default()
-        };
-        // SAFETY: attr points to valid buffers sized for CHUNK keys and values.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let got = (attr.count as usize).min(CHUNK);
-        f(&keys[..got * key_size]);
-        if rc < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(());
-            }
-            return Err(err);
-        }
-        cursor = next;
-        first = false;
-    }
+/// 128 bits from the kernel's random pool (getrandom(2) via /dev/urandom).
+fn random_seed() -> Result<[u64; 2], Error> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Error::Io {
+            what: "reading /dev/urandom for the sketch's seed".into(),
+            source: e,
+        })?;
+    let (a, b) = bytes.split_at(8);
+    let word = |s: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(s);
+        u64::from_ne_bytes(w)
+    };
+    Ok([word(a), word(b)])
 }

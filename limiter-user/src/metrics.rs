@@ -22,8 +22,8 @@ use crate::{
 pub struct Snapshot {
     pub stats: StatsReport,
     pub quotas: Vec<QuotaEntry>,
-    pub source_buckets: u64,
-    pub source_capacity: u32,
+    /// Cells per row of the per-source sketch (`max_sources` rounded up).
+    pub sketch_width: u32,
     /// (run time, run count) of the XDP program when kernel.bpf_stats_enabled = 1.
     pub program_runs: Option<(Duration, u64)>,
     /// Grants refused since the daemon started (fleet mode).
@@ -143,18 +143,22 @@ pub fn render(s: &Snapshot) -> String {
     let _ = writeln!(out, "limiter_bypass {}", u8::from(s.stats.bypass));
     family(
         &mut out,
-        "limiter_source_buckets",
+        "limiter_source_sketch_busy_ratio",
         "gauge",
-        "Per-source buckets in use.",
+        "Estimated share of the per-source sketch's cells holding state (a sample).",
     );
-    let _ = writeln!(out, "limiter_source_buckets {}", s.source_buckets);
+    let _ = writeln!(
+        out,
+        "limiter_source_sketch_busy_ratio {}",
+        s.stats.global.sketch_busy_ppm as f64 / 1e6
+    );
     family(
         &mut out,
-        "limiter_source_buckets_capacity",
+        "limiter_source_sketch_width",
         "gauge",
-        "Per-source bucket capacity (max_sources).",
+        "Cells per row of the per-source sketch (max_sources rounded up to a power of two).",
     );
-    let _ = writeln!(out, "limiter_source_buckets_capacity {}", s.source_capacity);
+    let _ = writeln!(out, "limiter_source_sketch_width {}", s.sketch_width);
     let g = &s.stats.global;
     for (name, help, v) in [
         (
@@ -170,8 +174,18 @@ pub fn render(s: &Snapshot) -> String {
         ),
         (
             "limiter_source_insert_failures_total",
-            "Per-source buckets that could not be created.",
+            "Frames a per-source limit could not meter (the sketch not set up yet).",
             g.insert_failures,
+        ),
+        (
+            "limiter_new_sources_total",
+            "Frames from sources the per-source sketch held no state for (new sources).",
+            g.new_sources,
+        ),
+        (
+            "limiter_source_refusals_total",
+            "Frames refused by a per-source limit.",
+            g.source_refusals,
         ),
         (
             "limiter_contended_total",
@@ -264,8 +278,7 @@ pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
     Ok(Snapshot {
         stats: d.stats()?,
         quotas: d.quotas(),
-        source_buckets: d.maps().source_bucket_count()?,
-        source_capacity: d.config().max_sources,
+        sketch_width: d.maps().sketch_width(),
         program_runs,
         grants_refused: d.fleet_counters().map(|c| c.grants_refused),
     })
@@ -339,6 +352,9 @@ mod tests {
                     long_header_chains: 10,
                     deep_vlan_stacks: 11,
                     handoff_missing: 12,
+                    new_sources: 13,
+                    source_refusals: 14,
+                    sketch_busy_ppm: 250_000,
                 },
                 bypass: true,
             },
@@ -349,8 +365,7 @@ mod tests {
                 burst: Some(5),
                 source: "config",
             }],
-            source_buckets: 9,
-            source_capacity: 1024,
+            sketch_width: 1024,
             program_runs: None,
             grants_refused: Some(6),
         };
@@ -363,7 +378,9 @@ mod tests {
             text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"standalone\"} 1\n")
         );
         assert!(text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"leased\"} 0\n"));
-        assert!(text.contains("limiter_source_buckets 9\n"));
+        assert!(text.contains("limiter_source_sketch_busy_ratio 0.25\n"));
+        assert!(text.contains("limiter_source_sketch_width 1024\n"));
+        assert!(text.contains("limiter_new_sources_total 13\n"));
         assert!(text.contains("limiter_bypass 1\n"));
         assert!(text.contains("limiter_contended_total 5\n"));
         assert!(text.contains("limiter_tiny_fragments_total 7\n"));

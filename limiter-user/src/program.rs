@@ -19,11 +19,14 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use limiter_common::abi::{
-    map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
-    HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState, SourceKey,
-    SynCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
-    PROGRAM_NAME, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+use limiter_common::{
+    abi::{
+        map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
+        HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
+        SynCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
+        PROGRAM_NAME, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+    },
+    sketch::{self, SketchCounters, SketchMeta},
 };
 
 use crate::{
@@ -383,7 +386,7 @@ pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
 pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 18] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 20] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -425,10 +428,17 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 18] {
             MAX_RULES,
         ),
         (
-            map_name::SRC_BUCKETS,
-            sz(size_of::<SourceKey>()),
+            map_name::SRC_SKETCH,
+            4,
             sz(size_of::<Bucket>()),
-            max_sources,
+            sketch::cells_for(max_sources),
+        ),
+        (map_name::SKETCH_META, 4, sz(size_of::<SketchMeta>()), 1),
+        (
+            map_name::SKETCH_COUNTS,
+            4,
+            sz(size_of::<SketchCounters>()),
+            1,
         ),
         (
             map_name::RULE_COUNTERS,
@@ -606,7 +616,7 @@ impl Program {
             return Err(Error::NoObject);
         }
         let mut loader = EbpfLoader::new();
-        loader.map_max_entries(map_name::SRC_BUCKETS, opts.max_sources);
+        loader.map_max_entries(map_name::SRC_SKETCH, sketch::cells_for(opts.max_sources));
         if let Some(dir) = &opts.pin_dir {
             prepare_pin_dir(dir)?;
             check_pinned_layout(dir, opts.max_sources)?;
@@ -768,9 +778,26 @@ impl Program {
         })
     }
 
-    /// Takes the maps out of the object for reading and writing.
+    /// Takes the maps out of the object for reading and writing. With pins, the
+    /// per-source state of an earlier version's LRU is carried into the sketch first
+    /// (`Maps::carry_over_lru`; a failure is logged: less accurate, never less available).
     pub fn maps(&mut self) -> Result<Maps, Error> {
-        Maps::from_ebpf(&mut self.ebpf)
+        let mut maps = Maps::from_ebpf(&mut self.ebpf)?;
+        if let Some(dir) = &self.opts.pin_dir {
+            match maps.carry_over_lru(dir) {
+                Ok(Some(carried)) => tracing::info!(
+                    carried,
+                    "per-source state of the earlier version's SRC_BUCKETS carried into the \
+                     sketch; its pin removed"
+                ),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(
+                    "per-source state of the earlier version not carried over (every source \
+                     starts with its burst): {e}"
+                ),
+            }
+        }
+        Ok(maps)
     }
 
     /// Runs the program on `iface` through a bpf_link pinned under `pin_dir`.
@@ -1182,7 +1209,10 @@ impl Program {
     pub fn component(&mut self, pin_dir: &Path) -> Result<&mut Extension, Error> {
         if self.component.is_none() {
             let mut loader = EbpfLoader::new();
-            loader.map_max_entries(map_name::SRC_BUCKETS, self.opts.max_sources);
+            loader.map_max_entries(
+                map_name::SRC_SKETCH,
+                sketch::cells_for(self.opts.max_sources),
+            );
             for name in map_name::ALL {
                 loader.map_pin_path(name, pin_dir.join(name));
             }

@@ -60,6 +60,15 @@ pub struct GlobalStats {
     /// Frames the limiter passed whose next program (`next_program`,
     /// `join_program_array`) was missing: passed to the stack instead (fail open).
     pub handoff_missing: u64,
+    /// Frames from sources the per-source sketch held no state for (every cell of theirs
+    /// at rest): new sources, or sources back after idling longer than a burst's refill.
+    /// Its rate is the new sources per second.
+    pub new_sources: u64,
+    /// Frames refused by a per-source limit.
+    pub source_refusals: u64,
+    /// Estimated share of the sketch's cells holding state now, in parts per million
+    /// (a sample of 4096 cells).
+    pub sketch_busy_ppm: u64,
 }
 
 /// The share state as of `now_ns`: the entry's state advanced by its own deadlines, so a
@@ -121,6 +130,10 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
         .collect::<Result<Vec<_>, _>>()?;
     let g = maps.global_counters()?;
     let h = maps.header_counters()?;
+    let sketch = maps.sketch_counters()?;
+    let fill = maps.sketch_busy(limiter_common::gcra::ticks_from_ns(
+        crate::fleet::monotonic_ns(),
+    ))?;
     Ok(StatsReport {
         rules,
         bypass: maps.control()?.flags & CONTROL_BYPASS != 0,
@@ -137,6 +150,9 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
             long_header_chains: h.long_header_chains,
             deep_vlan_stacks: h.deep_vlan_stacks,
             handoff_missing: maps.handoff_counters()?.missing,
+            new_sources: sketch.new_sources,
+            source_refusals: sketch.refused,
+            sketch_busy_ppm: (fill.ratio() * 1e6).round() as u64,
         },
     })
 }
@@ -186,6 +202,12 @@ pub fn render_table(report: &StatsReport) -> String {
     out.push_str(&format!(
         "handoff: next program missing {}\n",
         g.handoff_missing
+    ));
+    out.push_str(&format!(
+        "sources: new {} refused {} sketch cells busy {:.2}%\n",
+        g.new_sources,
+        g.source_refusals,
+        g.sketch_busy_ppm as f64 / 1e4
     ));
     out
 }

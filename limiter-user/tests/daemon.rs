@@ -542,8 +542,8 @@ fn metrics_endpoint_is_scraped_and_parsed() {
         ),
         1.0
     );
-    assert_eq!(value("limiter_source_buckets", ""), 3.0);
-    assert_eq!(value("limiter_source_buckets_capacity", ""), 1_048_576.0);
+    assert_eq!(value("limiter_source_sketch_width", ""), 1_048_576.0);
+    assert!(value("limiter_new_sources_total", "") >= 3.0);
     assert!(samples
         .iter()
         .any(|(n, _, _)| n == "limiter_malformed_total"));
@@ -555,7 +555,7 @@ fn pinned_maps_of_another_layout_are_refused() {
     let rules = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 10\nburst = 10\n";
     let lab = Lab::new(rules);
     lab.start().stop();
-    // Same pins, another per-source capacity: SRC_BUCKETS no longer fits this config.
+    // Same pins, another per-source capacity: SRC_SKETCH no longer fits this config.
     lab.write_config(&format!("max_sources = 2048\n{rules}"));
     let out = Command::new(LIMITER)
         .args(["run", "--config"])
@@ -565,7 +565,7 @@ fn pinned_maps_of_another_layout_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a mismatched pin was reused");
     assert!(
-        err.contains("SRC_BUCKETS")
+        err.contains("SRC_SKETCH")
             && err.contains("does not match")
             && err.contains("limiter detach"),
         "{err}"

@@ -22,16 +22,13 @@ use std::{
 };
 
 use common::{pki::Pki, Lab, LIMITER};
-use limiter_common::abi::{Bucket, Control, SourceKey, CONTROL_BYPASS};
+use limiter_common::abi::{Control, SourceKey, CONTROL_BYPASS};
 use limiter_tests::{
     netns::VethPair,
     scenario::{flood, udp_to_host, PEER_V4},
     traffic::SendPlan,
 };
-use limiter_user::{
-    maps::Maps,
-    program::{LoadOptions, Program},
-};
+use limiter_user::maps::Maps;
 
 const RULE: &str = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 10\nburst = 10\n";
 
@@ -466,7 +463,15 @@ fn a_reassigned_slot_starts_with_fresh_per_source_buckets() {
     let maps = Maps::from_pins(&lab.pins.path).unwrap();
     let slot = maps.live_slots().unwrap()["old"];
     let key = SourceKey::masked(slot, 4, &v4_bytes(PEER_V4), 32, 128);
-    assert!(maps.source_bucket(&key).unwrap().is_some());
+    let old_limit = maps.live_rules().unwrap()[&slot].per_source;
+    let busy = |limit| {
+        maps.source_cells(&key, &limit)
+            .unwrap()
+            .expect("the sketch is set up")
+            .iter()
+            .all(|&(_, tat)| tat != 0)
+    };
+    assert!(busy(old_limit), "the old rule's source left no state");
     assert!(lab.rule_stats("old")["dropped_packets"].as_u64().unwrap() > 0);
 
     // "old" goes, "new" arrives and takes its slot: 1000/s, burst 10 per source.
@@ -480,10 +485,11 @@ fn a_reassigned_slot_starts_with_fresh_per_source_buckets() {
         slot,
         "the slot was not reused"
     );
-    assert_eq!(
-        maps.source_bucket(&key).unwrap(),
-        None,
-        "the old rule's bucket for this source survived"
+    let new_limit = maps.live_rules().unwrap()[&slot].per_source;
+    let cells = maps.source_cells(&key, &new_limit).unwrap().unwrap();
+    assert!(
+        cells.iter().all(|&(_, tat)| tat == 0),
+        "the new limit meters this source in cells the old rule used: {cells:?}"
     );
     // Ten frames at once: the new rule's full burst admits every one.
     flood(
@@ -507,53 +513,6 @@ fn v4_bytes(addr: std::net::Ipv4Addr) -> [u8; 16] {
     let mut a = [0u8; 16];
     a[..4].copy_from_slice(&addr.octets());
     a
-}
-
-/// The cost of clearing a slot's per-source buckets from a full map of the default size
-/// (1,048,576 entries), half of them the slot's. Prints the time; checks the result.
-#[test]
-fn clearing_a_slot_in_a_full_million_entry_map() {
-    let mut program = Program::load(&LoadOptions {
-        pin_dir: None,
-        max_sources: limiter_common::abi::DEFAULT_MAX_SOURCES,
-        handoff_array: None,
-    })
-    .expect("loading the program (root, bpffs)");
-    let mut maps = program.maps().unwrap();
-    // A million, a little below the capacity (2^20) so that the LRU evicts nothing.
-    let n: u32 = 1_000_000;
-    let filled = Instant::now();
-    for i in 0..n {
-        let mut addr = [0u8; 16];
-        addr[..4].copy_from_slice(&i.to_be_bytes());
-        let key = SourceKey {
-            slot: i % 2,
-            family: 4,
-            addr,
-        };
-        maps.set_source_bucket(&key, Bucket { tat: 1 }).unwrap();
-    }
-    eprintln!("filled {n} entries in {:.2?}", filled.elapsed());
-    assert_eq!(maps.source_bucket_count().unwrap(), u64::from(n));
-    // A slot with no buckets: the cost of the pass over the map alone.
-    let start = Instant::now();
-    assert_eq!(maps.purge_source_buckets(&BTreeSet::from([7])).unwrap(), 0);
-    eprintln!(
-        "scanned {n} entries (none to clear) in {:.2?}",
-        start.elapsed()
-    );
-    let start = Instant::now();
-    let purged = maps.purge_source_buckets(&BTreeSet::from([0])).unwrap();
-    let took = start.elapsed();
-    eprintln!("cleared slot 0: {purged} of {n} entries in {took:.2?}");
-    assert_eq!(purged, u64::from(n / 2));
-    assert_eq!(maps.source_bucket_count().unwrap(), u64::from(n / 2));
-    let kept = SourceKey {
-        slot: 1,
-        family: 4,
-        addr: v4_bytes(std::net::Ipv4Addr::from(1u32)),
-    };
-    assert!(maps.source_bucket(&kept).unwrap().is_some());
 }
 
 #[test]

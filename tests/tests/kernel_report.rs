@@ -37,13 +37,16 @@ struct Loaded {
     result: Result<(Option<u32>, Duration), String>,
 }
 
-/// Loads each build alone, with the default per-source map size, and times the load
+/// Loads each build alone, with the default per-source sketch size, and times the load
 /// (the verifier is nearly all of it).
 fn load_each() -> Vec<Loaded> {
     let mut out = Vec::new();
     for variant in Variant::ALL {
         let mut ebpf = EbpfLoader::new()
-            .map_max_entries(map_name::SRC_BUCKETS, DEFAULT_MAX_SOURCES)
+            .map_max_entries(
+                map_name::SRC_SKETCH,
+                limiter_common::sketch::cells_for(DEFAULT_MAX_SOURCES),
+            )
             .load(OBJECT)
             .expect("loading the object's maps");
         let prog = ebpf.program_mut(variant.program_name()).expect("the build");

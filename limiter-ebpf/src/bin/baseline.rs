@@ -5,9 +5,15 @@
 //! - `traffic_tx`: a traffic generator. Run with BPF_PROG_TEST_RUN in live-frames mode on
 //!   a veth end, it transmits every injected frame out of that end (XDP_TX);
 //! - `rx_count`: a TC ingress counter for the receiving end. TC runs after XDP, so it
-//!   counts exactly what XDP passed, per CPU and per IPv4 source, at any packet rate.
+//!   counts exactly what XDP passed, per CPU and per IPv4 source, at any packet rate;
+//! - `cand_*`: per-source structures the bench measures side by side (`candidates`).
 #![no_std]
 #![no_main]
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
+
+#[path = "baseline/candidates.rs"]
+mod candidates;
 
 use aya_ebpf::{
     bindings::{xdp_action, TC_ACT_SHOT},

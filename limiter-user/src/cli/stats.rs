@@ -27,6 +27,8 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    // (when, new_sources) of the previous refresh: `--watch` shows new sources per second.
+    let mut previous: Option<(std::time::Instant, u64)> = None;
     loop {
         let report = stats::collect(&maps)?;
         let mut out = std::io::stdout().lock();
@@ -35,6 +37,15 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
             write!(out, "\x1b[2J\x1b[H")?;
         }
         write!(out, "{}", stats::render_table(&report))?;
+        if args.watch {
+            let now = (std::time::Instant::now(), report.global.new_sources);
+            if let Some((at, seen)) = previous {
+                let per_second =
+                    now.1.wrapping_sub(seen) as f64 / now.0.duration_since(at).as_secs_f64();
+                writeln!(out, "new sources per second: {per_second:.0}")?;
+            }
+            previous = Some(now);
+        }
         out.flush()?;
         if !args.watch {
             return Ok(());

@@ -34,9 +34,11 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use aya::{
+    maps::Array,
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
-    Ebpf,
+    Ebpf, EbpfLoader,
 };
+use limiter_common::sketch::{self, SketchMeta};
 use limiter_tests::{
     bench::{self, report},
     fixture::{self, Loaded, Snapshot},
@@ -58,12 +60,12 @@ const REPEAT: u32 = 1_000_000;
 /// Measured rounds of the repeat method (odd: the median is one round).
 const REPEAT_ROUNDS: usize = 7;
 /// Calls per scenario and round in the per-frame method.
-const FRAMES_PER_ROUND: usize = 20_000;
+const FRAMES_PER_ROUND: usize = 10_000;
 /// Measured rounds of the per-frame method (odd).
 const FRAME_ROUNDS: usize = 5;
 /// `max_sources` of the program that measures a new source per frame (the default).
 const LARGE_SOURCES: u32 = 1 << 20;
-/// `max_sources` of the program that measures churn through a full LRU.
+/// `max_sources` of the program that measures churn through a small sketch.
 const SMALL_SOURCES: u32 = 4096;
 /// The issue's target for the hot path, as a multiple of `baseline_pass`.
 const HOT_PATH_TARGET: f64 = 4.0;
@@ -73,7 +75,7 @@ const TEST_NET: u32 = u32::from_be_bytes([198, 18, 0, 0]);
 const TEST_NET_SIZE: u32 = 1 << 17;
 
 // Every frame of the new-source scenario must come from a source never seen before.
-const _: () = assert!(FRAMES_PER_ROUND * (FRAME_ROUNDS + 1) <= TEST_NET_SIZE as usize);
+const _: () = assert!(FRAMES_PER_ROUND * (FRAME_ROUNDS + 1) <= NEW_SOURCES as usize);
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -286,7 +288,7 @@ fn run_prog_test_run(dir: &Path, sharing_only: bool) -> Result<()> {
     let cpu = pin_to_current_cpu()?;
     let header = Header::read(Some(cpu))?;
 
-    let mut baselines = Ebpf::load(BASELINE_OBJECT).context("loading the baseline object")?;
+    let mut baselines = load_baselines()?;
     load_xdp(&mut baselines, "baseline_pass")?;
     load_xdp(&mut baselines, "baseline_drop")?;
     load_tc(&mut baselines, "baseline_tc_drop")?;
@@ -431,26 +433,43 @@ fn frame(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
         .build()
 }
 
-/// Walks 198.18.0.0/15 one address at a time, wrapping around.
+/// Walks addresses of 198.18.0.0/15 one at a time, wrapping around: the first
+/// `NEW_SOURCES` of them for new sources, the last `KNOWN_SOURCES` for a working set of
+/// known ones (sent once before they are measured).
 struct Sources {
+    base: u32,
+    size: u32,
     next: u32,
 }
 
+/// Known sources cycled through by the established-source rows: a working set whose
+/// cells stay in the CPU's caches, and one that does not (2^17 cache lines, 8 MiB of
+/// cells over 32 MiB of sketch: more than L2 and the TLB's reach here).
+const KNOWN_SOURCES: u32 = 4096;
+const KNOWN_SOURCES_LARGE: u32 = 65_536;
+const NEW_SOURCES: u32 = TEST_NET_SIZE - KNOWN_SOURCES_LARGE;
+
 impl Sources {
     fn new() -> Self {
-        Sources { next: 0 }
+        Sources {
+            base: 0,
+            size: NEW_SOURCES,
+            next: 0,
+        }
+    }
+
+    fn known(size: u32) -> Self {
+        Sources {
+            base: TEST_NET_SIZE - size,
+            size,
+            next: 0,
+        }
     }
 
     fn next(&mut self) -> Ipv4Addr {
-        let addr = Ipv4Addr::from(TEST_NET + self.next);
-        self.next = (self.next + 1) % TEST_NET_SIZE;
+        let addr = Ipv4Addr::from(TEST_NET + self.base + self.next);
+        self.next = (self.next + 1) % self.size;
         addr
-    }
-
-    /// The address handed out `n` calls ago (1 = the last one).
-    fn back(&self, n: u32) -> Ipv4Addr {
-        let index = (self.next + TEST_NET_SIZE - n % TEST_NET_SIZE) % TEST_NET_SIZE;
-        Ipv4Addr::from(TEST_NET + index)
     }
 }
 
@@ -819,6 +838,9 @@ struct Stream<'a> {
     prog: Prog<'a>,
     frame: Vec<u8>,
     sources: Sources,
+    /// The verdict every frame must get; `None`: either (a sketch's new source may find
+    /// its cells busy with others' frames, a known source may have refilled).
+    want: Option<u32>,
 }
 
 impl<'a> Stream<'a> {
@@ -828,7 +850,21 @@ impl<'a> Stream<'a> {
             prog: Prog::Xdp(prog),
             frame: frame(Ipv4Addr::new(198, 18, 0, 1), DST_PER_SOURCE),
             sources: Sources::new(),
+            want: Some(XDP_PASS),
         }
+    }
+
+    /// Frames from a known working set of `size` sources, any verdict.
+    fn known(scenario: &'static str, prog: &'a Xdp, size: u32) -> Self {
+        Stream {
+            sources: Sources::known(size),
+            want: None,
+            ..Stream::new(scenario, prog)
+        }
+    }
+
+    fn any_verdict(self) -> Self {
+        Stream { want: None, ..self }
     }
 
     /// One frame from `src` (repeat = 1): the verdict and the kernel-measured ns.
@@ -843,69 +879,193 @@ impl<'a> Stream<'a> {
         for _ in 0..frames {
             let src = self.sources.next();
             let (verdict, ns) = self.send(src)?;
-            check_verdict(self.scenario, verdict, XDP_PASS)?;
+            match self.want {
+                Some(want) => check_verdict(self.scenario, verdict, want)?,
+                None if verdict != XDP_PASS && verdict != XDP_DROP => {
+                    check_verdict(self.scenario, verdict, XDP_PASS)?
+                }
+                None => {}
+            }
             total += ns;
         }
         Ok(total as f64 / frames as f64)
     }
 }
 
-/// Scenarios 5 and 6, each frame from a new source, and `baseline_pass` the same way.
+/// Scenarios 5 and 6, each frame from a new source, the same program's known sources,
+/// and `baseline_pass` the same way; then the candidate structures (baseline object's
+/// `cand_*`), each with a new source per frame and its known sources.
 fn per_frame_scenarios(baselines: &Ebpf, large: &Loaded, small: &Loaded) -> Result<Vec<Row>> {
-    let mut streams = [
+    let mut streams = vec![
         Stream::new("baseline_pass", xdp(baselines, "baseline_pass")?),
         Stream::new(
             "new source every frame (max_sources 1048576)",
             large.program.xdp()?,
+        )
+        .any_verdict(),
+        Stream::known(
+            "known source every frame (max_sources 1048576; 4096 known sources)",
+            large.program.xdp()?,
+            KNOWN_SOURCES,
+        ),
+        Stream::known(
+            "known source every frame (max_sources 1048576; 65536 known sources)",
+            large.program.xdp()?,
+            KNOWN_SOURCES_LARGE,
         ),
         Stream::new(
-            "new source every frame, LRU full (max_sources 4096)",
+            "new source every frame, small sketch (max_sources 4096)",
             small.program.xdp()?,
-        ),
+        )
+        .any_verdict(),
     ];
-    // Warm up, filling the small map twice over so that it is full and evicting.
-    streams[0].run(FRAMES_PER_ROUND)?;
-    streams[1].run(FRAMES_PER_ROUND)?;
-    streams[2].run(2 * SMALL_SOURCES as usize)?;
+    for (name, label) in CANDIDATES {
+        let prog = xdp(baselines, name)?;
+        let new = Stream::new(label.new, prog);
+        streams.push(if name.starts_with("cand_sketch") {
+            new.any_verdict()
+        } else {
+            new
+        });
+        streams.push(Stream::known(label.known, prog, KNOWN_SOURCES));
+    }
+    // Warm up; the known streams send each of their sources once.
+    for stream in &mut streams {
+        let frames = if stream.sources.base == 0 {
+            FRAMES_PER_ROUND
+        } else {
+            stream.sources.size as usize
+        };
+        stream.run(frames)?;
+    }
 
     let before = (large.snapshot()?, small.snapshot()?);
-    let mut samples = [const { Vec::new() }; 3];
+    let mut samples: Vec<Vec<f64>> = streams.iter().map(|_| Vec::new()).collect();
     for _ in 0..FRAME_ROUNDS {
         for (stream, samples) in streams.iter_mut().zip(&mut samples) {
             samples.push(stream.run(FRAMES_PER_ROUND)?);
         }
     }
     let frames = (FRAMES_PER_ROUND * FRAME_ROUNDS) as u64;
-    let [_, new, churn] = &mut streams;
+    let after_large = large.snapshot()?;
+    // The large program saw the new and both known streams.
     check_source_counters(
-        new.scenario,
-        &fixture::delta(&before.0, &large.snapshot()?),
-        frames,
+        streams[1].scenario,
+        &fixture::delta(&before.0, &after_large),
+        3 * frames,
     )?;
     check_source_counters(
-        churn.scenario,
+        streams[4].scenario,
         &fixture::delta(&before.1, &small.snapshot()?),
         frames,
     )?;
-    check_eviction(churn)?;
+    check_no_eviction(&mut streams[4])?;
 
-    let medians = samples.map(|mut s| median(&mut s));
+    let medians: Vec<f64> = samples.into_iter().map(|mut s| median(&mut s)).collect();
     Ok(streams
         .iter()
-        .zip(medians)
-        .map(|(stream, ns)| Row {
+        .zip(&medians)
+        .map(|(stream, &ns)| Row {
             scenario: stream.scenario.to_string(),
             method: Method::PerFrame,
             ns,
             baseline_ns: medians[0],
-            verdict: XDP_PASS,
+            verdict: stream.want.unwrap_or(XDP_PASS),
             hot_path: false,
         })
         .collect())
 }
 
-/// Every frame created a bucket: none failed to insert (an insert failure passes the
-/// frame unmetered, which would make the scenario measure something else).
+/// Row labels of one candidate structure.
+struct CandidateLabel {
+    new: &'static str,
+    known: &'static str,
+}
+
+/// The per-source structures measured beside the limiter (limiter-ebpf's
+/// `bin/baseline/candidates.rs`), each sized for 2^20 sources.
+const CANDIDATES: [(&str, CandidateLabel); 6] = [
+    (
+        "cand_lru",
+        CandidateLabel {
+            new: "candidate LRU hash (common LRU): new source",
+            known: "candidate LRU hash (common LRU): known source",
+        },
+    ),
+    (
+        "cand_lru_nocommon",
+        CandidateLabel {
+            new: "candidate LRU hash, BPF_F_NO_COMMON_LRU: new source",
+            known: "candidate LRU hash, BPF_F_NO_COMMON_LRU: known source",
+        },
+    ),
+    (
+        "cand_lru_percpu",
+        CandidateLabel {
+            new: "candidate LRU_PERCPU hash: new source",
+            known: "candidate LRU_PERCPU hash: known source",
+        },
+    ),
+    (
+        "cand_hash",
+        CandidateLabel {
+            new: "candidate preallocated hash: new source",
+            known: "candidate preallocated hash: known source",
+        },
+    ),
+    (
+        "cand_sketch",
+        CandidateLabel {
+            new: "candidate sketch, 2 rows of GCRA cells: new source",
+            known: "candidate sketch, 2 rows of GCRA cells: known source",
+        },
+    ),
+    (
+        "cand_sketch_line",
+        CandidateLabel {
+            new: "candidate sketch, 2 cells in one cache line: new source",
+            known: "candidate sketch, 2 cells in one cache line: known source",
+        },
+    ),
+];
+
+/// Entries of each candidate's map.
+const CANDIDATE_SOURCES: u32 = 1 << 20;
+
+/// The baseline object with its candidate maps sized for [`CANDIDATE_SOURCES`] and the
+/// candidate sketch's seed and width written.
+fn load_baselines() -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    for map in ["CAND_LRU", "CAND_LRU_NOCOM", "CAND_LRU_PCPU", "CAND_HASH"] {
+        loader.map_max_entries(map, CANDIDATE_SOURCES);
+    }
+    loader.map_max_entries("CAND_SKETCH", sketch::cells_for(CANDIDATE_SOURCES));
+    loader.map_max_entries("CAND_SKETCH_LINE", sketch::cells_for(CANDIDATE_SOURCES));
+    let mut ebpf = loader
+        .load(BASELINE_OBJECT)
+        .context("loading the baseline object")?;
+    let mut meta: Array<_, SketchMeta> = Array::try_from(
+        ebpf.map_mut("CAND_SKETCH_META")
+            .context("no map CAND_SKETCH_META in the baseline object")?,
+    )?;
+    meta.set(
+        0,
+        SketchMeta {
+            seed: [0x5eed_0001, 0x5eed_0002],
+            width_mask: sketch::width_for(CANDIDATE_SOURCES) - 1,
+            rows: sketch::ROWS,
+        },
+        0,
+    )
+    .context("writing CAND_SKETCH_META")?;
+    for name in CANDIDATES.map(|(n, _)| n) {
+        load_xdp(&mut ebpf, name)?;
+    }
+    Ok(ebpf)
+}
+
+/// Every frame was metered by the per-source limit: none passed unmetered for want of
+/// a sketch (an unmetered frame would make the scenario measure something else).
 fn check_source_counters(scenario: &str, delta: &Snapshot, frames: u64) -> Result<()> {
     let rule = delta
         .rules
@@ -913,37 +1073,40 @@ fn check_source_counters(scenario: &str, delta: &Snapshot, frames: u64) -> Resul
         .with_context(|| format!("{scenario}: no counters for rule per-source"))?;
     ensure!(
         delta.global.insert_failures == 0,
-        "{scenario}: {} per-source inserts failed",
+        "{scenario}: {} frames found no sketch set up",
         delta.global.insert_failures
     );
     ensure!(
-        rule.passed_packets == frames,
-        "{scenario}: {} of {frames} frames passed",
-        rule.passed_packets
+        rule.passed_packets + rule.dropped_packets == frames,
+        "{scenario}: {} passed + {} dropped of {frames} frames",
+        rule.passed_packets,
+        rule.dropped_packets
     );
     Ok(())
 }
 
-/// Proves the small LRU is full and evicting: a marker source followed by twice the
-/// capacity of newer sources is gone (its next frame passes as a new source), while the
-/// newest source is still there (its second frame within a second drops).
-fn check_eviction(churn: &mut Stream<'_>) -> Result<()> {
+/// Proves churn buys a throttled source nothing (the LRU of earlier versions evicted it
+/// here): a marker source, then twice the sketch's width of newer sources; the marker's
+/// next frame within its second still drops.
+fn check_no_eviction(churn: &mut Stream<'_>) -> Result<()> {
     let started = Instant::now();
     let marker = churn.sources.next();
     let (first, _) = churn.send(marker)?;
-    check_verdict("LRU probe: marker source, first frame", first, XDP_PASS)?;
+    let (second, _) = churn.send(marker)?;
+    check_verdict("churn probe: marker source, second frame", second, XDP_DROP)?;
     churn.run(2 * SMALL_SOURCES as usize)?;
-    let newest = churn.sources.back(1);
-    let (again, _) = churn.send(newest)?;
-    check_verdict("LRU probe: newest source again (cached)", again, XDP_DROP)?;
     let (again, _) = churn.send(marker)?;
-    check_verdict("LRU probe: marker source again (evicted)", again, XDP_PASS)?;
-    // A 1/s bucket refills after a second: only a faster probe tells eviction apart.
+    check_verdict(
+        "churn probe: marker source after churn (throttled, must stay so)",
+        again,
+        XDP_DROP,
+    )?;
     ensure!(
         started.elapsed() < Duration::from_millis(500),
-        "LRU probe took {:?}; too slow to tell eviction from refill",
+        "churn probe took {:?}; too slow to tell a kept state from a refill",
         started.elapsed()
     );
+    let _ = first;
     Ok(())
 }
 
@@ -1161,7 +1324,8 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
 }
 
 fn outro_lines(rows: &[Row]) -> Vec<String> {
-    rows.iter()
+    let mut lines: Vec<String> = rows
+        .iter()
         .filter(|r| r.hot_path)
         .map(|r| {
             let met = if r.ratio() <= HOT_PATH_TARGET {
@@ -1175,8 +1339,43 @@ fn outro_lines(rows: &[Row]) -> Vec<String> {
                 r.ratio()
             )
         })
-        .collect()
+        .collect();
+    // The issue's new-source target, against both known working sets of the same run.
+    let ns = |prefix: &str| {
+        rows.iter()
+            .find(|r| r.scenario.starts_with(prefix))
+            .map(|r| r.ns)
+    };
+    if let Some(new) = ns("new source every frame (max_sources 1048576)") {
+        for (what, prefix) in [
+            (
+                "cached",
+                "known source every frame (max_sources 1048576; 4096",
+            ),
+            (
+                "uncached",
+                "known source every frame (max_sources 1048576; 65536",
+            ),
+        ] {
+            if let Some(known) = ns(prefix) {
+                let ratio = new / known;
+                let met = if ratio <= NEW_SOURCE_TARGET {
+                    "met"
+                } else {
+                    "NOT met"
+                };
+                lines.push(format!(
+                    "new-source target ≤ {NEW_SOURCE_TARGET}× a known source ({what} cells): \
+                     {ratio:.2}×: {met}"
+                ));
+            }
+        }
+    }
+    lines
 }
+
+/// The issue's target for a new source every frame, as a multiple of a known source.
+const NEW_SOURCE_TARGET: f64 = 1.5;
 
 fn text_table(rows: &[[String; 5]]) -> String {
     let mut widths = COLUMNS.map(|c| c.chars().count());

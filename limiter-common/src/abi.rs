@@ -209,7 +209,9 @@ pub struct RuleConfig {
     pub fail_open_at_ns: u64,
     /// `SHARE_*` as last written by the daemon.
     pub share_state: u32,
-    pub _reserved: u32,
+    /// The rule's part of the per-source sketch (limiter_common::sketch::region); 0: every
+    /// cell. In the second cache line: read only by frames of per-source rules.
+    pub sketch_region: u32,
     /// Configured aggregate rate and burst, in units per second / units (for display).
     pub rate: u64,
     pub burst: u64,
@@ -240,7 +242,7 @@ impl RuleConfig {
         lease_expires_ns: 0,
         fail_open_at_ns: 0,
         share_state: SHARE_STANDALONE,
-        _reserved: 0,
+        sketch_region: 0,
         rate: 0,
         burst: 0,
         source_rate: 0,

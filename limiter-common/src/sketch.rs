@@ -15,11 +15,16 @@
 //! nothing to insert or evict: a new source costs what a known one costs, and a throttled
 //! source cannot be pushed out to come back with a full bucket.
 //!
+//! Each per-source rule meters its sources in a part of every row of its own
+//! ([`region`]): a cell charges by its rule's emission interval, so cells shared between
+//! a strict rule and a lenient one would let a flood on the first limit the second's
+//! sources.
+//!
 //! Two arithmetic details beyond [`crate::gcra::conform`]:
-//! - a cell is shared by rules of different tolerances, so a TAT further ahead than the
-//!   rule's own tolerance is not read as "the limit was lowered, pull it back" (which
-//!   would let one rule's traffic hand credit to sources of another); see
-//!   [`conform_cell`];
+//! - a cell may hold state of another limit (the old owner's last frames while a part
+//!   changes hands, an earlier version's rules sharing the whole row), so a TAT further
+//!   ahead than the rule's own tolerance is not read as "the limit was lowered, pull it
+//!   back" (which would hand that credit to this rule's sources); see [`conform_cell`];
 //! - the cells other than the deciding one are charged whether or not they would admit
 //!   (they must stay upper bounds), capped at `now + MAX_TOLERANCE`, which no source's
 //!   own bucket can exceed; see [`charge_cell`].
@@ -118,21 +123,64 @@ pub fn hash(seed: &[u64; 2], key: &SourceKey, limit: &Limit) -> u64 {
     h ^ (h >> 31)
 }
 
-/// `SRC_SKETCH` index of the source's cell in `row` (0..ROWS): row `r` uses 32 bits of
-/// the hash of its own (rows are independent as long as the width is at most 2^32).
-#[inline(always)]
-pub const fn cell_index(hash: u64, row: u32, width_mask: u32) -> u32 {
-    let part = (hash >> (32 * (row & 1))) as u32;
-    row * (width_mask + 1) + (part & width_mask)
+/// A rule's part of the sketch (`RuleConfig::sketch_region`): each row is cut into
+/// 2^`parts_log2` equal parts and the rule meters its sources in part `index` of every
+/// row. Rules never share a cell: a cell charges a frame by its own rule's emission
+/// interval, so a flood on a strict rule (10/s: 100 ms a frame) would otherwise exhaust
+/// cells a lenient rule's sources also hash to, and limit them. [`WHOLE_ROW`] (0) is the
+/// whole row: one per-source rule, or a record of a version before regions.
+pub const fn region(parts_log2: u32, index: u32) -> u32 {
+    (index << REGION_LOG2_BITS) | (parts_log2 & REGION_LOG2_MASK)
 }
 
-/// Every cell index of a source, in row order.
-pub fn cells_of(meta: &SketchMeta, key: &SourceKey, limit: &Limit) -> [u32; ROWS as usize] {
+/// The region of every cell of each row.
+pub const WHOLE_ROW: u32 = 0;
+
+const REGION_LOG2_BITS: u32 = 5;
+const REGION_LOG2_MASK: u32 = (1 << REGION_LOG2_BITS) - 1;
+
+/// Into how many parts (log2) a region's rows are cut.
+pub const fn region_parts_log2(region: u32) -> u32 {
+    region & REGION_LOG2_MASK
+}
+
+/// The region's first cell within a row and the mask of its width (a power of two):
+/// always inside the row, whatever `region` holds (an index past the parts wraps; more
+/// parts than cells read as the whole row).
+#[inline(always)]
+pub const fn region_span(region: u32, width_mask: u32) -> (u32, u32) {
+    let width = width_mask.wrapping_add(1);
+    let log2 = region_parts_log2(region);
+    let part = width >> log2;
+    if part == 0 || width == 0 {
+        return (0, width_mask);
+    }
+    let index = (region >> REGION_LOG2_BITS) & ((1u32 << log2) - 1);
+    (index * part, part - 1)
+}
+
+/// `SRC_SKETCH` index of the source's cell in `row` (0..ROWS), inside its rule's
+/// `region`: row `r` uses 32 bits of the hash of its own (rows are independent as long as
+/// the width is at most 2^32).
+#[inline(always)]
+pub const fn cell_index(hash: u64, row: u32, width_mask: u32, region: u32) -> u32 {
+    let (base, mask) = region_span(region, width_mask);
+    let part = (hash >> (32 * (row & 1))) as u32;
+    row * (width_mask + 1) + base + (part & mask)
+}
+
+/// Every cell index of a source of the rule with `region`, in row order.
+pub fn cells_of(
+    meta: &SketchMeta,
+    region: u32,
+    key: &SourceKey,
+    limit: &Limit,
+) -> [u32; ROWS as usize] {
     let h = hash(&meta.seed, key, limit);
     let mut out = [0u32; ROWS as usize];
     let mut row = 0;
     while row < ROWS {
-        out[row as usize] = cell_index(h, row, meta.width_mask);
+        out[row as usize] = cell_index(h, row, meta.width_mask, region);
         row += 1;
     }
     out
@@ -244,11 +292,54 @@ mod tests {
             rows: ROWS,
         };
         for a in 0..10_000 {
-            let cells = cells_of(&meta, &key(3, a), &LIMIT);
+            let cells = cells_of(&meta, WHOLE_ROW, &key(3, a), &LIMIT);
             for (row, &c) in cells.iter().enumerate() {
                 assert_eq!(c / (meta.width_mask + 1), row as u32);
             }
         }
+    }
+
+    proptest! {
+        /// A region's cells lie in its own part of each row, whatever the hash: two rules
+        /// with different regions of the same cut never share a cell, and any region
+        /// value (a stale or hostile record) stays inside the row.
+        #[test]
+        fn regions_keep_to_their_part_of_the_row(
+            hash in any::<u64>(),
+            width_log2 in 10u32..=25,
+            parts_log2 in 0u32..=10,
+            index in 0u32..1024,
+            other in 0u32..1024,
+            junk in any::<u32>(),
+        ) {
+            let width = 1u32 << width_log2;
+            let mask = width - 1;
+            let parts = 1u32 << parts_log2;
+            let (index, other) = (index % parts, other % parts);
+            let part = width / parts;
+            for row in 0..ROWS {
+                let c = cell_index(hash, row, mask, region(parts_log2, index));
+                prop_assert_eq!(c / width, row);
+                prop_assert_eq!((c % width) / part, index);
+                if other != index {
+                    for h2 in [hash, hash.rotate_left(17), !hash] {
+                        let d = cell_index(h2, row, mask, region(parts_log2, other));
+                        prop_assert_ne!(c, d);
+                    }
+                }
+                let j = cell_index(hash, row, mask, junk);
+                prop_assert_eq!(j / width, row);
+            }
+        }
+    }
+
+    #[test]
+    fn the_whole_row_is_one_region() {
+        let mask = width_for(1 << 20) - 1;
+        assert_eq!(region_span(WHOLE_ROW, mask), (0, mask));
+        assert_eq!(region_span(region(2, 3), mask), (3 << 18, (1 << 18) - 1));
+        // More parts than cells: read as the whole row, never outside it.
+        assert_eq!(region_span(region(31, 5), 1023), (0, 1023));
     }
 
     #[test]
@@ -260,7 +351,10 @@ mod tests {
         };
         let b = SketchMeta { seed: [3, 2], ..a };
         let same = (0..10_000)
-            .filter(|&s| cells_of(&a, &key(0, s), &LIMIT) == cells_of(&b, &key(0, s), &LIMIT))
+            .filter(|&s| {
+                cells_of(&a, WHOLE_ROW, &key(0, s), &LIMIT)
+                    == cells_of(&b, WHOLE_ROW, &key(0, s), &LIMIT)
+            })
             .count();
         assert_eq!(same, 0);
     }
@@ -276,7 +370,7 @@ mod tests {
         };
         let mut counts = vec![0u32; cells_for(1 << 16) as usize];
         for a in 0..(1u32 << 16) {
-            for c in cells_of(&meta, &key(1, 0xC612_0000 + a), &LIMIT) {
+            for c in cells_of(&meta, WHOLE_ROW, &key(1, 0xC612_0000 + a), &LIMIT) {
                 counts[c as usize] += 1;
             }
         }
@@ -390,7 +484,7 @@ mod tests {
         eprintln!("sources  lambda  limited  expected (formula)");
         for sources in [width / 4, width / 2, width] {
             let keys: Vec<[u32; ROWS as usize]> = (0..sources)
-                .map(|i| cells_of(&meta, &key(0, 0xC612_0000 + i), &limit))
+                .map(|i| cells_of(&meta, WHOLE_ROW, &key(0, 0xC612_0000 + i), &limit))
                 .collect();
             let mut order: Vec<(u64, u32)> =
                 (0..sources).map(|i| (rng.next() % period, i)).collect();
@@ -457,7 +551,7 @@ mod tests {
         let start = 1u64 << 40;
         let mut rng = Rng(0x1234_5678_9abc_def1);
         let keys: Vec<[u32; ROWS as usize]> = (0..heavy + light)
-            .map(|i| cells_of(&meta, &key(0, 0x0A00_0000 + i), &limit))
+            .map(|i| cells_of(&meta, WHOLE_ROW, &key(0, 0x0A00_0000 + i), &limit))
             .collect();
         // (time within the period, source); heavy sources four times a period.
         let mut order: Vec<(u64, u32)> = Vec::new();
@@ -529,7 +623,7 @@ mod tests {
                 };
                 let mut counts = vec![0u8; cells_for(max_sources) as usize];
                 for i in 0..sources {
-                    for c in cells_of(&meta, &key_of(i), &limit) {
+                    for c in cells_of(&meta, WHOLE_ROW, &key_of(i), &limit) {
                         let n = &mut counts[c as usize];
                         *n = n.saturating_add(1);
                     }
@@ -537,7 +631,7 @@ mod tests {
                 for (fraction, others) in [("1/2", 2u8), ("1/10", 10)] {
                     let limited = (0..sources)
                         .filter(|&i| {
-                            cells_of(&meta, &key_of(i), &limit)
+                            cells_of(&meta, WHOLE_ROW, &key_of(i), &limit)
                                 .iter()
                                 .all(|&c| counts[c as usize] > others)
                         })

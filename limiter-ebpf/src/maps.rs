@@ -46,8 +46,9 @@ pub static PREFIXES_V6_1: LpmTrie<[u8; 16], PrefixRules, PREFIXES, NO_PREALLOC> 
 pub static AGG_BUCKETS: Array<AggBucket, SLOTS, PAGE_ALIGNED> = Array::new();
 
 /// Per-source GCRA cells (limiter_common::sketch): nothing to insert, nothing to evict.
+/// Mappable, so the daemon clears a rule's region with a memset, not a syscall a cell.
 #[btf_map]
-pub static SRC_SKETCH: Array<Bucket, SKETCH_CELLS> = Array::new();
+pub static SRC_SKETCH: Array<Bucket, SKETCH_CELLS, PAGE_ALIGNED> = Array::new();
 
 #[btf_map]
 pub static SKETCH_META: Array<SketchMeta, 1> = Array::new();

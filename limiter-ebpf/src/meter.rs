@@ -118,7 +118,7 @@ pub fn meter(
             rule.source_prefix_v4,
             rule.source_prefix_v6,
         );
-        match meter_source(&key, now, cost, limit, &mut charged) {
+        match meter_source(&key, now, cost, limit, rule.sketch_region, &mut charged) {
             Outcome::Admit => source_cost = cost,
             Outcome::Reject => conforms = false,
             Outcome::Unmetered => {}
@@ -244,6 +244,7 @@ fn meter_source(
     now: u64,
     cost: u64,
     limit: &Limit,
+    region: u32,
     charged: &mut Charged,
 ) -> Outcome {
     let Some(meta) = maps::SKETCH_META.get(0) else {
@@ -258,8 +259,8 @@ fn meter_source(
     }
     let hash = sketch::hash(&seed, key, limit);
     let (Some(first), Some(second)) = (
-        maps::SRC_SKETCH.get_ptr_mut(sketch::cell_index(hash, 0, mask)),
-        maps::SRC_SKETCH.get_ptr_mut(sketch::cell_index(hash, 1, mask)),
+        maps::SRC_SKETCH.get_ptr_mut(sketch::cell_index(hash, 0, mask, region)),
+        maps::SRC_SKETCH.get_ptr_mut(sketch::cell_index(hash, 1, mask, region)),
     ) else {
         return Outcome::Unmetered;
     };

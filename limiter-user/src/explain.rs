@@ -306,9 +306,14 @@ fn explain_metered(
             rule.source_prefix_v6,
         );
         // The source's least advanced cell decides (count-min's min over the rows);
-        // cells never used read as a full bucket.
+        // cells never used read as a full bucket. The region is the live record's: the
+        // install chose it.
+        let live = RuleConfig {
+            sketch_region: maps.live_rule(slot)?.sketch_region,
+            ..*rule
+        };
         let tat = maps
-            .source_cells(&key, &rule.per_source)?
+            .source_cells(&key, &live)?
             .map_or(0, |cells| deciding_tat(&cells, now));
         out.per_source = Some(bucket_view(
             source_label(query, rule),

@@ -16,6 +16,7 @@ pub mod netlink;
 pub mod pins;
 pub mod program;
 pub mod ruleset;
+pub mod sketch_regions;
 pub mod stats;
 pub mod takeover;
 pub mod tc_filter;

@@ -3,7 +3,9 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::Path,
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
 };
 
 use aya::{
@@ -18,7 +20,7 @@ use limiter_common::{
         map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord,
         GlobalCounters, Handoff, HandoffCounters, HeaderCounters, HostEntry, PrefixRules,
         RuleConfig, RuleCounters, RuleCpuState, SourceKey, SynCounters, HOST_SLOTS, MAX_RULES,
-        RULE_IN_USE,
+        RULE_HAS_PER_SOURCE, RULE_IN_USE,
     },
     gcra::Limit,
     sketch::{self, SketchCounters, SketchMeta},
@@ -27,6 +29,7 @@ use limiter_common::{
 use crate::{
     error::Error,
     ruleset::{HostTable, PrefixEntry, RuleTable},
+    sketch_regions::{self, SourceRule},
 };
 
 type Trie<const N: usize> = LpmTrie<MapData, [u8; N], PrefixRules>;
@@ -40,6 +43,11 @@ pub struct Maps {
     agg_buckets: Array<MapData, AggBucket>,
     /// Per-source GCRA cells (limiter_common::sketch) and how to find a source's.
     src_sketch: Array<MapData, Bucket>,
+    /// Its descriptor, for clearing a region through a shared mapping.
+    src_sketch_fd: OwnedFd,
+    /// An earlier version's per-source LRU found pinned, carried into the sketch by the
+    /// first install (which knows the rules' regions), then unpinned.
+    earlier_lru: Option<(PathBuf, HashMap<MapData, SourceKey, Bucket>)>,
     sketch_meta: Array<MapData, SketchMeta>,
     sketch_counts: PerCpuArray<MapData, SketchCounters>,
     rule_counters: PerCpuArray<MapData, RuleCpuState>,
@@ -56,6 +64,23 @@ pub struct Maps {
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
     /// process has written the generation (pins adopted from an earlier daemon).
     hosts_used: [Option<BTreeSet<u32>>; 2],
+}
+
+/// Per-source rules as the region plan sees them.
+fn plan_view(rules: &BTreeMap<u32, RuleConfig>) -> BTreeMap<u32, SourceRule<'_>> {
+    rules
+        .iter()
+        .map(|(slot, r)| {
+            (
+                *slot,
+                SourceRule {
+                    name: r.name_bytes(),
+                    limit: r.per_source,
+                    region: r.sketch_region,
+                },
+            )
+        })
+        .collect()
 }
 
 fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> Error {
@@ -93,7 +118,24 @@ impl Maps {
     }
 
     fn build(mut take: impl FnMut(&'static str) -> Result<Map, Error>) -> Result<Maps, Error> {
-        let src_sketch = typed(take(map_name::SRC_SKETCH)?, map_name::SRC_SKETCH)?;
+        let src_sketch_map = take(map_name::SRC_SKETCH)?;
+        let src_sketch_fd = match &src_sketch_map {
+            Map::Array(data) => data
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| Error::Io {
+                    what: "duplicating the SRC_SKETCH descriptor".into(),
+                    source: e,
+                })?,
+            _ => {
+                return Err(Error::Io {
+                    what: "SRC_SKETCH is not an array".into(),
+                    source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+                })
+            }
+        };
+        let src_sketch = typed(src_sketch_map, map_name::SRC_SKETCH)?;
         let sketch_meta = typed(take(map_name::SKETCH_META)?, map_name::SKETCH_META)?;
         let sketch_counts = typed(take(map_name::SKETCH_COUNTS)?, map_name::SKETCH_COUNTS)?;
         Ok(Maps {
@@ -109,6 +151,8 @@ impl Maps {
             ],
             agg_buckets: typed(take(map_name::AGG_BUCKETS)?, map_name::AGG_BUCKETS)?,
             src_sketch,
+            src_sketch_fd,
+            earlier_lru: None,
             sketch_meta,
             sketch_counts,
             rule_counters: typed(take(map_name::RULE_COUNTERS)?, map_name::RULE_COUNTERS)?,
@@ -161,6 +205,14 @@ impl Maps {
         Ok(out)
     }
 
+    /// The live generation's record of `slot` (what the program reads for it now).
+    pub fn live_rule(&self, slot: u32) -> Result<RuleConfig, Error> {
+        let generation = self.control()?.generation;
+        self.rules
+            .get(&rule_index(generation, slot), 0)
+            .map_err(map_err(format!("reading RULES slot {slot}")))
+    }
+
     /// Name -> slot of the live rules (for keeping slots stable across restarts).
     pub fn live_slots(&self) -> Result<BTreeMap<String, u32>, Error> {
         Ok(self
@@ -187,36 +239,23 @@ impl Maps {
         let live = self.live_rules()?;
         let next = (control.generation ^ 1) & 1;
 
-        // Slots whose per-source buckets must go: given to another rule, or freed.
-        let mut changed: BTreeSet<u32> = live
-            .keys()
-            .filter(|slot| table.rule(**slot).is_none())
-            .copied()
-            .collect();
+        // A slot new to its rule starts with a full aggregate bucket and zero counters.
         for (slot, rule) in &table.rules {
             let same_owner = live
                 .get(slot)
                 .is_some_and(|old| old.name_bytes() == rule.name_bytes());
             if !same_owner {
                 self.reset_slot(*slot)?;
-                changed.insert(*slot);
             }
         }
+        let regions = self.place_sources(&live, table)?;
 
         replace_trie(&mut self.v4[next as usize], &table.v4, "IPv4")?;
         replace_trie(&mut self.v6[next as usize], &table.v6, "IPv6")?;
         self.replace_hosts(next, &HostTable::build(table))?;
-        let wanted: BTreeMap<u32, &RuleConfig> = table
-            .rules
-            .iter()
-            .map(|(slot, rule)| (*slot, rule))
-            .collect();
         for slot in 0..MAX_RULES {
-            let rule = wanted
-                .get(&slot)
-                .copied()
-                .copied()
-                .unwrap_or(RuleConfig::EMPTY);
+            let mut rule = table.rule(slot).copied().unwrap_or(RuleConfig::EMPTY);
+            rule.sketch_region = regions.get(&slot).copied().unwrap_or(sketch::WHOLE_ROW);
             self.rules
                 .set(rule_index(next, slot), rule, 0)
                 .map_err(map_err(format!("writing RULES slot {slot}")))?;
@@ -225,9 +264,103 @@ impl Maps {
             generation: next,
             ..control
         })?;
-        // A reassigned slot's per-source state needs no clearing: a new limit hashes
-        // its sources to other cells (limiter_common::sketch::hash).
-        let _ = changed;
+        Ok(())
+    }
+
+    /// Gives each per-source rule of `table` its region of the sketch
+    /// (crate::sketch_regions), clears the regions that change hands, and carries an
+    /// earlier version's LRU state into the regions of the rules it was kept for. Runs
+    /// before the table goes live, so no frame of a new owner meets an old owner's state.
+    fn place_sources(
+        &mut self,
+        live: &BTreeMap<u32, RuleConfig>,
+        table: &RuleTable,
+    ) -> Result<BTreeMap<u32, u32>, Error> {
+        let source_rules = |rules: &mut dyn Iterator<Item = (u32, RuleConfig)>| {
+            rules
+                .filter(|(_, r)| r.flags & RULE_IN_USE != 0 && r.flags & RULE_HAS_PER_SOURCE != 0)
+                .collect::<BTreeMap<u32, RuleConfig>>()
+        };
+        let before = source_rules(&mut live.iter().map(|(s, r)| (*s, *r)));
+        let after = source_rules(&mut table.rules.iter().map(|(s, r)| (*s, *r)));
+        let plan = sketch_regions::plan(&plan_view(&before), &plan_view(&after));
+        for region in &plan.cleared {
+            self.clear_region(*region)?;
+        }
+        if let Some((path, lru)) = self.earlier_lru.take() {
+            // Kept for the rules of the table the buckets were keyed by (same slot, same
+            // name); a rule new to its slot starts fresh anyway.
+            let kept: BTreeMap<u32, (Limit, u32)> = after
+                .iter()
+                .filter(|(s, r)| {
+                    before
+                        .get(s)
+                        .is_some_and(|b| b.name_bytes() == r.name_bytes())
+                })
+                .filter_map(|(s, r)| {
+                    plan.regions
+                        .get(s)
+                        .map(|region| (*s, (r.per_source, *region)))
+                })
+                .collect();
+            match self.fold_lru(&lru, &kept) {
+                Ok(carried) => tracing::info!(
+                    carried,
+                    "per-source state of the earlier version's SRC_BUCKETS carried into the \
+                     sketch; its pin removed"
+                ),
+                Err(e) => tracing::warn!(
+                    "per-source state of the earlier version not carried over (every source \
+                     starts with its burst): {e}"
+                ),
+            }
+            drop(lru);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!("removing {}: {e}", path.display());
+            }
+        }
+        Ok(plan.regions)
+    }
+
+    /// Zeroes every cell of `region` in each row, through a shared mapping of the array
+    /// (one memset instead of a syscall a cell; millions of cells at 16 M sources).
+    fn clear_region(&mut self, region: u32) -> Result<(), Error> {
+        let cells = self.src_sketch.len() as usize;
+        let width = cells / sketch::ROWS as usize;
+        if width == 0 {
+            return Ok(());
+        }
+        let (base, mask) = sketch::region_span(region, (width - 1) as u32);
+        let bytes = cells * std::mem::size_of::<Bucket>();
+        // SAFETY: a shared read-write mapping of the array map's values, which the kernel
+        // page-aligns for BPF_F_MMAPABLE arrays; unmapped below before anything else.
+        let mapped = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.src_sketch_fd.as_raw_fd(),
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(Error::Io {
+                what: "mapping SRC_SKETCH to clear a rule's region".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `bytes` bytes of u64 cells, aligned (page-aligned mapping); the program
+        // reads and updates them atomically, so they are written as atomics here.
+        let tats = unsafe { std::slice::from_raw_parts(mapped as *const AtomicU64, cells) };
+        for row in 0..sketch::ROWS as usize {
+            let start = row * width + base as usize;
+            for tat in &tats[start..=start + mask as usize] {
+                tat.store(0, Ordering::Relaxed);
+            }
+        }
+        // SAFETY: the mapping made above, no longer referenced.
+        unsafe { libc::munmap(mapped, bytes) };
         Ok(())
     }
 
@@ -428,19 +561,24 @@ impl Maps {
             .map_err(map_err("reading SKETCH_META"))
     }
 
-    /// A source's cells under `limit` (its rule's per-source limit): (index, TAT) per
+    /// A source's cells under `rule` (its per-source limit and region): (index, TAT) per
     /// row. `None` when the sketch is not set up.
     pub fn source_cells(
         &self,
         key: &SourceKey,
-        limit: &Limit,
+        rule: &RuleConfig,
     ) -> Result<Option<[(u32, u64); sketch::ROWS as usize]>, Error> {
         let meta = self.sketch_meta_as_is()?;
         if meta.width_mask == 0 {
             return Ok(None);
         }
         let mut out = [(0u32, 0u64); sketch::ROWS as usize];
-        for (slot, index) in out.iter_mut().zip(sketch::cells_of(&meta, key, limit)) {
+        for (slot, index) in out.iter_mut().zip(sketch::cells_of(
+            &meta,
+            rule.sketch_region,
+            key,
+            &rule.per_source,
+        )) {
             let bucket = self
                 .src_sketch
                 .get(&index, 0)
@@ -485,18 +623,15 @@ impl Maps {
         Ok(fill)
     }
 
-    /// Carries the per-source state of an earlier version's pinned LRU (`SRC_BUCKETS` in
-    /// `pin_dir`) into the sketch, then removes that pin: an upgrade gives no throttled
-    /// source its burst back, and the old map (96 bytes a source) is freed once the old
-    /// program is replaced. Each bucket still holding state is folded into its source's
-    /// cells under the rule's current per-source limit (a cell keeps the more advanced of
-    /// its own TAT and the bucket's: upper bounds stay upper bounds). Runs before the new
-    /// rule table is written, so the live table is the one the old buckets were keyed by.
-    /// `None`: no such pin. A map there that is not the limiter's LRU is left alone.
-    pub fn carry_over_lru(&mut self, pin_dir: &Path) -> Result<Option<u64>, Error> {
+    /// Finds an earlier version's per-source LRU (`SRC_BUCKETS` in `pin_dir`) for the
+    /// first install to carry into the sketch: an upgrade then gives no throttled source
+    /// its burst back, and the old map (96 bytes a source) is freed once its pin is gone
+    /// and the old program replaced. `false`: no such pin. A map there that is not the
+    /// limiter's LRU is refused and left alone.
+    pub fn find_earlier_lru(&mut self, pin_dir: &Path) -> Result<bool, Error> {
         let path = pin_dir.join(map_name::SRC_BUCKETS);
         if std::fs::symlink_metadata(&path).is_err() {
-            return Ok(None);
+            return Ok(false);
         }
         let data = MapData::from_pin(&path)
             .map_err(map_err(format!("opening pinned map {}", path.display())))?;
@@ -518,21 +653,31 @@ impl Maps {
             Map::from_map_data(data).map_err(map_err("opening SRC_BUCKETS"))?,
             map_name::SRC_BUCKETS,
         )?;
+        self.earlier_lru = Some((path, lru));
+        Ok(true)
+    }
+
+    /// Folds each LRU bucket still holding state into its source's cells, for the rules
+    /// in `kept` (slot → per-source limit and region): a cell keeps the more advanced of
+    /// its own TAT and the bucket's, so upper bounds stay upper bounds. Returns how many
+    /// buckets were carried.
+    fn fold_lru(
+        &mut self,
+        lru: &HashMap<MapData, SourceKey, Bucket>,
+        kept: &BTreeMap<u32, (Limit, u32)>,
+    ) -> Result<u64, Error> {
         let meta = self.sketch_meta()?;
-        let rules = self.live_rules()?;
         let now = limiter_common::gcra::ticks_from_ns(crate::fleet::monotonic_ns());
         let mut carried = 0u64;
         for entry in lru.iter() {
             let (key, bucket) = entry.map_err(map_err("reading SRC_BUCKETS"))?;
-            let Some(rule) = rules.get(&key.slot) else {
+            let Some((limit, region)) = kept.get(&key.slot) else {
                 continue;
             };
-            if rule.flags & limiter_common::abi::RULE_HAS_PER_SOURCE == 0
-                || sketch::at_rest(bucket.tat, now)
-            {
+            if sketch::at_rest(bucket.tat, now) {
                 continue;
             }
-            for index in sketch::cells_of(&meta, &key, &rule.per_source) {
+            for index in sketch::cells_of(&meta, *region, &key, limit) {
                 let cell = self
                     .src_sketch
                     .get(&index, 0)
@@ -543,11 +688,7 @@ impl Maps {
             }
             carried += 1;
         }
-        std::fs::remove_file(&path).map_err(|e| Error::Io {
-            what: format!("removing {}", path.display()),
-            source: e,
-        })?;
-        Ok(Some(carried))
+        Ok(carried)
     }
 
     /// The sketch's counters, summed over CPUs.

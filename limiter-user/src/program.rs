@@ -778,23 +778,18 @@ impl Program {
         })
     }
 
-    /// Takes the maps out of the object for reading and writing. With pins, the
-    /// per-source state of an earlier version's LRU is carried into the sketch first
-    /// (`Maps::carry_over_lru`; a failure is logged: less accurate, never less available).
+    /// Takes the maps out of the object for reading and writing. With pins, an earlier
+    /// version's per-source LRU is looked for, for the first install to carry into the
+    /// sketch (`Maps::find_earlier_lru`; a failure is logged: less accurate, never less
+    /// available).
     pub fn maps(&mut self) -> Result<Maps, Error> {
         let mut maps = Maps::from_ebpf(&mut self.ebpf)?;
         if let Some(dir) = &self.opts.pin_dir {
-            match maps.carry_over_lru(dir) {
-                Ok(Some(carried)) => tracing::info!(
-                    carried,
-                    "per-source state of the earlier version's SRC_BUCKETS carried into the \
-                     sketch; its pin removed"
-                ),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(
+            if let Err(e) = maps.find_earlier_lru(dir) {
+                tracing::warn!(
                     "per-source state of the earlier version not carried over (every source \
                      starts with its burst): {e}"
-                ),
+                );
             }
         }
         Ok(maps)

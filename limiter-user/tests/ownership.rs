@@ -463,15 +463,15 @@ fn a_reassigned_slot_starts_with_fresh_per_source_buckets() {
     let maps = Maps::from_pins(&lab.pins.path).unwrap();
     let slot = maps.live_slots().unwrap()["old"];
     let key = SourceKey::masked(slot, 4, &v4_bytes(PEER_V4), 32, 128);
-    let old_limit = maps.live_rules().unwrap()[&slot].per_source;
-    let busy = |limit| {
-        maps.source_cells(&key, &limit)
+    let old_rule = maps.live_rules().unwrap()[&slot];
+    let busy = |rule| {
+        maps.source_cells(&key, &rule)
             .unwrap()
             .expect("the sketch is set up")
             .iter()
             .all(|&(_, tat)| tat != 0)
     };
-    assert!(busy(old_limit), "the old rule's source left no state");
+    assert!(busy(old_rule), "the old rule's source left no state");
     assert!(lab.rule_stats("old")["dropped_packets"].as_u64().unwrap() > 0);
 
     // "old" goes, "new" arrives and takes its slot: 1000/s, burst 10 per source.
@@ -485,8 +485,8 @@ fn a_reassigned_slot_starts_with_fresh_per_source_buckets() {
         slot,
         "the slot was not reused"
     );
-    let new_limit = maps.live_rules().unwrap()[&slot].per_source;
-    let cells = maps.source_cells(&key, &new_limit).unwrap().unwrap();
+    let new_rule = maps.live_rules().unwrap()[&slot];
+    let cells = maps.source_cells(&key, &new_rule).unwrap().unwrap();
     assert!(
         cells.iter().all(|&(_, tat)| tat == 0),
         "the new limit meters this source in cells the old rule used: {cells:?}"

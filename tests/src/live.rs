@@ -85,7 +85,22 @@ impl LiveSender {
 
     /// The same with another generator of the baseline object (`traffic_tx_spray`).
     pub fn with_program(ifindex: u32, program: &'static str) -> Result<LiveSender> {
-        let mut ebpf = Ebpf::load(BASELINE_OBJECT).context("loading the harness programs")?;
+        Self::with_globals(ifindex, program, &[])
+    }
+
+    /// [`LiveSender::with_program`] with the harness object's read-only globals set.
+    pub fn with_globals(
+        ifindex: u32,
+        program: &'static str,
+        globals: &[(&str, u32)],
+    ) -> Result<LiveSender> {
+        let mut loader = aya::EbpfLoader::new();
+        for (name, value) in globals {
+            loader.override_global(name, value, true);
+        }
+        let mut ebpf = loader
+            .load(BASELINE_OBJECT)
+            .context("loading the harness programs")?;
         let prog: &mut Xdp = ebpf
             .program_mut(program)
             .with_context(|| format!("no {program} program"))?

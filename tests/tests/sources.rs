@@ -426,15 +426,17 @@ fn an_upgrade_carries_the_lru_state_into_the_sketch() {
     lru.insert(key, Bucket { tat: debt }, 0).unwrap();
     drop(lru);
 
-    // The upgrade: the same pins, this version's program.
+    // The upgrade: the same pins, this version's program, its first install (which
+    // knows each rule's part of the sketch).
     let mut program = Program::load(&opts).expect("loading over the pins");
-    let maps = program.maps().unwrap();
+    let mut maps = program.maps().unwrap();
+    apply_rules(&mut maps, &config).unwrap();
     assert!(
         !pins.path.join(map_name::SRC_BUCKETS).exists(),
         "the earlier version's LRU pin is still there"
     );
-    let limit = maps.live_rules().unwrap()[&slot].per_source;
-    let cells = maps.source_cells(&key, &limit).unwrap().unwrap();
+    let rule = maps.live_rules().unwrap()[&slot];
+    let cells = maps.source_cells(&key, &rule).unwrap().unwrap();
     assert!(
         cells.iter().all(|&(_, tat)| tat == debt),
         "the cells do not hold the carried state: {cells:?}, expected {debt}"
@@ -471,7 +473,8 @@ fn one_shared_cell_limits_nobody_two_do_and_explain_says_so() {
     let loaded = fixture::load(&config).expect("loading the program");
     let slot = loaded.table.slots["guarded"];
     let meta = loaded.maps.sketch_meta_as_is().unwrap();
-    let limit = loaded.maps.live_rules().unwrap()[&slot].per_source;
+    let rule = loaded.maps.live_rules().unwrap()[&slot];
+    let limit = rule.per_source;
     let source = |i: u64| {
         Ipv6Addr::new(
             0x2001,
@@ -487,6 +490,7 @@ fn one_shared_cell_limits_nobody_two_do_and_explain_says_so() {
     let cells = |a: Ipv6Addr| {
         sketch::cells_of(
             &meta,
+            rule.sketch_region,
             &SourceKey::masked(slot, 6, &a.octets(), 32, 128),
             &limit,
         )
@@ -535,5 +539,66 @@ fn one_shared_cell_limits_nobody_two_do_and_explain_says_so() {
         run(c),
         XDP_DROP,
         "C shares both cells with A: limited by collision"
+    );
+}
+
+/// Rules meter their sources in parts of the sketch of their own: a flood of new sources
+/// on a strict rule (10/s, burst 5: each admitted frame advances a cell by 100 ms) fills
+/// every cell of its part, and a well-behaved source of a lenient rule (1000/s, burst
+/// 100: it tolerates 99 ms) loses nothing. With every rule in the whole row, as before
+/// regions, the flood's cells were the good source's too and it was refused.
+#[test]
+fn a_flood_on_one_rule_costs_another_rules_sources_nothing() {
+    use limiter_common::sketch;
+    const GOOD_DST: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 2);
+    const GOOD: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 253);
+    let config = format!(
+        "max_sources = 1024\n\
+         [[rules]]\nname = \"flooded\"\ndst = \"{DST}/32\"\n\
+         [rules.per_source]\nrate = 10\nburst = 5\n\
+         [[rules]]\nname = \"good\"\ndst = \"{GOOD_DST}/32\"\n\
+         [rules.per_source]\nrate = 1000\nburst = 100\n"
+    );
+    let loaded = fixture::load(&config).expect("loading the program");
+    let rules = loaded.maps.live_rules().unwrap();
+    let (flooded, good) = (
+        rules[&loaded.table.slots["flooded"]],
+        rules[&loaded.table.slots["good"]],
+    );
+    let width_mask = loaded.maps.sketch_meta_as_is().unwrap().width_mask;
+    let (a, b) = (
+        sketch::region_span(flooded.sketch_region, width_mask),
+        sketch::region_span(good.sketch_region, width_mask),
+    );
+    assert!(
+        a.0 + a.1 < b.0 || b.0 + b.1 < a.0,
+        "the rules' parts of the sketch overlap: {a:?} and {b:?}"
+    );
+
+    // 20 new sources per cell of the flooded rule's part: every cell is exhausted.
+    let mut sender = Sender::new(&loaded);
+    sender.churn(20 * 2048);
+    let good_frame = FrameBuilder::ipv4(GOOD, GOOD_DST).udp(1, 53).build();
+    let mut refused = 0;
+    for _ in 0..50 {
+        if loaded.run(&good_frame).expect("test run") != XDP_PASS {
+            refused += 1;
+        }
+    }
+    assert_eq!(
+        refused, 0,
+        "the flood on another rule limited the good source"
+    );
+    // The flood itself is held: its part of the sketch is exhausted.
+    let mut held = 0;
+    for i in 0..200u32 {
+        let f = frame(Ipv4Addr::from(CHURN_BASE + CHURN_SPAN - 1 - i));
+        if loaded.run(&f).expect("test run") == XDP_DROP {
+            held += 1;
+        }
+    }
+    assert!(
+        held > 150,
+        "the flood's own part did not fill: only {held} of 200 new sources refused"
     );
 }

@@ -48,7 +48,8 @@ pub fn traffic_tx(_ctx: XdpContext) -> u32 {
 /// it transmits. An IPv4 frame gets a source in 198.18.0.0/15 (all 131,072 of them: the
 /// test network), an IPv6 frame a random /64 of 2001:db8::/32 (bytes 4..8 of the
 /// address, 2^32 of them). Checksums are left stale: the limiter does not read them, and
-/// the frames end at the test's veth.
+/// the frames end at the test's veth. With [`SPRAY_MASK`] set at load, the sources are a
+/// fixed set instead (an established working set).
 #[xdp(frags)]
 pub fn traffic_tx_spray(ctx: XdpContext) -> u32 {
     let (data, end) = (ctx.data(), ctx.data_end());
@@ -57,6 +58,8 @@ pub fn traffic_tx_spray(ctx: XdpContext) -> u32 {
     }
     // SAFETY: a helper without arguments.
     let r = unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() };
+    // SAFETY: a read-only global the loader may set.
+    let r = r & unsafe { core::ptr::read_volatile(&SPRAY_MASK) };
     // SAFETY: bytes 12..14 and SPRAY_OFFSET..+4 are within the frame (checked above).
     unsafe {
         let ethertype = *((data + 12) as *const [u8; 2]);
@@ -69,6 +72,11 @@ pub fn traffic_tx_spray(ctx: XdpContext) -> u32 {
     }
     xdp_action::XDP_TX
 }
+
+/// The bits of the random word `traffic_tx_spray` keeps: all for a new source every frame;
+/// 0xFFFF for 2^16 IPv4 sources (198.18.0.0/16) and 2^16 IPv6 /64s.
+#[no_mangle]
+static SPRAY_MASK: u32 = u32::MAX;
 
 /// The IPv4 source address, and bytes 4..8 of the IPv6 one (its /64 beyond the /32),
 /// both at the same offset of an untagged frame.

@@ -27,6 +27,10 @@ pub enum Backend {
     /// The same with a random source in every frame (`traffic_tx_spray`): a flood from
     /// forged sources. Not in [`Backend::ALL`] (a generator, not a path).
     LiveSpray,
+    /// The same over a fixed set of sources: the random word masked with this
+    /// (`SPRAY_MASK`: 0xFFFF gives 2^16 IPv4 sources and 2^16 IPv6 /64s, 0 one of each),
+    /// so that a fixed set costs the generator what a random source does.
+    LiveSpraySet(u32),
 }
 
 impl Backend {
@@ -37,6 +41,7 @@ impl Backend {
             Backend::AfPacket => "AF_PACKET (skb)",
             Backend::Live => "live frames (XDP frame)",
             Backend::LiveSpray => "live frames, a random source each",
+            Backend::LiveSpraySet(_) => "live frames, a source of a fixed set each",
         }
     }
 }
@@ -202,6 +207,12 @@ fn sender(peer: &str, cpu: usize, offer: &Offer) -> Result<Sent> {
         Backend::LiveSpray => {
             let sender = LiveSender::with_program(ifindex, "traffic_tx_spray")
                 .context("live-frames spray sender")?;
+            send_loop(&mut LiveSink { sender }, offer)
+        }
+        Backend::LiveSpraySet(mask) => {
+            let sender =
+                LiveSender::with_globals(ifindex, "traffic_tx_spray", &[("SPRAY_MASK", mask)])
+                    .context("live-frames spray sender over a fixed set")?;
             send_loop(&mut LiveSink { sender }, offer)
         }
     }

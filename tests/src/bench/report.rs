@@ -379,7 +379,7 @@ impl Doc {
             // program costs veth's copy into a page. The other comparison is shown too.
             let meant = match table.backend {
                 Backend::AfPacket => "TC",
-                Backend::Live | Backend::LiveSpray => "XDP",
+                Backend::Live | Backend::LiveSpray | Backend::LiveSpraySet(_) => "XDP",
             };
             if v.build == meant {
                 self.target(text);

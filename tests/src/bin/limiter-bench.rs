@@ -272,7 +272,8 @@ const FLOOD_SIZES: [u32; 2] = [16_384, 1 << 20];
 fn run_flood(dir: &Path, header: &Header) -> Result<()> {
     let pair = bench::veth_pair()?;
     let runs = bench::flood::measure(&pair, &FLOOD_SIZES, 2)?;
-    let markdown = bench::flood::markdown(&runs, header.kernel.trim());
+    let two_cpus = bench::flood::measure_two_cpus(&pair, &FLOOD_SIZES, 2)?;
+    let markdown = bench::flood::markdown(&runs, &two_cpus, header.kernel.trim());
     print!("\n{markdown}");
     let path = dir.join("flood.md");
     fs::write(&path, &markdown).with_context(|| format!("writing {}", path.display()))?;

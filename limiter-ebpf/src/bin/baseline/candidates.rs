@@ -213,8 +213,18 @@ pub fn cand_sketch(ctx: XdpContext) -> u32 {
     let now = now();
     let hash = sketch::hash(&meta.seed, &key, &LIMIT);
     meter_cells(
-        CAND_SKETCH.get_ptr_mut(sketch::cell_index(hash, 0, meta.width_mask)),
-        CAND_SKETCH.get_ptr_mut(sketch::cell_index(hash, 1, meta.width_mask)),
+        CAND_SKETCH.get_ptr_mut(sketch::cell_index(
+            hash,
+            0,
+            meta.width_mask,
+            sketch::WHOLE_ROW,
+        )),
+        CAND_SKETCH.get_ptr_mut(sketch::cell_index(
+            hash,
+            1,
+            meta.width_mask,
+            sketch::WHOLE_ROW,
+        )),
         now,
     )
 }

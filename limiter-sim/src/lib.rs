@@ -10,4 +10,3 @@ pub mod metrics;
 pub mod report;
 pub mod rng;
 pub mod scenario;
-pub mod svg;

@@ -4,12 +4,12 @@ use std::{fmt::Write as _, fs, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use limiter_fleet::share::ShareState;
+use limiter_plot::{self as svg, Band, Chart, HLine, Series};
 
 use crate::{
     bucket::NS_PER_S,
     claims::{self, rule_figures, Claim, Verdict},
     metrics::{state_index, Drops, RuleSeries, Run},
-    svg::{self, Band, Chart, HLine, Series},
 };
 
 const BLUE: &str = "#1f77b4";

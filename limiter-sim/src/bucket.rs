@@ -10,9 +10,7 @@
 use anyhow::{Context as _, Result};
 use limiter_common::gcra::{conform, tat_with_tokens, ticks_from_ns, Granularity, Limit};
 
-use crate::rng::Rng;
-
-pub const NS_PER_S: u64 = 1_000_000_000;
+use crate::{rng::Rng, time::NS_PER_S};
 
 /// Virtual time 0 is not a valid kernel clock reading for a bucket (a TAT of 0 means
 /// "never used"), so buckets see the simulation clock shifted by a minute of uptime.

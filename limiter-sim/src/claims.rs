@@ -1,15 +1,16 @@
 //! The figures each scenario is run for, and section 11's (and issue 5's) claims
 //! checked against them.
 
-use limiter_fleet::share::{Share, ShareState};
+use limiter_fleet::share::ShareState;
 
 use crate::{
-    bucket::NS_PER_S,
+    bootstrap::{bootstrap_frames_per_joiner, grant_latency, joins_per_s_for, BOOTSTRAP_CLAIM_PCT},
     metrics::{
         convergence, drops, max_share_sum, overshoot, pct_over, settling, state_index, state_span,
         Drops, Overshoot, RuleSeries, Run, Tick,
     },
     scenario::{Action, Scenario},
+    time::{MS, NS_PER_S},
 };
 
 /// Tolerance for "within the quota": the issue's fleet tests use 2 %.
@@ -150,33 +151,6 @@ pub fn convergence_intervals(run: &Run, r: &RuleSeries) -> Vec<(u64, Option<f64>
             )
         })
         .collect()
-}
-
-/// Section 11's bootstrap figure, percent of a second of quota.
-pub const BOOTSTRAP_CLAIM_PCT: f64 = 0.9;
-
-/// How long a joiner stays in BOOTSTRAP with the allocator up: the grant's round trip,
-/// plus up to one simulation step before the first frame is seen and the request sent.
-pub fn grant_latency(rtt: u64) -> u64 {
-    rtt + crate::fleet::STEP
-}
-
-/// The most frames a joiner admits in BOOTSTRAP: its one token, then one frame per
-/// bootstrap interval (quota ÷ fleet_size per second, burst 1) until its grant arrives
-/// `grant_latency(rtt)` later: `1 + ⌊r_b × L⌋`. A first grant of 0 (the old leases hold
-/// the quota) is closed, so nothing follows it until the others have renewed and the
-/// host's next report gets it a share.
-pub fn bootstrap_frames_per_joiner(quota: u64, fleet_size: u32, rtt: u64) -> u64 {
-    let rate = Share::bootstrap_rate(quota, fleet_size);
-    1 + u64::try_from(u128::from(rate) * u128::from(grant_latency(rtt)) / u128::from(NS_PER_S))
-        .unwrap_or(u64::MAX)
-}
-
-/// The most joins per second for which the bootstrap bound stays within `pct` % of a
-/// second of quota: `⌊pct × quota ÷ (1 + ⌊r_b × L⌋)⌋`.
-pub fn joins_per_s_for(pct: f64, quota: u64, fleet_size: u32, rtt: u64) -> u32 {
-    let per = bootstrap_frames_per_joiner(quota, fleet_size, rtt).max(1);
-    (pct / 100.0 * quota as f64 / per as f64).floor() as u32
 }
 
 /// Hosts joining a saturated rule from `at` (at once, or one after another) with the
@@ -558,7 +532,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             why: "",
         });
         let per_s = joins_per_s_for(BOOTSTRAP_CLAIM_PCT, r.quota, sc.params.fleet_size, sc.rtt);
-        if sc.rtt == 50 * crate::scenario::MS && (!rolling || j.joins_peak_s <= per_s + 1) {
+        if sc.rtt == 50 * MS && (!rolling || j.joins_peak_s <= per_s + 1) {
             // What bootstrap adds in any second, and what the whole rule admitted over the
             // quota in any second.
             let ok =

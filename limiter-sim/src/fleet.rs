@@ -22,13 +22,13 @@ use limiter_fleet::{
 };
 
 use crate::{
-    bucket::{Arrivals, Bucket, Counts, Verdict, NS_PER_S},
+    bucket::{Arrivals, Bucket, Counts, Verdict},
     metrics::{state_index, AllocatorStats, RuleSeries, Run, Tick},
     rng::Rng,
-    scenario::{ns, Action, Scenario, ShareStart, Tenant, MS},
+    scenario::{ns, Action, Scenario, ShareStart, Tenant},
+    time::{MS, NS_PER_S, STEP},
 };
 
-pub const STEP: u64 = MS;
 pub const TICK: u64 = 100 * MS;
 /// The hosts' and the allocator's clock reads this at scenario time 0. The allocator
 /// starts at clock 0, so by scenario time 0 it is past its start-up learning period
@@ -592,7 +592,10 @@ mod tests {
     use limiter_fleet::share::ShareParams;
 
     use super::*;
-    use crate::scenario::{allocator, demand, Knobs, S};
+    use crate::{
+        scenario::{allocator, demand, Knobs},
+        time::S,
+    };
 
     fn small(hosts: u32, quota: u64, rate: f64) -> Scenario {
         let k = Knobs {

@@ -3,6 +3,7 @@
 //! driven through section 11's situations. `cargo xtask sim` runs it and writes
 //! `target/sim/report.md`.
 
+pub mod bootstrap;
 pub mod bucket;
 pub mod claims;
 pub mod fleet;
@@ -10,4 +11,4 @@ pub mod metrics;
 pub mod report;
 pub mod rng;
 pub mod scenario;
-pub mod svg;
+pub mod time;

@@ -95,8 +95,8 @@ impl Run {
 
     /// Seconds that are statistics (after the warm-up).
     pub fn measured(&self) -> Range<usize> {
-        let from = (self.scenario.warmup / crate::bucket::NS_PER_S) as usize;
-        let to = (self.scenario.duration / crate::bucket::NS_PER_S) as usize;
+        let from = (self.scenario.warmup / crate::time::NS_PER_S) as usize;
+        let to = (self.scenario.duration / crate::time::NS_PER_S) as usize;
         from..to
     }
 }

@@ -4,12 +4,13 @@ use std::{fmt::Write as _, fs, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use limiter_fleet::share::ShareState;
+use limiter_plot::{self as svg, Band, Chart, HLine, Series};
 
 use crate::{
-    bucket::NS_PER_S,
+    bootstrap::{self, BOOTSTRAP_CLAIM_PCT},
     claims::{self, rule_figures, Claim, Verdict},
     metrics::{state_index, Drops, RuleSeries, Run},
-    svg::{self, Band, Chart, HLine, Series},
+    time::{MS, NS_PER_S},
 };
 
 const BLUE: &str = "#1f77b4";
@@ -664,7 +665,10 @@ fn derivations(o: &mut String, runs: &[Run]) {
                     format!("`{}`", run.scenario.name),
                     format!("{}", j.joiners),
                     format!("{}", j.joins_peak_s),
-                    format!("{} ms", claims::grant_latency(run.scenario.rtt) / 1_000_000),
+                    format!(
+                        "{} ms",
+                        bootstrap::grant_latency(run.scenario.rtt) / 1_000_000
+                    ),
                     format!("{}", j.per_joiner_bound),
                     format!(
                         "{:.2}",
@@ -695,11 +699,11 @@ fn derivations(o: &mut String, runs: &[Run]) {
         );
         if let Some(run) = joins.first() {
             let q = run.rule("contoso").map_or(0, |r| r.quota);
-            let per_s = claims::joins_per_s_for(
-                claims::BOOTSTRAP_CLAIM_PCT,
+            let per_s = bootstrap::joins_per_s_for(
+                BOOTSTRAP_CLAIM_PCT,
                 q,
                 run.scenario.params.fleet_size,
-                50 * crate::scenario::MS,
+                50 * MS,
             );
             let _ = writeln!(
                 o,
@@ -708,7 +712,7 @@ fn derivations(o: &mut String, runs: &[Run]) {
                  needs an arrival in the last millisecond of its bootstrap). Joiners arriving \
                  together add their count × (1 + ⌊r_b × L⌋) whatever the allocator does — \
                  their single tokens alone are joiners ÷ quota.\n",
-                claims::BOOTSTRAP_CLAIM_PCT
+                BOOTSTRAP_CLAIM_PCT
             );
         }
     }

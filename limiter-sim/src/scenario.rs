@@ -6,10 +6,11 @@ use std::{ops::Range, time::Duration};
 
 use limiter_fleet::share::{FailMode, ShareParams};
 
-use crate::{bucket::NS_PER_S, rng::Rng};
-
-pub const S: u64 = NS_PER_S;
-pub const MS: u64 = 1_000_000;
+use crate::{
+    bootstrap::{joins_per_s_for, BOOTSTRAP_CLAIM_PCT},
+    rng::Rng,
+    time::{MS, S},
+};
 
 /// One rule: a tenant's global quota, split across the hosts that see its traffic.
 #[derive(Clone, Debug)]
@@ -632,12 +633,12 @@ pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scen
 pub const BURST_SWEEP: [u64; 7] = [500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000];
 
 /// Rolling join rates run (joins per second): the most that keeps section 11's ~0.9 %
-/// by the bootstrap bound with a 50 ms grant ([`crate::claims::joins_per_s_for`]), and
+/// by the bootstrap bound with a 50 ms grant ([`joins_per_s_for`]), and
 /// twice that.
 pub fn rolling_joins(k: &Knobs) -> [u32; 2] {
     let contoso = &base_tenants()[CONTOSO];
-    let r = crate::claims::joins_per_s_for(
-        crate::claims::BOOTSTRAP_CLAIM_PCT,
+    let r = joins_per_s_for(
+        BOOTSTRAP_CLAIM_PCT,
         contoso.quota,
         k.params.fleet_size,
         50 * MS,

@@ -2,11 +2,13 @@
 //! shortened to 20 s (and Contoso/Directory only) so that the runs fit in CI.
 
 use limiter_sim::{
-    claims::{join_figures, joins_per_s_for, outage_figures, outage_window, outages, rule_figures},
+    bootstrap::joins_per_s_for,
+    claims::{join_figures, outage_figures, outage_window, outages, rule_figures},
     fleet::simulate,
     metrics::Run,
     report,
-    scenario::{self, Knobs, Scenario, CONTOSO, MS, S},
+    scenario::{self, Knobs, Scenario, CONTOSO},
+    time::{MS, S},
 };
 
 #[expect(

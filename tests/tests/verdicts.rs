@@ -5,6 +5,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
+use limiter_fleet::clock::monotonic_ns;
 use limiter_tests::{
     fixture::{self, delta, Loaded},
     frame::{self, FrameBuilder, Ipv6Ext, ETH_P_8021AD, ETH_P_8021Q, ETH_P_LLDP, TCP_ACK, TCP_SYN},
@@ -994,20 +995,6 @@ fn exact_table_overflow_falls_back_to_the_trie() {
             );
         }
     }
-}
-
-/// CLOCK_MONOTONIC in ns, the kernel's clock for deadlines.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
-        0
-    );
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A fleet share of zero (`RULE_CLOSED_UNTIL_LAPSE`): everything is refused while the

@@ -19,7 +19,6 @@ pub mod host;
 pub mod nft;
 pub mod report;
 pub mod stats;
-pub mod svg;
 
 use std::net::Ipv4Addr;
 

@@ -5,6 +5,7 @@
 use std::{fmt::Write as _, fs, path::Path};
 
 use anyhow::{Context as _, Result};
+use limiter_plot::{render, short_number, Chart, Series, Style};
 
 use super::{
     accuracy::{
@@ -15,7 +16,6 @@ use super::{
     drop_rate::{self, DropRateRow},
     gen::Backend,
     stats::Spread,
-    svg::{si, Plot, Series, Style},
     Results,
 };
 
@@ -528,61 +528,60 @@ fn write_plots(dir: &Path, acc: &Accuracy) -> Result<()> {
     Ok(())
 }
 
-fn save(dir: &Path, name: &str, plot: &Plot) -> Result<()> {
+fn save(dir: &Path, name: &str, chart: &Chart) -> Result<()> {
     let path = dir.join(name);
-    fs::write(&path, plot.render()).with_context(|| format!("writing {}", path.display()))
+    fs::write(&path, render(chart)).with_context(|| format!("writing {}", path.display()))
 }
 
-fn sweep_plot(points: &[&SweepPoint]) -> Plot {
+fn sweep_plot(points: &[&SweepPoint]) -> Chart {
     let max = points.iter().map(|p| p.offered).fold(0.0, f64::max);
     let ceiling = points
         .iter()
         .map(|p| p.ideal)
         .fold(0.0, f64::max)
         .max(SWEEP_RATE as f64);
-    Plot {
+    Chart {
         title: format!(
             "Admitted vs offered, rule {} frames/s (burst {})",
-            si(SWEEP_RATE as f64),
-            si(SWEEP_BURST as f64)
+            short_number(SWEEP_RATE as f64),
+            short_number(SWEEP_BURST as f64)
         ),
         x_label: "offered (frames/s reaching XDP)".into(),
         y_label: "admitted (frames/s)".into(),
         series: vec![
-            Series {
-                name: "exact limiter: min(offered, rate + burst/T)".into(),
-                // The steady-offer line; the table has each point's exact figure.
-                points: vec![(0.0, 0.0), (ceiling, ceiling), (max, ceiling)],
-                color: "#d62728",
-                style: Style::Dashed,
-            },
-            Series {
-                name: "limiter, measured".into(),
-                points: points.iter().map(|p| (p.offered, p.admitted)).collect(),
-                color: "#1f77b4",
-                style: Style::Markers,
-            },
+            // The steady-offer line; the table has each point's exact figure.
+            Series::new(
+                "exact limiter: min(offered, rate + burst/T)",
+                "#d62728",
+                vec![(0.0, 0.0), (ceiling, ceiling), (max, ceiling)],
+            )
+            .dashed(),
+            Series::new(
+                "limiter, measured",
+                "#1f77b4",
+                points.iter().map(|p| (p.offered, p.admitted)).collect(),
+            )
+            .styled(Style::Markers),
         ],
+        ..Chart::default()
     }
 }
 
-fn burst_plot(t: &Timeline) -> Plot {
+fn burst_plot(t: &Timeline) -> Chart {
     // Every curve starts at the first frame with nothing offered or admitted.
     let origin = (0.0, 0, 0);
-    let series = |name: &str, color, style, f: &dyn Fn(&(f64, u64, u64)) -> f64| Series {
-        name: name.into(),
-        points: std::iter::once(&origin)
+    let series = |name: &str, color, style, f: &dyn Fn(&(f64, u64, u64)) -> f64| {
+        let points = std::iter::once(&origin)
             .chain(&t.points)
             .map(|p| (p.0, f(p)))
-            .collect(),
-        color,
-        style,
+            .collect();
+        Series::new(name, color, points).styled(style)
     };
-    Plot {
+    Chart {
         title: format!(
             "Burst from idle: rule {}/s, burst {}, offered 2×",
-            si(BURST_RATE as f64),
-            si(BURST_BURST as f64)
+            short_number(BURST_RATE as f64),
+            short_number(BURST_BURST as f64)
         ),
         x_label: "seconds since the first frame".into(),
         y_label: "frames (cumulative)".into(),
@@ -599,5 +598,62 @@ fn burst_plot(t: &Timeline) -> Plot {
                 &|p| Timeline::ideal(p.0, p.1),
             ),
         ],
+        ..Chart::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Vertices of each `<path>` in a rendered chart.
+    fn path_lengths(svg: &str) -> Vec<usize> {
+        svg.lines()
+            .filter(|l| l.starts_with("<path"))
+            .map(|l| l.matches(['M', 'L']).count())
+            .collect()
+    }
+
+    #[test]
+    fn the_sweep_plot_shows_every_measured_point() {
+        let points: Vec<SweepPoint> = [0.5, 1.0, 2.0, 4.0]
+            .into_iter()
+            .map(|multiple| {
+                let offered = multiple * SWEEP_RATE as f64;
+                SweepPoint {
+                    multiple,
+                    offered,
+                    admitted: offered.min(SWEEP_RATE as f64),
+                    ideal: offered.min(SWEEP_RATE as f64),
+                    dropped: 0,
+                }
+            })
+            .collect();
+        let svg = render(&sweep_plot(&points.iter().collect::<Vec<_>>()));
+        // One dot a measurement and one in the legend; the exact limiter's line whole.
+        assert_eq!(svg.matches("<circle").count(), points.len() + 1);
+        assert_eq!(path_lengths(&svg), [3]);
+        assert!(svg.contains("stroke-dasharray"));
+        assert!(!svg.contains("off scale"));
+    }
+
+    #[test]
+    fn the_burst_plot_draws_each_curve_from_the_origin() {
+        let points: Vec<(f64, u64, u64)> = (1..=20u64)
+            .map(|i| {
+                let t = i as f64 * 0.05;
+                let offered = (2.0 * BURST_RATE as f64 * t) as u64 + BURST_BURST;
+                (t, offered, Timeline::ideal(t, offered) as u64)
+            })
+            .collect();
+        let t = Timeline { points, span: 1.0 };
+        let svg = render(&burst_plot(&t));
+        let n = t.points.len() + 1;
+        assert_eq!(path_lengths(&svg), [n, n, n]);
+        assert_eq!(
+            svg.matches(r#"stroke-width="5""#).count(),
+            2,
+            "the wide line and its legend"
+        );
     }
 }

@@ -594,7 +594,7 @@ mod tests {
         );
     }
 
-    /// The formula against the real hash at the scales: 1 M, 10 M and 100 M
+    /// The formula against the real hash at the scales the README states: 1 M, 10 M and 100 M
     /// distinct sources hashed into the rows of `max_sources` = 1 M and 16 M; a source
     /// counts as limited at rate R/2 (R/10) when both its cells hold at least 2 (10)
     /// others. Prints the table (the README's figures); each measurement within 4

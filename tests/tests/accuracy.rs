@@ -8,7 +8,7 @@
 //! what XDP saw offered (passed + dropped), and the time T over which the senders sent
 //! (`union_span`: from just before the first `sendmmsg` to just after the last, a bound
 //! on the time frames reached XDP, tight to the frames still in the veth rings when the
-//! last sender returns). Each overload is checked against the issue's formula: passed
+//! last sender returns). Each overload is checked against the exact limiter: passed
 //! within 1 % of min(offered, rate × T + burst).
 //!
 //! The formula assumes the offer was steady. This machine's 2 CPUs are shared, and a
@@ -47,7 +47,8 @@ use limiter_tests::{
 };
 use limiter_user::config::XdpMode;
 
-/// How long each measured send lasts (the issue: at least 3 s).
+/// How long each measured send lasts (at least 3 s, so that the burst is a small part of
+/// what passes).
 const SEND_FOR: Duration = Duration::from_millis(3200);
 /// Frames still in the veth rings when the senders return are processed within
 /// microseconds; wait this long before reading counters anyway.

@@ -79,7 +79,8 @@ enum Task {
         #[arg(long)]
         seed: Option<u64>,
     },
-    /// Fleet simulator in virtual time (500 hosts, section 11's failure cases); writes
+    /// Fleet simulator in virtual time (500 hosts, the fleet's failure cases in
+    /// docs/design.md); writes
     /// target/sim/report.md. Needs no root or eBPF. `cargo xtask sim -- --help` for options.
     Sim {
         /// Arguments for the simulator.

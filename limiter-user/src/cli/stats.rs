@@ -9,7 +9,7 @@ use super::PinDirArg;
 pub struct StatsArgs {
     #[command(flatten)]
     pin_dir: PinDirArg,
-    /// Print JSON (the shape in DESIGN.md) instead of a table.
+    /// Print JSON (the shape in the README, "limiter stats") instead of a table.
     #[arg(long)]
     json: bool,
     /// Refresh the table every second until interrupted.

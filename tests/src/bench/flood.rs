@@ -416,7 +416,7 @@ pub fn markdown(runs: &[FloodRun], two_cpus: &[(u32, Sources, f64)], kernel: &st
     }
     out += "\nWhat a new source costs against an established one on live frames, one CPU \
             flooding (the flood's frames/s from the established sources ÷ from random ones, \
-            per round; cost per frame is the inverse of the rate: the issue's target is \
+            per round; cost per frame is the inverse of the rate: the target is \
             ≤ 1.5×):\n\n";
     let one_cpu: Vec<(u32, Sources, f64)> = runs
         .iter()

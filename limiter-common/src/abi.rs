@@ -4,7 +4,7 @@
 //! Size assertions at the bottom of the file pin every layout; the daemon additionally
 //! refuses pinned maps whose key/value sizes differ from these.
 
-use crate::{clock::TickClock, gcra::Limit};
+use crate::{clock::TickClock, gcra::Limit, share::ShareState};
 
 /// Rule slots. A slot is stable for a rule name across reloads, so its bucket and
 /// counters continue.
@@ -171,14 +171,6 @@ pub const RULE_CLOSED_UNTIL_LAPSE: u32 = 1 << 5;
 /// it the program reads the precise clock: the safe default, never the wrong one.
 pub const RULE_TICK_CLOCK: u32 = 1 << 6;
 
-/// Fleet share state of a rule (DESIGN.md "Fleet behaviour"). Standalone rules are
-/// `SHARE_STANDALONE` and their deadlines are zero.
-pub const SHARE_STANDALONE: u32 = 0;
-pub const SHARE_BOOTSTRAP: u32 = 1;
-pub const SHARE_LEASED: u32 = 2;
-pub const SHARE_STICKY: u32 = 3;
-pub const SHARE_FAIL_OPEN: u32 = 4;
-
 /// Bytes of a rule name kept in the map (NUL padded); config validation enforces it.
 pub const RULE_NAME_LEN: usize = 64;
 
@@ -207,7 +199,8 @@ pub struct RuleConfig {
     /// CLOCK_MONOTONIC ns after which a fail_mode=open rule passes everything
     /// (FAIL_OPEN); 0 = never.
     pub fail_open_at_ns: u64,
-    /// `SHARE_*` as last written by the daemon.
+    /// [`ShareState`] as last written by the daemon (standalone rules: `Standalone`, and
+    /// their deadlines are zero).
     pub share_state: u32,
     /// The rule's part of the per-source sketch (limiter_common::sketch::region); 0: every
     /// cell. In the second cache line: read only by frames of per-source rules.
@@ -241,7 +234,7 @@ impl RuleConfig {
         source_prefix_v6: 128,
         lease_expires_ns: 0,
         fail_open_at_ns: 0,
-        share_state: SHARE_STANDALONE,
+        share_state: ShareState::Standalone as u32,
         sketch_region: 0,
         rate: 0,
         burst: 0,

@@ -36,6 +36,7 @@ use limiter_common::abi::{
     IPPROTO_UDP, MATCH_PORT, MATCH_PROTO,
 };
 use limiter_common::gcra::{Limit, LimitError};
+use limiter_common::share::ShareState;
 
 use crate::config::{FailMode, Mode, Proto, RuleSpec};
 
@@ -320,7 +321,7 @@ pub fn rule_config(rule: &RuleSpec) -> Result<RuleConfig, RulesetError> {
     if config.tick_clock_ok() {
         config.flags |= abi::RULE_TICK_CLOCK;
     }
-    config.share_state = abi::SHARE_STANDALONE;
+    config.share_state = ShareState::Standalone.into();
     let name = rule.name.as_bytes();
     if name.len() >= abi::RULE_NAME_LEN {
         return Err(RulesetError::NameTooLong {
@@ -740,7 +741,7 @@ mod tests {
             (1_000_000, 3000, 10_000, 1518)
         );
         assert_eq!((b.source_prefix_v4, b.source_prefix_v6), (24, 64));
-        assert_eq!(b.share_state, abi::SHARE_STANDALONE);
+        assert_eq!(b.share_state, u32::from(ShareState::Standalone));
         assert_eq!((b.lease_expires_ns, b.fail_open_at_ns), (0, 0));
         assert_eq!(b.name_bytes(), b"bytes-rule");
         assert!(b.name[10..].iter().all(|&x| x == 0));

@@ -27,6 +27,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+use limiter_fleet::share::{DEFAULT_FLEET_SIZE, DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS};
 use limiter_proto::MIN_REPORT_SPACING_MS;
 use serde::Deserialize;
 
@@ -62,13 +63,14 @@ fn default_socket() -> PathBuf {
     PathBuf::from("/run/limiter-allocator/allocator.sock")
 }
 fn default_ttl() -> u64 {
-    3000
+    DEFAULT_LEASE_TTL_MS
 }
 fn default_interval() -> u64 {
-    1000
+    DEFAULT_REPORT_INTERVAL_MS
 }
-/// Twice the daemon's default `fleet_size` (500): set it to your fleet's size with a margin.
+/// About twice the daemon's default `fleet_size`: set it to your fleet's size with a margin.
 pub const DEFAULT_MAX_HOSTS: u64 = 1024;
+const _: () = assert!(DEFAULT_MAX_HOSTS >= 2 * DEFAULT_FLEET_SIZE as u64);
 fn default_max_hosts() -> u64 {
     DEFAULT_MAX_HOSTS
 }

@@ -4,7 +4,7 @@
 //! Size assertions at the bottom of the file pin every layout; the daemon additionally
 //! refuses pinned maps whose key/value sizes differ from these.
 
-use crate::{clock::TickClock, gcra::Limit};
+use crate::{clock::TickClock, gcra::Limit, share::ShareState};
 
 /// Rule slots. A slot is stable for a rule name across reloads, so its bucket and
 /// counters continue.
@@ -171,14 +171,6 @@ pub const RULE_CLOSED_UNTIL_LAPSE: u32 = 1 << 5;
 /// it the program reads the precise clock: the safe default, never the wrong one.
 pub const RULE_TICK_CLOCK: u32 = 1 << 6;
 
-/// Fleet share state of a rule (DESIGN.md "Fleet behaviour"). Standalone rules are
-/// `SHARE_STANDALONE` and their deadlines are zero.
-pub const SHARE_STANDALONE: u32 = 0;
-pub const SHARE_BOOTSTRAP: u32 = 1;
-pub const SHARE_LEASED: u32 = 2;
-pub const SHARE_STICKY: u32 = 3;
-pub const SHARE_FAIL_OPEN: u32 = 4;
-
 /// Bytes of a rule name kept in the map (NUL padded); config validation enforces it.
 pub const RULE_NAME_LEN: usize = 64;
 
@@ -207,7 +199,8 @@ pub struct RuleConfig {
     /// CLOCK_MONOTONIC ns after which a fail_mode=open rule passes everything
     /// (FAIL_OPEN); 0 = never.
     pub fail_open_at_ns: u64,
-    /// `SHARE_*` as last written by the daemon.
+    /// [`ShareState`] as last written by the daemon (standalone rules: `Standalone`, and
+    /// their deadlines are zero).
     pub share_state: u32,
     /// The rule's part of the per-source sketch (limiter_common::sketch::region); 0: every
     /// cell. In the second cache line: read only by frames of per-source rules.
@@ -241,7 +234,7 @@ impl RuleConfig {
         source_prefix_v6: 128,
         lease_expires_ns: 0,
         fail_open_at_ns: 0,
-        share_state: SHARE_STANDALONE,
+        share_state: ShareState::Standalone as u32,
         sketch_region: 0,
         rate: 0,
         burst: 0,
@@ -293,6 +286,30 @@ pub struct Candidate {
     /// `MATCH_*` bits.
     pub match_flags: u8,
     pub _pad: u16,
+}
+
+impl Candidate {
+    /// The candidate asks for a destination port ([`MATCH_PORT`]).
+    #[inline(always)]
+    pub const fn wants_port(&self) -> bool {
+        self.match_flags & MATCH_PORT != 0
+    }
+
+    /// The candidate asks for an IP protocol ([`MATCH_PROTO`]).
+    #[inline(always)]
+    pub const fn wants_proto(&self) -> bool {
+        self.match_flags & MATCH_PROTO != 0
+    }
+
+    /// Whether a packet to destination port `port` (`None`: the packet shows no port,
+    /// e.g. ICMP or a later fragment) with IP protocol `proto` fits the candidate. The
+    /// one definition of a match: the XDP program's classifier and the daemon's
+    /// (`explain`, the reference classifier) both call it. "No port" never equals a port.
+    #[inline(always)]
+    pub const fn matches(&self, port: Option<u16>, proto: u8) -> bool {
+        (!self.wants_port() || matches!(port, Some(p) if self.port == p))
+            && (!self.wants_proto() || self.proto == proto)
+    }
 }
 
 /// Value of a prefix-table (LPM trie) entry: every rule whose destination prefix covers
@@ -555,6 +572,64 @@ mod tests {
         for name in map_name::ALL {
             assert!(name.len() <= 15, "{name} is longer than 15 bytes");
         }
+    }
+
+    /// Every combination of what a candidate asks for against packets with and without
+    /// a port, with the protocol equal or not. Expected verdicts are written from the
+    /// rule ("asks for a port: the packet shows that port; asks for a protocol: the
+    /// packet has it"), not from the code.
+    #[test]
+    fn candidates_match_exactly_what_they_ask_for() {
+        let candidate = |match_flags: u8| Candidate {
+            slot: 7,
+            port: 443,
+            proto: IPPROTO_TCP,
+            match_flags,
+            _pad: 0,
+        };
+        let any = candidate(0);
+        let port = candidate(MATCH_PORT);
+        let proto = candidate(MATCH_PROTO);
+        let both = candidate(MATCH_PORT | MATCH_PROTO);
+        #[rustfmt::skip]
+        let cases: [(&str, Candidate, Option<u16>, u8, bool); 20] = [
+            ("any: port and proto equal",        any,   Some(443), IPPROTO_TCP,  true),
+            ("any: other port",                  any,   Some(80),  IPPROTO_TCP,  true),
+            ("any: no port",                     any,   None,      IPPROTO_ICMP, true),
+            ("any: other proto",                 any,   Some(443), IPPROTO_UDP,  true),
+            ("any: port 0",                      any,   Some(0),   IPPROTO_UDP,  true),
+            ("port: same port",                  port,  Some(443), IPPROTO_TCP,  true),
+            ("port: same port, other proto",     port,  Some(443), IPPROTO_UDP,  true),
+            ("port: other port",                 port,  Some(80),  IPPROTO_TCP,  false),
+            ("port: no port never equals one",   port,  None,      IPPROTO_TCP,  false),
+            ("port: port 0 is not 443",          port,  Some(0),   IPPROTO_TCP,  false),
+            ("proto: same proto",                proto, Some(80),  IPPROTO_TCP,  true),
+            ("proto: same proto, no port",       proto, None,      IPPROTO_TCP,  true),
+            ("proto: other proto",               proto, Some(443), IPPROTO_UDP,  false),
+            ("proto: ICMP is not TCP",           proto, None,      IPPROTO_ICMP, false),
+            ("both: same port and proto",        both,  Some(443), IPPROTO_TCP,  true),
+            ("both: other port",                 both,  Some(444), IPPROTO_TCP,  false),
+            ("both: other proto",                both,  Some(443), IPPROTO_UDP,  false),
+            ("both: no port",                    both,  None,      IPPROTO_TCP,  false),
+            ("both: neither",                    both,  Some(80),  IPPROTO_UDP,  false),
+            ("both: no port, other proto",       both,  None,      IPPROTO_ICMPV6, false),
+        ];
+        for (what, c, port, proto, want) in cases {
+            assert_eq!(c.matches(port, proto), want, "{what}");
+        }
+    }
+
+    /// A candidate that asks for port 0 matches a packet to port 0, and only packets
+    /// that show a port: `None` is not a port 0 in disguise.
+    #[test]
+    fn port_zero_is_a_port_and_no_port_is_not_port_zero() {
+        let c = Candidate {
+            port: 0,
+            match_flags: MATCH_PORT,
+            ..Candidate::default()
+        };
+        assert!(c.matches(Some(0), IPPROTO_UDP));
+        assert!(!c.matches(None, IPPROTO_UDP));
     }
 
     #[test]

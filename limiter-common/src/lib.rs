@@ -5,11 +5,13 @@
 //! arithmetic and `clock` the per-tick cached clock it runs on; the XDP program and the
 //! host tests call the same functions. `dispatcher` is libxdp's multi-program dispatcher
 //! configuration, shared by the limiter's dispatcher program and the daemon. `sketch` holds
-//! the per-source cells (layout, hash, the cell step).
+//! the per-source cells (layout, hash, the cell step). `share` holds a rule's fleet share
+//! state, whose values its map entry carries.
 #![cfg_attr(not(test), no_std)]
 
 pub mod abi;
 pub mod clock;
 pub mod dispatcher;
 pub mod gcra;
+pub mod share;
 pub mod sketch;

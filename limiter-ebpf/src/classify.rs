@@ -8,7 +8,7 @@
 use aya_ebpf::maps::lpm_trie::Key;
 use limiter_common::abi::{
     addr_bytes, host_home_words, host_index, AddrWords, HostEntry, PrefixRules, HOST_PROBES,
-    IPPROTO_TCP, IPPROTO_UDP, MATCH_PORT, MATCH_PROTO, MAX_CANDIDATES,
+    IPPROTO_TCP, IPPROTO_UDP, MAX_CANDIDATES,
 };
 
 use crate::{
@@ -80,22 +80,21 @@ fn same_words(a: &AddrWords, b: &AddrWords, words: usize) -> bool {
     true
 }
 
-/// The rule of a packet whose headers are all known.
+/// The rule of a packet whose headers are all known: the first candidate that matches
+/// ([`Candidate::matches`](limiter_common::abi::Candidate::matches), the daemon's
+/// definition too).
 #[inline(always)]
 pub fn first_match(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
     let count = rules.count as usize;
+    let port = pkt.has_ports.then_some(pkt.dst_port);
     for i in 0..MAX_CANDIDATES {
         if i >= count {
             break;
         }
         let c = &rules.candidates[i];
-        if c.match_flags & MATCH_PORT != 0 && (!pkt.has_ports || c.port != pkt.dst_port) {
-            continue;
+        if c.matches(port, pkt.proto) {
+            return Some(u32::from(c.slot));
         }
-        if c.match_flags & MATCH_PROTO != 0 && c.proto != pkt.proto {
-            continue;
-        }
-        return Some(u32::from(c.slot));
     }
     None
 }
@@ -114,8 +113,8 @@ pub fn first_possible(rules: &PrefixRules, pkt: &Packet) -> Option<(u32, bool)> 
             break;
         }
         let c = &rules.candidates[i];
-        let wants_port = c.match_flags & MATCH_PORT != 0;
-        let wants_proto = c.match_flags & MATCH_PROTO != 0;
+        let wants_port = c.wants_port();
+        let wants_proto = c.wants_proto();
         if wants_port && !may_have_ports {
             continue;
         }

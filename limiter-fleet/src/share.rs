@@ -31,7 +31,20 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Timings and fleet size; the defaults are section 11's.
+/// `fleet_size` unless the config says otherwise: the hosts a rule's quota is split over
+/// while bootstrapping (quota ÷ fleet_size).
+pub const DEFAULT_FLEET_SIZE: u32 = 500;
+/// `lease_ttl_ms` unless the config says otherwise (daemon and allocator): how long a
+/// grant is valid after it arrives.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 3_000;
+/// `sticky_max_s` unless the config says otherwise: how long a lapsed lease's share is
+/// kept before an `open` rule fails open.
+pub const DEFAULT_STICKY_MAX_S: u64 = 300;
+/// `report_interval_ms` unless the config says otherwise (daemon and allocator): how
+/// often a host reports, and so renews its leases.
+pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 1_000;
+
+/// Timings and fleet size; the defaults (the `DEFAULT_*` above) are section 11's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareParams {
     pub fleet_size: u32,
@@ -59,41 +72,40 @@ impl ShareParams {
 impl Default for ShareParams {
     fn default() -> Self {
         ShareParams {
-            fleet_size: 500,
-            lease_ttl: Duration::from_secs(3),
-            sticky_max: Duration::from_secs(300),
-            report_interval: Duration::from_secs(1),
+            fleet_size: DEFAULT_FLEET_SIZE,
+            lease_ttl: Duration::from_millis(DEFAULT_LEASE_TTL_MS),
+            sticky_max: Duration::from_secs(DEFAULT_STICKY_MAX_S),
+            report_interval: Duration::from_millis(DEFAULT_REPORT_INTERVAL_MS),
         }
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ShareState {
-    Bootstrap,
-    Leased,
-    Sticky,
-    FailOpen,
-}
+/// The states of the machine above are the map's share states: a [`Share`] is never
+/// `Standalone` (a rule without a share is).
+pub use limiter_common::share::ShareState;
 
-impl ShareState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShareState::Bootstrap => "bootstrap",
-            ShareState::Leased => "leased",
-            ShareState::Sticky => "sticky",
-            ShareState::FailOpen => "fail_open",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Behaviour during a long allocator outage: a rule's `fail_mode` in the daemon's config
+/// (the spellings are [`FailMode::as_str`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailMode {
     /// After sticky_max without a grant, allow everything.
     Open,
     /// Keep the last share for the whole outage.
     Static,
+}
+
+impl FailMode {
+    /// Every value, in the order the config documents them.
+    pub const ALL: &'static [FailMode] = &[FailMode::Open, FailMode::Static];
+
+    /// The spelling in the config file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailMode::Open => "open",
+            FailMode::Static => "static",
+        }
+    }
 }
 
 /// What the allocator hands a host for one rule. Times are relative.
@@ -274,7 +286,8 @@ impl Share {
     /// grant's count loses at most one.
     pub fn takes_over(&self, grant: &Grant, now: u64) -> bool {
         match self.state(now) {
-            ShareState::Bootstrap | ShareState::FailOpen => true,
+            // (Never Standalone: that would be a bucket without a granted share too.)
+            ShareState::Standalone | ShareState::Bootstrap | ShareState::FailOpen => true,
             ShareState::Leased | ShareState::Sticky => {
                 self.rate == 0 || (self.burst <= self.min_burst && grant.burst > self.min_burst)
             }

@@ -614,7 +614,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
         });
         if let Some(d) = run.rule("directory") {
             let g = outage_figures(run, d, down, joiners, up);
-            let bound = 100.0 * 50.0 / 500.0;
+            let bound = 100.0 * 50.0 / f64::from(sc.params.fleet_size);
             v.push(Claim {
                 source: "§11 FAIL_OPEN",
                 claim: "STATIC caps (Directory) keep their last shares for the whole outage".into(),

@@ -102,7 +102,7 @@ impl Pair {
             u128::from(self.since_report.offered) * u128::from(NS_PER_S) / u128::from(elapsed);
         let held = match share.state(now) {
             ShareState::Leased | ShareState::Sticky => share.rate(),
-            ShareState::Bootstrap | ShareState::FailOpen => 0,
+            ShareState::Standalone | ShareState::Bootstrap | ShareState::FailOpen => 0,
         };
         self.since_report = Counts::default();
         self.last_report = now;

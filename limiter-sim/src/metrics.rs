@@ -7,20 +7,13 @@ use limiter_fleet::share::{FailMode, ShareState};
 
 use crate::{bucket::Counts, scenario::Scenario};
 
-pub const STATES: [ShareState; 4] = [
-    ShareState::Bootstrap,
-    ShareState::Leased,
-    ShareState::Sticky,
-    ShareState::FailOpen,
-];
+/// Slots of a tick's per-state arrays: one per share state, the standalone one always
+/// empty (every simulated rule is a fleet rule).
+pub const STATE_SLOTS: usize = ShareState::ALL.len();
 
+/// A state's slot in a tick's per-state arrays: its value in the map ABI.
 pub fn state_index(s: ShareState) -> usize {
-    match s {
-        ShareState::Bootstrap => 0,
-        ShareState::Leased => 1,
-        ShareState::Sticky => 2,
-        ShareState::FailOpen => 3,
-    }
+    s as usize
 }
 
 /// One rule over one tick (100 ms) of a tracked rule.
@@ -33,16 +26,18 @@ pub struct Tick {
     /// Shares that started (BOOTSTRAP: a rule's first frame on a host) in the tick.
     pub joins: u32,
     /// Hosts in each state (indexed by [`state_index`]) at the end of the tick.
-    pub hosts: [u32; 4],
+    pub hosts: [u32; STATE_SLOTS],
     /// Sum of the shares hosts in each state hold (for FAIL_OPEN: the share kept, not
     /// enforced).
-    pub shares: [u64; 4],
+    pub shares: [u64; STATE_SLOTS],
 }
 
 impl Tick {
     /// The rate the fleet enforces at most (shares of every state but FAIL_OPEN).
     pub fn enforced(&self) -> u64 {
-        self.shares[0] + self.shares[1] + self.shares[2]
+        self.shares[state_index(ShareState::Bootstrap)]
+            + self.shares[state_index(ShareState::Leased)]
+            + self.shares[state_index(ShareState::Sticky)]
     }
 }
 
@@ -338,10 +333,11 @@ mod tests {
     #[test]
     fn share_sums_and_spans() {
         let mut t = vec![Tick::default(); 5];
-        t[1].hosts[2] = 3;
-        t[1].shares[2] = 90;
-        t[3].hosts[2] = 1;
-        t[3].shares[2] = 120;
+        let sticky = state_index(ShareState::Sticky);
+        t[1].hosts[sticky] = 3;
+        t[1].shares[sticky] = 90;
+        t[3].hosts[sticky] = 1;
+        t[3].shares[sticky] = 120;
         assert_eq!(max_share_sum(&t, ShareState::Sticky, 0..3), 90);
         assert_eq!(max_share_sum(&t, ShareState::Sticky, 0..5), 120);
         assert_eq!(state_span(&t, ShareState::Sticky, 0..5), Some((1, 3)));

@@ -18,6 +18,10 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use limiter_common::abi;
 use limiter_common::gcra::{Granularity, Limit, LimitError};
+pub use limiter_fleet::share::FailMode;
+use limiter_fleet::share::{
+    DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS, DEFAULT_STICKY_MAX_S,
+};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -28,7 +32,7 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/limiter/limiter.sock";
 /// Default `metrics` listen address.
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
 /// Default `fleet_size` (DESIGN.md "Fleet behaviour": quota ÷ fleet_size while bootstrapping).
-pub const DEFAULT_FLEET_SIZE: u32 = 500;
+pub use limiter_fleet::share::DEFAULT_FLEET_SIZE;
 /// Largest accepted `max_sources`: 2^24 cells in each of the per-source sketch's two
 /// rows, 256 MiB of kernel memory (16 bytes a source).
 pub const MAX_MAX_SOURCES: u32 = 1 << 24;
@@ -238,6 +242,27 @@ pub struct PerSourceSpec {
     pub prefix_v6: u8,
 }
 
+/// A value the config spells as one of a fixed set of words.
+pub trait ConfigWord: Copy + 'static {
+    /// The key it is the value of, for messages.
+    const KEY: &'static str;
+
+    /// Every value, in the order the config documents them.
+    fn all() -> &'static [Self];
+
+    /// The spelling in the config file.
+    fn spelling(self) -> &'static str;
+
+    /// The value spelled `s`; else a message naming the key, `s` and every spelling.
+    fn from_spelling(s: &str) -> Result<Self, String> {
+        Self::all()
+            .iter()
+            .copied()
+            .find(|v| v.spelling() == s)
+            .ok_or_else(|| unknown_value(Self::KEY, s, Self::all().iter().map(|v| v.spelling())))
+    }
+}
+
 /// Defines a config enum: its variants, their config spellings, `as_str`, `Display`,
 /// `FromStr` and the list of all spellings (for error messages).
 macro_rules! config_enum {
@@ -266,15 +291,23 @@ macro_rules! config_enum {
             }
         }
 
+        impl ConfigWord for $name {
+            const KEY: &'static str = $what;
+
+            fn all() -> &'static [Self] {
+                $name::ALL
+            }
+
+            fn spelling(self) -> &'static str {
+                self.as_str()
+            }
+        }
+
         impl FromStr for $name {
             type Err = String;
 
             fn from_str(s: &str) -> Result<Self, String> {
-                $name::ALL
-                    .iter()
-                    .copied()
-                    .find(|v| v.as_str() == s)
-                    .ok_or_else(|| unknown_value($what, s, $name::ALL.iter().map(|v| v.as_str())))
+                $name::from_spelling(s)
             }
         }
     };
@@ -361,15 +394,18 @@ config_enum!(
     }
 );
 
-config_enum!(
-    /// Behaviour during a long allocator outage (DESIGN.md "Fleet behaviour").
-    FailMode, "fail_mode" {
-        /// After the sticky period, allow everything.
-        Open = "open",
-        /// Keep the last share for the whole outage.
-        Static = "static",
+/// `fail_mode`: the fleet's own type (limiter_fleet::share::FailMode), spelled here.
+impl ConfigWord for FailMode {
+    const KEY: &'static str = "fail_mode";
+
+    fn all() -> &'static [Self] {
+        FailMode::ALL
     }
-);
+
+    fn spelling(self) -> &'static str {
+        self.as_str()
+    }
+}
 
 impl Unit {
     /// Granularity of limits in this unit.
@@ -708,13 +744,9 @@ impl Checker<'_> {
         }
     }
 
-    fn enumeration<E: FromStr<Err = String>>(
-        &mut self,
-        value: &Value<'_>,
-        at: At<'_>,
-    ) -> Option<E> {
+    fn enumeration<E: ConfigWord>(&mut self, value: &Value<'_>, at: At<'_>) -> Option<E> {
         let s = self.string(value, at)?;
-        match s.parse() {
+        match E::from_spelling(s) {
             Ok(v) => Some(v),
             Err(message) => {
                 self.report(value.span(), at, message);
@@ -995,13 +1027,25 @@ impl Checker<'_> {
                     None => Some(default),
                 }
             };
-        let lease_ttl_ms = ms(self, "lease_ttl_ms", "fleet.lease_ttl_ms", 3000, 3_600_000);
-        let sticky_max_s = ms(self, "sticky_max_s", "fleet.sticky_max_s", 300, 86_400 * 30);
+        let lease_ttl_ms = ms(
+            self,
+            "lease_ttl_ms",
+            "fleet.lease_ttl_ms",
+            DEFAULT_LEASE_TTL_MS,
+            3_600_000,
+        );
+        let sticky_max_s = ms(
+            self,
+            "sticky_max_s",
+            "fleet.sticky_max_s",
+            DEFAULT_STICKY_MAX_S,
+            86_400 * 30,
+        );
         let report_interval_ms = ms(
             self,
             "report_interval_ms",
             "fleet.report_interval_ms",
-            1000,
+            DEFAULT_REPORT_INTERVAL_MS,
             3_600_000,
         );
         if let (Some(ttl), Some(interval)) = (lease_ttl_ms, report_interval_ms) {
@@ -1740,6 +1784,28 @@ burst = 10
         assert_eq!(Mode::Shadow.as_str(), "shadow");
         assert_eq!(FailMode::Static.as_str(), "static");
         assert!("TCP".parse::<Proto>().is_err());
+    }
+
+    /// `fail_mode` is the fleet's type (limiter_fleet::share::FailMode) read through
+    /// [`ConfigWord`]: every spelling reads back as its value, and a wrong one gets the
+    /// message every config enum gives.
+    #[test]
+    fn fail_mode_is_read_with_the_fleets_spellings() {
+        for mode in FailMode::ALL {
+            let text = rule(&format!(
+                "dst = \"198.18.0.0/15\"\nfail_mode = \"{mode}\"\nrate = 1\nburst = 1",
+                mode = mode.as_str()
+            ));
+            assert_eq!(parse(&text).unwrap().rules[0].fail_mode, *mode);
+        }
+        let text = rule("dst = \"198.18.0.0/15\"\nfail_mode = \"closed\"\nrate = 1\nburst = 1");
+        only_problem(
+            &text,
+            "fail_mode",
+            "rules[0].fail_mode",
+            Some("contoso-web"),
+            "unknown fail_mode \"closed\"; expected one of \"open\", \"static\"",
+        );
     }
 
     /// A rule body with placeholders replaced; every test below changes one thing.

@@ -19,7 +19,7 @@ use crate::{
     error::Error,
     maps::Maps,
     ruleset::{self, RuleTable},
-    stats::share_state_name,
+    stats::share_state_at,
 };
 
 /// A frame to explain.
@@ -266,7 +266,7 @@ fn explain_metered(
     );
     let now_ns = limiter_fleet::clock::monotonic_ns();
     // As of now: a lapsed lease reads STICKY, as `limiter stats` shows it.
-    out.share_state = Some(share_state_name(crate::stats::share_state_at(rule, now_ns)).into());
+    out.share_state = Some(share_state_at(rule, now_ns).as_str().into());
     out.dropped_total = counters.dropped_packets;
     out.dropped_last_10s = last10;
     out.dropped_last_60s = last60;

@@ -29,18 +29,15 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use limiter_common::{
-    abi::{
-        RuleConfig, RuleCounters, RULE_CLOSED_UNTIL_LAPSE, RULE_IN_USE, SHARE_BOOTSTRAP,
-        SHARE_FAIL_OPEN, SHARE_LEASED, SHARE_STANDALONE, SHARE_STICKY,
-    },
+    abi::{RuleConfig, RuleCounters, RULE_CLOSED_UNTIL_LAPSE, RULE_IN_USE},
     gcra::Limit,
 };
-use limiter_fleet::share::{FailMode, Grant, HeldShare, Share, ShareParams, ShareState};
+use limiter_fleet::share::{Grant, HeldShare, Share, ShareParams, ShareState};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant, RuleReport};
 
 use crate::{
     config::{
-        self, FleetSpec, RateSpec, RuleSpec, Unit, XdpMode, GRO_MAX_BYTES, GRO_MAX_SEGMENTS,
+        FleetSpec, RateSpec, RuleSpec, Unit, XdpMode, GRO_MAX_BYTES, GRO_MAX_SEGMENTS,
         MIN_BYTES_BURST,
     },
     ruleset::RuleTable,
@@ -54,15 +51,6 @@ pub fn share_params(spec: &FleetSpec, fleet_size: u32) -> ShareParams {
         lease_ttl: Duration::from_millis(spec.lease_ttl_ms),
         sticky_max: Duration::from_secs(spec.sticky_max_s),
         report_interval: Duration::from_millis(spec.report_interval_ms),
-    }
-}
-
-fn abi_state(state: ShareState) -> u32 {
-    match state {
-        ShareState::Bootstrap => SHARE_BOOTSTRAP,
-        ShareState::Leased => SHARE_LEASED,
-        ShareState::Sticky => SHARE_STICKY,
-        ShareState::FailOpen => SHARE_FAIL_OPEN,
     }
 }
 
@@ -117,13 +105,6 @@ fn check_grant(unit: Unit, share: &Share, g: &RuleGrant) -> Result<(), String> {
     Limit::new(unit.granularity(), g.rate, g.burst.max(share.min_burst()))
         .map(|_| ())
         .map_err(|e| format!("rate {} burst {}: {e}", g.rate, g.burst))
-}
-
-fn fail_mode(rule: &RuleSpec) -> FailMode {
-    match rule.fail_mode {
-        config::FailMode::Open => FailMode::Open,
-        config::FailMode::Static => FailMode::Static,
-    }
 }
 
 /// Counter totals of one rule at the last report.
@@ -190,7 +171,7 @@ impl FleetState {
             match self.shares.get_mut(name) {
                 Some(share) => share.set_quota(quota.rate),
                 None => {
-                    let share = Share::bootstrap(quota.rate, fail_mode(rule), self.params, now)
+                    let share = Share::bootstrap(quota.rate, rule.fail_mode, self.params, now)
                         .with_min_burst(min_share_burst(rule, self.xdp_mode));
                     self.shares.insert(name.to_string(), share);
                     self.units.insert(name.to_string(), rule.unit);
@@ -220,7 +201,10 @@ impl FleetState {
             ) else {
                 continue;
             };
-            let held_state = matches!(entry.share_state, SHARE_LEASED | SHARE_STICKY);
+            let held_state = matches!(
+                ShareState::try_from(entry.share_state),
+                Ok(ShareState::Leased | ShareState::Sticky)
+            );
             if share.state(now) != ShareState::Bootstrap
                 || !held_state
                 || entry.flags & RULE_IN_USE == 0
@@ -237,7 +221,7 @@ impl FleetState {
             };
             let floor = share.min_burst();
             let Some(share) =
-                Share::resume(quota.rate, fail_mode(rule), self.params, floor, held, now)
+                Share::resume(quota.rate, rule.fail_mode, self.params, floor, held, now)
             else {
                 continue;
             };
@@ -308,7 +292,7 @@ impl FleetState {
                 .map(|(n, _)| n.as_str());
             match name.and_then(|n| self.shares.get(n)) {
                 Some(share) => {
-                    rule.share_state = abi_state(share.state(now));
+                    rule.share_state = share.state(now).into();
                     (rule.lease_expires_ns, rule.fail_open_at_ns) = share.deadlines();
                     if share.rate() == 0 {
                         // A zero grant: nothing passes until the lease lapses, then the
@@ -320,7 +304,7 @@ impl FleetState {
                     }
                 }
                 None => {
-                    rule.share_state = SHARE_STANDALONE;
+                    rule.share_state = ShareState::Standalone.into();
                     (rule.lease_expires_ns, rule.fail_open_at_ns) = (0, 0);
                 }
             }
@@ -578,13 +562,13 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::{FailMode as ConfigFailMode, Mode, Proto},
+        config::{FailMode, Mode, Proto},
         ruleset,
     };
 
     const S: u64 = 1_000_000_000;
 
-    fn rule(fail_mode: ConfigFailMode) -> RuleSpec {
+    fn rule(fail_mode: FailMode) -> RuleSpec {
         RuleSpec {
             name: "contoso".into(),
             dst: crate::config::parse_dst("198.18.0.10/32").unwrap(),
@@ -641,11 +625,14 @@ mod tests {
 
     #[test]
     fn a_zero_grant_installs_a_closed_limit_shown_as_rate_0() {
-        let rules = [rule(ConfigFailMode::Open)];
+        let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
         let t = installed(&fleet, &rules, 0);
         let (_, c) = t.rules[0];
-        assert_eq!((c.rate, c.burst, c.share_state), (20, 1, SHARE_BOOTSTRAP));
+        assert_eq!(
+            (c.rate, c.burst, c.share_state),
+            (20, 1, u32::from(ShareState::Bootstrap))
+        );
         assert_eq!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
         let bootstrap = c.aggregate;
 
@@ -656,7 +643,10 @@ mod tests {
         assert_ne!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
         assert_eq!(c.aggregate, bootstrap);
         assert!(c.lease_expires_ns > S);
-        assert_eq!((c.rate, c.burst, c.share_state), (0, 0, SHARE_LEASED));
+        assert_eq!(
+            (c.rate, c.burst, c.share_state),
+            (0, 0, u32::from(ShareState::Leased))
+        );
         assert_ne!(c.flags & limiter_common::abi::RULE_HAS_AGGREGATE, 0);
         // Out of BOOTSTRAP: no token.
         assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
@@ -676,7 +666,7 @@ mod tests {
 
     #[test]
     fn refusals_on_a_closed_unsaturated_share_report_at_once() {
-        let rules = [rule(ConfigFailMode::Open)];
+        let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
         fleet.apply(&reply(0, false), S);
         let totals = |dropped: u64| {
@@ -697,7 +687,7 @@ mod tests {
 
     #[test]
     fn a_lapsed_closed_share_rejoins_at_the_bootstrap_rate_on_refusals() {
-        for fail_mode in [ConfigFailMode::Open, ConfigFailMode::Static] {
+        for fail_mode in [FailMode::Open, FailMode::Static] {
             let rules = [rule(fail_mode)];
             let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
             fleet.apply(&reply(0, false), S);
@@ -722,11 +712,14 @@ mod tests {
             assert!(fleet.wants_early_report(&totals(7), 5 * S));
             let t = installed(&fleet, &rules, 5 * S);
             let (_, c) = t.rules[0];
-            assert_eq!((c.rate, c.burst, c.share_state), (20, 1, SHARE_BOOTSTRAP));
+            assert_eq!(
+                (c.rate, c.burst, c.share_state),
+                (20, 1, u32::from(ShareState::Bootstrap))
+            );
             // The fail-open deadline did not move (static: none).
             let want = match fail_mode {
-                ConfigFailMode::Open => S + 303 * S,
-                ConfigFailMode::Static => 0,
+                FailMode::Open => S + 303 * S,
+                FailMode::Static => 0,
             };
             assert_eq!(c.fail_open_at_ns, want);
             let r = fleet.report(&totals(7), 5 * S);
@@ -743,7 +736,7 @@ mod tests {
             dst: crate::config::parse_dst(&format!("198.18.1.{host}/32")).unwrap(),
             unit,
             aggregate: Some(RateSpec { rate, burst }),
-            ..rule(ConfigFailMode::Static)
+            ..rule(FailMode::Static)
         }
     }
 
@@ -800,10 +793,16 @@ mod tests {
             );
             let t = installed(&fleet, &rules, S);
             let c = entry(&t, "r");
-            assert_eq!((c.burst, c.share_state), (floor, SHARE_LEASED));
+            assert_eq!(
+                (c.burst, c.share_state),
+                (floor, u32::from(ShareState::Leased))
+            );
             let t = installed(&fleet, &rules, 5 * S);
             let c = entry(&t, "r");
-            assert_eq!((c.burst, c.share_state), (floor, SHARE_STICKY));
+            assert_eq!(
+                (c.burst, c.share_state),
+                (floor, u32::from(ShareState::Sticky))
+            );
             // Zero grant, lapsed, refusing: rejoins at the bootstrap share and the floor.
             fleet.pending_tokens.clear();
             fleet.apply(&grant_reply("r", 0, 0, 0, 3_000), 6 * S);
@@ -829,7 +828,7 @@ mod tests {
             let c = entry(&t, "r");
             assert_eq!(
                 (c.rate, c.burst, c.share_state),
-                (250_000, floor, SHARE_BOOTSTRAP)
+                (250_000, floor, u32::from(ShareState::Bootstrap))
             );
         }
         // At TC a configured burst below a GRO buffer caps the floor (it is warned about),
@@ -905,7 +904,7 @@ mod tests {
     /// TTLs at most. Old code: for a day.
     #[test]
     fn a_zero_grant_with_a_long_ttl_closes_the_rule_for_a_few_leases_at_most() {
-        let rules = [rule(ConfigFailMode::Open)];
+        let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
         fleet.apply(&grant_reply("contoso", 0, 0, 0, 86_400_000), S);
         let t = installed(&fleet, &rules, S);

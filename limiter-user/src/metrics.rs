@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use limiter_common::share::ShareState;
 use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
@@ -40,8 +41,6 @@ fn label(v: &str) -> String {
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
-
-const SHARE_STATES: [&str; 5] = ["standalone", "bootstrap", "leased", "sticky", "fail_open"];
 
 /// Renders `s` in the Prometheus text format (version 0.0.4).
 pub fn render(s: &Snapshot) -> String {
@@ -124,7 +123,7 @@ pub fn render(s: &Snapshot) -> String {
         "Fleet share state of the rule: 1 for the current state.",
     );
     for r in &s.stats.rules {
-        for state in SHARE_STATES {
+        for state in ShareState::ALL.map(ShareState::as_str) {
             let _ = writeln!(
                 out,
                 "limiter_rule_share_state{{rule=\"{}\",state=\"{state}\"}} {}",

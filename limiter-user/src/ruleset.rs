@@ -13,7 +13,7 @@
 //! The program extracts a destination port only from TCP and UDP headers of first
 //! fragments; every other packet (ICMP, other protocols, non-first fragments) has no
 //! port. A candidate with `MATCH_PORT` only matches a packet that has a port equal to
-//! it. So a rule with `dst_port` and `proto = "any"` matches TCP and UDP only, without a
+//! it ([`Candidate::matches`], which the program calls too). So a rule with `dst_port` and `proto = "any"` matches TCP and UDP only, without a
 //! separate encoding: "has no port" can never equal a port. [`classify`] models this by
 //! ignoring the port it is given for protocols other than TCP and UDP.
 //!
@@ -36,6 +36,7 @@ use limiter_common::abi::{
     IPPROTO_UDP, MATCH_PORT, MATCH_PROTO,
 };
 use limiter_common::gcra::{Limit, LimitError};
+use limiter_common::share::ShareState;
 
 use crate::config::{FailMode, Mode, Proto, RuleSpec};
 
@@ -320,7 +321,7 @@ pub fn rule_config(rule: &RuleSpec) -> Result<RuleConfig, RulesetError> {
     if config.tick_clock_ok() {
         config.flags |= abi::RULE_TICK_CLOCK;
     }
-    config.share_state = abi::SHARE_STANDALONE;
+    config.share_state = ShareState::Standalone.into();
     let name = rule.name.as_bytes();
     if name.len() >= abi::RULE_NAME_LEN {
         return Err(RulesetError::NameTooLong {
@@ -466,12 +467,6 @@ fn prefix_contains<const N: usize>(net: &[u8; N], prefix_len: u32, addr: &[u8; N
     (net[whole] & mask) == (addr[whole] & mask)
 }
 
-/// Whether a candidate matches a packet (`port` is `None` for packets without one).
-fn candidate_matches(candidate: &Candidate, port: Option<u16>, proto: u8) -> bool {
-    (candidate.match_flags & MATCH_PORT == 0 || port == Some(candidate.port))
-        && (candidate.match_flags & MATCH_PROTO == 0 || candidate.proto == proto)
-}
-
 fn longest<'t, const N: usize>(
     entries: &'t [PrefixEntry<N>],
     addr: &[u8; N],
@@ -501,7 +496,7 @@ pub fn classify(table: &RuleTable, dst: IpAddr, dst_port: Option<u16>, proto: u8
     };
     candidates
         .iter()
-        .find(|c| candidate_matches(c, port, proto))
+        .find(|c| c.matches(port, proto))
         .map(|c| u32::from(c.slot))
 }
 
@@ -740,7 +735,7 @@ mod tests {
             (1_000_000, 3000, 10_000, 1518)
         );
         assert_eq!((b.source_prefix_v4, b.source_prefix_v6), (24, 64));
-        assert_eq!(b.share_state, abi::SHARE_STANDALONE);
+        assert_eq!(b.share_state, u32::from(ShareState::Standalone));
         assert_eq!((b.lease_expires_ns, b.fail_open_at_ns), (0, 0));
         assert_eq!(b.name_bytes(), b"bytes-rule");
         assert!(b.name[10..].iter().all(|&x| x == 0));

@@ -1,8 +1,8 @@
 //! Counters and rule state as operators read them (`limiter stats`).
 
-use limiter_common::abi::{
-    RuleConfig, CONTROL_BYPASS, RULE_HAS_AGGREGATE, RULE_SHADOW, SHARE_BOOTSTRAP, SHARE_FAIL_OPEN,
-    SHARE_LEASED, SHARE_STICKY,
+use limiter_common::{
+    abi::{RuleConfig, CONTROL_BYPASS, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_SHADOW},
+    share::ShareState,
 };
 use serde::Serialize;
 
@@ -23,7 +23,7 @@ pub struct RuleStats {
     pub name: String,
     /// enforce | shadow
     pub mode: &'static str,
-    /// standalone | bootstrap | leased | sticky | fail_open
+    /// standalone | bootstrap | leased | sticky | fail_open ([`ShareState::as_str`])
     pub state: &'static str,
     /// Aggregate rate and burst in the rule's unit; null without an aggregate limit.
     pub rate: Option<u64>,
@@ -73,30 +73,21 @@ pub struct GlobalStats {
 
 /// The share state as of `now_ns`: the entry's state advanced by its own deadlines, so a
 /// lapsed lease reads STICKY and an expired open rule FAIL_OPEN on time, exactly when the
-/// kernel acts on them, even if the daemon that wrote the entry is gone.
-pub fn share_state_at(rule: &RuleConfig, now_ns: u64) -> u32 {
-    if rule.share_state == limiter_common::abi::SHARE_STANDALONE {
-        return rule.share_state;
+/// kernel acts on them, even if the daemon that wrote the entry is gone. A value no
+/// state has (only this daemon writes the entry: never seen) reads as standalone.
+pub fn share_state_at(rule: &RuleConfig, now_ns: u64) -> ShareState {
+    let written = ShareState::try_from(rule.share_state);
+    if written == Ok(ShareState::Standalone) {
+        return ShareState::Standalone;
     }
     let passed = |deadline: u64| deadline != 0 && now_ns.wrapping_sub(deadline) as i64 >= 0;
-    if passed(rule.fail_open_at_ns) && rule.flags & limiter_common::abi::RULE_FAIL_STATIC == 0 {
-        return SHARE_FAIL_OPEN;
+    if passed(rule.fail_open_at_ns) && rule.flags & RULE_FAIL_STATIC == 0 {
+        return ShareState::FailOpen;
     }
-    if rule.share_state == SHARE_LEASED && passed(rule.lease_expires_ns) {
-        return SHARE_STICKY;
+    if written == Ok(ShareState::Leased) && passed(rule.lease_expires_ns) {
+        return ShareState::Sticky;
     }
-    rule.share_state
-}
-
-/// Name of a `SHARE_*` state.
-pub fn share_state_name(state: u32) -> &'static str {
-    match state {
-        SHARE_BOOTSTRAP => "bootstrap",
-        SHARE_LEASED => "leased",
-        SHARE_STICKY => "sticky",
-        SHARE_FAIL_OPEN => "fail_open",
-        _ => "standalone",
-    }
+    written.unwrap_or(ShareState::Standalone)
 }
 
 fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Error> {
@@ -109,7 +100,7 @@ fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Er
         } else {
             "enforce"
         },
-        state: share_state_name(share_state_at(rule, crate::fleet::monotonic_ns())),
+        state: share_state_at(rule, crate::fleet::monotonic_ns()).as_str(),
         rate: has_aggregate.then_some(rule.rate),
         burst: has_aggregate.then_some(rule.burst),
         passed_packets: c.passed_packets,
@@ -210,4 +201,49 @@ pub fn render_table(report: &StatsReport) -> String {
         g.sketch_busy_ppm as f64 / 1e4
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use limiter_common::share::ShareState::{self, *};
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn entry(state: u32, lease_expires_ns: u64, fail_open_at_ns: u64, flags: u32) -> RuleConfig {
+        RuleConfig {
+            share_state: state,
+            lease_expires_ns,
+            fail_open_at_ns,
+            flags,
+            ..RuleConfig::EMPTY
+        }
+    }
+
+    /// The state read at 10 s from entries written earlier: each deadline moves the
+    /// state on its own, as the kernel acts on it, and a value no state has reads as
+    /// standalone (its deadlines still apply, as in the kernel).
+    #[test]
+    fn the_written_state_advances_by_its_own_deadlines() {
+        let now = 10 * S;
+        let static_rule = RULE_FAIL_STATIC;
+        #[rustfmt::skip]
+        let cases: [(&str, RuleConfig, ShareState); 11] = [
+            ("standalone ignores deadlines",   entry(0, S, S, 0),                     Standalone),
+            ("bootstrap before its deadlines", entry(1, 20 * S, 30 * S, 0),           Bootstrap),
+            ("bootstrap past fail-open",       entry(1, S, 2 * S, 0),                 FailOpen),
+            ("leased within its lease",        entry(2, 11 * S, 40 * S, 0),           Leased),
+            ("leased, lease lapsed",           entry(2, 9 * S, 40 * S, 0),            Sticky),
+            ("leased, lapsing right now",      entry(2, now, 40 * S, 0),              Sticky),
+            ("leased, no fail-open (static)",  entry(2, 9 * S, 0, 0),                 Sticky),
+            ("static never fails open",        entry(3, S, 2 * S, static_rule),       Sticky),
+            ("fail-open deadline passed",      entry(2, S, 5 * S, 0),                 FailOpen),
+            ("an unknown value",               entry(9, S, 40 * S, 0),                Standalone),
+            ("an unknown value past fail-open", entry(9, S, 5 * S, 0),                FailOpen),
+        ];
+        for (what, rule, want) in cases {
+            assert_eq!(share_state_at(&rule, now), want, "{what}");
+        }
+    }
 }

@@ -18,12 +18,11 @@ use clap::{Parser, Subcommand};
 use limiter_proto::{
     pb::allocator_server::AllocatorServer, server_tls, TlsFiles, MAX_MESSAGE_BYTES,
 };
+use limiter_service::control::Reply;
 use tokio::{
     net::{TcpListener, UnixListener},
     signal::unix::{signal, SignalKind},
 };
-
-use limiter_service::control::Reply;
 
 use crate::{
     config::{Config, Quota},

@@ -163,7 +163,7 @@ pub const RULE_FAIL_STATIC: u32 = 1 << 4;
 /// A fleet share of zero: nothing passes until `lease_expires_ns`. After it (the lease
 /// lapsed: the allocator, or this host's daemon, is gone) `aggregate` applies, which the
 /// daemon sets to the bootstrap share (quota ÷ fleet_size, burst 1): the host then runs as
-/// one joining the rule mid-outage (§11), on the kernel's clock, daemon or no daemon.
+/// one joining the rule mid-outage (docs/design.md, "Fleet state machine"), on the kernel's clock, daemon or no daemon.
 /// FAIL_OPEN still overrides it on its deadline.
 pub const RULE_CLOSED_UNTIL_LAPSE: u32 = 1 << 5;
 /// Every limit of the rule may be metered on the per-tick cached clock

@@ -270,8 +270,8 @@ impl RuleAllocator {
         let granted = (share > 0 || !learning).then_some(share);
         let h = self.hosts.get_mut(host)?;
         // The token a grant takes over with: one for a host that held no grant (its
-        // bootstrap token, as section 11 has it), none after a zero grant (the host had
-        // its token in BOOTSTRAP already) and none for a zero grant (closed).
+        // bootstrap token, as the brief has it: docs/design.md), none after a zero grant
+        // (the host had its token in BOOTSTRAP already) and none for a zero grant (closed).
         let tokens = u64::from(h.granted.is_none() && share > 0);
         h.granted = granted;
         let saturated = h.demand > share;

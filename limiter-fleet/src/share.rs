@@ -1,4 +1,4 @@
-//! The share state machine of one rule on one host (DESIGN.md "Fleet behaviour").
+//! The share state machine of one rule on one host (docs/design.md, "Fleet state machine").
 //!
 //! ```text
 //!            grant                      lease TTL lapses           sticky_max passes
@@ -44,7 +44,7 @@ pub const DEFAULT_STICKY_MAX_S: u64 = 300;
 /// often a host reports, and so renews its leases.
 pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 1_000;
 
-/// Timings and fleet size; the defaults (the `DEFAULT_*` above) are section 11's.
+/// Timings and fleet size; the defaults (the `DEFAULT_*` above) are the brief's (docs/design.md, "Fleet state machine").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareParams {
     pub fleet_size: u32,

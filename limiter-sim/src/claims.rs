@@ -13,7 +13,7 @@ use crate::{
     time::{MS, NS_PER_S},
 };
 
-/// Tolerance for "within the quota": the fleet tests use 2 %.
+/// Tolerance for "within the quota": the fleet tests on real daemons use 2 %.
 pub const TOLERANCE_PCT: f64 = 2.0;
 /// A shift has converged when admitted stays on target this many seconds.
 pub const HOLD_SECS: usize = 3;

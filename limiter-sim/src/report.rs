@@ -567,7 +567,7 @@ const DEFINITIONS: &str = "\
 
 - **Admitted vs quota** is measured per rule, fleet-wide, over aligned 1 s windows (the \
 quota is per second). *Overshoot* = (admitted − quota) ÷ quota. A second is *over* when \
-admitted exceeds the quota by more than 2 % (the tolerance of the issue's fleet tests). \
+admitted exceeds the quota by more than 2 % (the tolerance of the fleet tests on real daemons). \
 The configured burst can legitimately push a single second above the quota when buckets \
 were idle; with demand above the quota they are empty, so the figures show allocation \
 error, not burst.

@@ -1,4 +1,4 @@
-//! The TOML configuration file (DESIGN.md "User contract"; key names are a contract).
+//! The TOML configuration file (the README's "Configuration"; key names are a contract).
 //!
 //! The file is parsed into toml's spanned document tree ([`toml::de::DeTable`], whose keys
 //! and values are [`toml::Spanned`]) and then walked by hand rather than through
@@ -8,22 +8,28 @@
 //! dotted field path (`rules[1].per_source.burst`). Nothing here touches the system:
 //! [`Config::parse`] is pure, [`Config::load`] only reads the file.
 
-use std::collections::BTreeMap;
-use std::fmt;
-use std::net::{IpAddr, SocketAddr};
-use std::ops::Range;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, SocketAddr},
+    ops::Range,
+    path::{Path, PathBuf},
+    str::FromStr,
+};
 
 use ipnet::IpNet;
-use limiter_common::abi;
-use limiter_common::gcra::{Granularity, Limit, LimitError};
+use limiter_common::{
+    abi,
+    gcra::{Granularity, Limit, LimitError},
+};
 pub use limiter_fleet::share::FailMode;
 use limiter_fleet::share::{
     DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS, DEFAULT_STICKY_MAX_S,
 };
-use toml::de::{DeTable, DeValue};
-use toml::Spanned;
+use toml::{
+    de::{DeTable, DeValue},
+    Spanned,
+};
 
 /// Default `pin_dir`.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
@@ -31,7 +37,7 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/limiter";
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/limiter/limiter.sock";
 /// Default `metrics` listen address.
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9464";
-/// Default `fleet_size` (DESIGN.md "Fleet behaviour": quota ÷ fleet_size while bootstrapping).
+/// Default `fleet_size` (docs/design.md, "Fleet state machine": quota ÷ fleet_size while bootstrapping).
 pub use limiter_fleet::share::DEFAULT_FLEET_SIZE;
 /// Largest accepted `max_sources`: 2^24 cells in each of the per-source sketch's two
 /// rows, 256 MiB of kernel memory (16 bytes a source).

@@ -471,8 +471,9 @@ mod tests {
         );
     }
 
-    use super::*;
     use limiter_common::gcra::Granularity;
+
+    use super::*;
 
     #[test]
     fn bucket_view_reads_the_tat() {

@@ -32,6 +32,7 @@ use limiter_common::{
     abi::{RuleConfig, RuleCounters, RULE_CLOSED_UNTIL_LAPSE, RULE_IN_USE},
     gcra::Limit,
 };
+pub use limiter_fleet::clock::monotonic_ns;
 use limiter_fleet::share::{Grant, HeldShare, Share, ShareParams, ShareState};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant, RuleReport};
 
@@ -42,8 +43,6 @@ use crate::{
     },
     ruleset::RuleTable,
 };
-
-pub use limiter_fleet::clock::monotonic_ns;
 
 pub fn share_params(spec: &FleetSpec, fleet_size: u32) -> ShareParams {
     ShareParams {
@@ -467,8 +466,9 @@ pub async fn report_loop(
     spec: FleetSpec,
     shutdown: tokio::sync::broadcast::Sender<crate::control::Shutdown>,
 ) -> Result<(), crate::Error> {
-    use limiter_proto::pb::allocator_client::AllocatorClient;
     use std::time::Instant;
+
+    use limiter_proto::pb::allocator_client::AllocatorClient;
     use tonic::transport::Endpoint;
 
     let tls = limiter_proto::client_tls(

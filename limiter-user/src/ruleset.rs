@@ -3,7 +3,7 @@
 //! The program classifies a packet with one longest-prefix lookup in the prefix table of
 //! its family, then scans that entry's candidates in order and takes the first that
 //! matches (see [`abi::PrefixRules`]). For that to implement "most specific wins"
-//! (DESIGN.md "Data path", step 2), the entry of every distinct rule prefix `P` lists
+//! (docs/design.md, "Data path", step 2), the entry of every distinct rule prefix `P` lists
 //! every rule whose prefix contains `P` — `P`'s own rules and those of all covering
 //! prefixes — most specific first. A packet whose longest matching prefix is `P` can
 //! only be matched by such rules, so the scan never needs a second lookup.
@@ -26,17 +26,21 @@
 //! slot's aggregate bucket and counters when a slot changes owner (compare the old and
 //! new name → slot maps).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use ipnet::IpNet;
-use limiter_common::abi::{
-    self, Candidate, PrefixRules, RuleConfig, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP,
-    IPPROTO_UDP, MATCH_PORT, MATCH_PROTO,
+use limiter_common::{
+    abi::{
+        self, Candidate, PrefixRules, RuleConfig, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP,
+        IPPROTO_UDP, MATCH_PORT, MATCH_PROTO,
+    },
+    gcra::{Limit, LimitError},
+    share::ShareState,
 };
-use limiter_common::gcra::{Limit, LimitError};
-use limiter_common::share::ShareState;
 
 use crate::config::{FailMode, Mode, Proto, RuleSpec};
 

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::{error::Error, maps::Maps};
 
-/// `limiter stats --json`: the shape is part of the user contract (DESIGN.md).
+/// `limiter stats --json`: the shape is part of the user contract (the README, "limiter stats").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct StatsReport {
     pub rules: Vec<RuleStats>,

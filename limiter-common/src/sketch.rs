@@ -469,6 +469,37 @@ mod tests {
     /// frames is refused after the first half second (the cells start empty: bursts
     /// absorb the start). The formula is an upper bound, tight (within 4 standard
     /// deviations, or 3 sources) where false limits are rare.
+    /// Runs 100 periods of `order` ((time within the period, source) pairs) through a
+    /// sketch of `width` cells a row; a source is limited if any of its frames is refused
+    /// after the first 25 periods (which absorb the start).
+    fn run_rounds(
+        keys: &[[u32; ROWS as usize]],
+        order: &[(u64, u32)],
+        width: u32,
+        period: u64,
+        start: u64,
+        limit: &Limit,
+    ) -> Vec<bool> {
+        let mut cells = vec![0u64; cells_for(width) as usize];
+        let mut limited = vec![false; keys.len()];
+        for round in 0..100u64 {
+            for &(at, i) in order {
+                let now = start + round * period + at;
+                let admitted = conform_cells(
+                    &mut cells,
+                    &keys[i as usize],
+                    now,
+                    limit.cost(1),
+                    limit.tolerance,
+                );
+                if !admitted && round >= 25 {
+                    limited[i as usize] = true;
+                }
+            }
+        }
+        limited
+    }
+
     #[test]
     fn false_limits_in_the_cell_arithmetic_follow_the_formula() {
         let limit = Limit::new(Granularity::Event, 100, 10).unwrap();
@@ -489,23 +520,7 @@ mod tests {
             let mut order: Vec<(u64, u32)> =
                 (0..sources).map(|i| (rng.next() % period, i)).collect();
             order.sort_unstable();
-            let mut cells = vec![0u64; cells_for(width) as usize];
-            let mut limited = vec![false; sources as usize];
-            for round in 0..100u64 {
-                for &(phase, i) in &order {
-                    let now = start + round * period + phase;
-                    let admitted = conform_cells(
-                        &mut cells,
-                        &keys[i as usize],
-                        now,
-                        limit.cost(1),
-                        limit.tolerance,
-                    );
-                    if !admitted && round >= 25 {
-                        limited[i as usize] = true;
-                    }
-                }
-            }
+            let limited = run_rounds(&keys, &order, width, period, start, &limit);
             let got = limited.iter().filter(|&&l| l).count() as f64;
             let p = false_limit_formula(f64::from(sources), f64::from(width), 2);
             let expected = p * f64::from(sources);
@@ -563,23 +578,7 @@ mod tests {
             }
         }
         order.sort_unstable();
-        let mut cells = vec![0u64; cells_for(width) as usize];
-        let mut limited = vec![false; (heavy + light) as usize];
-        for round in 0..100u64 {
-            for &(at, i) in &order {
-                let now = start + round * period + at;
-                let admitted = conform_cells(
-                    &mut cells,
-                    &keys[i as usize],
-                    now,
-                    limit.cost(1),
-                    limit.tolerance,
-                );
-                if !admitted && round >= 25 {
-                    limited[i as usize] = true;
-                }
-            }
-        }
+        let limited = run_rounds(&keys, &order, width, period, start, &limit);
         let got = limited[heavy as usize..].iter().filter(|&&l| l).count() as f64;
         let w = f64::from(width);
         let no_heavy = (-f64::from(heavy) / w).exp();

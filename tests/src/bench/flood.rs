@@ -157,11 +157,10 @@ fn udp6(pair: &VethPair, src: Ipv6Addr, port: u16) -> Vec<u8> {
         .build()
 }
 
-/// One run: the flood from `sources` on CPU 0, the good and heavy sources on CPU 1.
-pub fn run_once(pair: &VethPair, max_sources: u32, sources: Sources) -> Result<FloodRun> {
-    let limiter = Limiter::attach(&pair.host, &config(max_sources), ConfigXdpMode::Native)
-        .context("attaching the limiter")?;
-    let flood = Offer {
+/// The flood from `sources`, flat out, to both flood rules (an IPv4 and an IPv6 template
+/// whose sources the generator rewrites).
+fn flood_offer(pair: &VethPair, sources: Sources, duration: Duration, cpus: Vec<usize>) -> Offer {
+    Offer {
         backend: match sources {
             Sources::Known => Backend::LiveSpraySet(0),
             Sources::Established => Backend::LiveSpraySet(0xFFFF),
@@ -173,9 +172,16 @@ pub fn run_once(pair: &VethPair, max_sources: u32, sources: Sources) -> Result<F
         ],
         rate_per_sender: None,
         lump: Duration::ZERO,
-        duration: WINDOW,
-        cpus: vec![super::SENDER_CPUS[0]],
-    };
+        duration,
+        cpus,
+    }
+}
+
+/// One run: the flood from `sources` on CPU 0, the good and heavy sources on CPU 1.
+pub fn run_once(pair: &VethPair, max_sources: u32, sources: Sources) -> Result<FloodRun> {
+    let limiter = Limiter::attach(&pair.host, &config(max_sources), ConfigXdpMode::Native)
+        .context("attaching the limiter")?;
+    let flood = flood_offer(pair, sources, WINDOW, vec![super::SENDER_CPUS[0]]);
     let paced = |port: u16, rate: u64, lump: Duration, src: Ipv4Addr| Offer {
         backend: Backend::Live,
         frames: vec![udp4(pair, src, port)],
@@ -281,21 +287,7 @@ pub fn measure(pair: &VethPair, sizes: &[u32], rounds: usize) -> Result<Vec<Floo
 pub fn two_cpu_rate(pair: &VethPair, max_sources: u32, sources: Sources) -> Result<f64> {
     let limiter = Limiter::attach(&pair.host, &config(max_sources), ConfigXdpMode::Native)
         .context("attaching the limiter")?;
-    let flood = Offer {
-        backend: match sources {
-            Sources::Known => Backend::LiveSpraySet(0),
-            Sources::Established => Backend::LiveSpraySet(0xFFFF),
-            Sources::Random => Backend::LiveSpray,
-        },
-        frames: vec![
-            udp4(pair, Ipv4Addr::new(198, 19, 0, 1), FLOOD_PORT),
-            udp6(pair, PEER_V6, FLOOD_PORT),
-        ],
-        rate_per_sender: None,
-        lump: Duration::ZERO,
-        duration: WINDOW / 2,
-        cpus: super::SENDER_CPUS.to_vec(),
-    };
+    let flood = flood_offer(pair, sources, WINDOW / 2, super::SENDER_CPUS.to_vec());
     let before = limiter.snapshot()?;
     let sent = gen::spawn(pair, &flood)?.join()?;
     sleep(Duration::from_millis(100));

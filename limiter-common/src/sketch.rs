@@ -144,6 +144,12 @@ pub const fn region_parts_log2(region: u32) -> u32 {
     region & REGION_LOG2_MASK
 }
 
+/// Which of those parts the region is (may exceed the parts in a hostile record:
+/// [`region_span`] wraps it).
+pub const fn region_index(region: u32) -> u32 {
+    region >> REGION_LOG2_BITS
+}
+
 /// The region's first cell within a row and the mask of its width (a power of two):
 /// always inside the row, whatever `region` holds (an index past the parts wraps; more
 /// parts than cells read as the whole row).
@@ -155,7 +161,7 @@ pub const fn region_span(region: u32, width_mask: u32) -> (u32, u32) {
     if part == 0 || width == 0 {
         return (0, width_mask);
     }
-    let index = (region >> REGION_LOG2_BITS) & ((1u32 << log2) - 1);
+    let index = region_index(region) & ((1u32 << log2) - 1);
     (index * part, part - 1)
 }
 

@@ -276,13 +276,19 @@ impl Maps {
         live: &BTreeMap<u32, RuleConfig>,
         table: &RuleTable,
     ) -> Result<BTreeMap<u32, u32>, Error> {
-        let source_rules = |rules: &mut dyn Iterator<Item = (u32, RuleConfig)>| {
-            rules
-                .filter(|(_, r)| r.flags & RULE_IN_USE != 0 && r.flags & RULE_HAS_PER_SOURCE != 0)
-                .collect::<BTreeMap<u32, RuleConfig>>()
-        };
-        let before = source_rules(&mut live.iter().map(|(s, r)| (*s, *r)));
-        let after = source_rules(&mut table.rules.iter().map(|(s, r)| (*s, *r)));
+        let per_source =
+            |r: &RuleConfig| r.flags & RULE_IN_USE != 0 && r.flags & RULE_HAS_PER_SOURCE != 0;
+        let before: BTreeMap<u32, RuleConfig> = live
+            .iter()
+            .filter(|(_, r)| per_source(r))
+            .map(|(s, r)| (*s, *r))
+            .collect();
+        let after: BTreeMap<u32, RuleConfig> = table
+            .rules
+            .iter()
+            .filter(|(_, r)| per_source(r))
+            .copied()
+            .collect();
         let plan = sketch_regions::plan(&plan_view(&before), &plan_view(&after));
         for region in &plan.cleared {
             self.clear_region(*region)?;

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use limiter_common::{
     gcra::Limit,
-    sketch::{region, region_parts_log2, WHOLE_ROW},
+    sketch::{region, region_index, region_parts_log2, WHOLE_ROW},
 };
 
 /// A per-source rule as the plan sees it.
@@ -43,7 +43,7 @@ fn parts_log2_for(n: usize) -> u32 {
 pub fn overlaps(a: u32, b: u32) -> bool {
     let (la, lb) = (region_parts_log2(a), region_parts_log2(b));
     let common = la.min(lb);
-    let index = |r: u32, l: u32| (r >> 5) & ((1u32 << l) - 1);
+    let index = |r: u32, l: u32| region_index(r) & ((1u32 << l) - 1);
     (index(a, la) >> (la - common)) == (index(b, lb) >> (lb - common))
 }
 
@@ -69,7 +69,7 @@ pub fn plan(live: &BTreeMap<u32, SourceRule>, next: &BTreeMap<u32, SourceRule>) 
         };
         let same_rule = before.name == rule.name && before.limit == rule.limit;
         let same_cut = region_parts_log2(before.region) == log2;
-        let index = before.region >> 5;
+        let index = region_index(before.region);
         let alone = live
             .iter()
             .all(|(other, r)| other == slot || !overlaps(r.region, before.region));

@@ -763,8 +763,6 @@ mod pod {
     unsafe impl aya::Pod for super::SynCounters {}
     unsafe impl aya::Pod for super::Handoff {}
     unsafe impl aya::Pod for super::HandoffCounters {}
-    unsafe impl aya::Pod for crate::sketch::SketchMeta {}
-    unsafe impl aya::Pod for crate::sketch::SketchCounters {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
@@ -789,8 +787,6 @@ const _: () = {
     assert!(size_of::<FragmentRecord>() == 8);
     assert!(size_of::<HeaderCounters>() == 6 * 8);
     assert!(size_of::<SynCounters>() == 8);
-    assert!(size_of::<crate::sketch::SketchMeta>() == 8 * 2 + 4 * 2);
-    assert!(size_of::<crate::sketch::SketchCounters>() == 8 * 2);
     assert!(size_of::<TickClock>() == 16);
     assert!(size_of::<RuleCpuState>() == 64);
     assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>() + 40);

@@ -264,6 +264,20 @@ pub fn conform_cells(
     true
 }
 
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: both types are #[repr(C)], Copy, made only of integers, and have no padding
+    // (the size assertions below prove the last part).
+    unsafe impl aya::Pod for super::SketchMeta {}
+    unsafe impl aya::Pod for super::SketchCounters {}
+}
+
+// No implicit padding: each size equals the sum of its fields.
+const _: () = {
+    assert!(core::mem::size_of::<SketchMeta>() == 8 * 2 + 4 * 2);
+    assert!(core::mem::size_of::<SketchCounters>() == 8 * 2);
+};
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::{net::UnixListener, sync::broadcast};
 
-use crate::{daemon::Daemon, explain::ExplainQuery};
+use crate::{daemon::Daemon, explain::ExplainQuery, shutdown::Shutdown};
 
 /// Who answers on this socket, for the client's errors.
 const OWNER: &str = "limiter daemon";
@@ -34,15 +34,6 @@ pub enum Request {
     Reload,
     Explain(ExplainQuery),
     /// Detach from every interface, remove every pin, and exit.
-    Detach,
-}
-
-/// How the daemon should end, as told by a signal or a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shutdown {
-    /// SIGINT/SIGTERM: exit; enforcement stays unless --detach-on-exit.
-    Exit,
-    /// `limiter detach`: detach everywhere, remove every pin, exit.
     Detach,
 }
 

@@ -1,6 +1,8 @@
 //! The daemon's state and every operation on it: start (load or adopt the program and
-//! its pins), reload, quota changes, status, stats, explain, stop and detach. The async
-//! plumbing (signals, control socket, metrics) lives in the binary and calls in here.
+//! its pins), reload, quota changes, status, stats, explain, stop and detach. It is
+//! synchronous and knows nothing of the async runtime: the service loops above it
+//! ([`crate::service`] and the control socket, metrics and fleet reports it runs) lock it
+//! and call in here.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -10,7 +12,7 @@ use std::{
 };
 
 use limiter_common::{abi::CONTROL_BYPASS, gcra};
-use limiter_fleet::share::ShareState;
+use limiter_fleet::{clock::monotonic_ns, share::ShareState};
 use limiter_instance::Instance;
 use limiter_proto::pb::{ReportReply, ReportRequest};
 use serde::Serialize;
@@ -19,13 +21,15 @@ use crate::{
     config::{Config, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
-    fleet::{monotonic_ns, offered_units, FleetState, RuleTotals},
+    fleet::{offered_units, FleetState, RuleTotals},
     handoff::{HandoffControl, HandoffStatus},
     maps::Maps,
-    pins::{self, Cleanup},
-    program::{unpin_link, Attachment, LinkOrigin, LoadOptions, Program, Variant},
+    object::Variant,
+    pins,
+    program::{unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
     ruleset::{self, RuleTable},
     stats::{self, StatsReport},
+    teardown::{self, Cleanup},
 };
 
 /// Compiles `rules`, keeping the slots the live table already gives them, and installs
@@ -156,7 +160,7 @@ pub struct InterfaceStatus {
     pub hook: String,
     /// What runs at the hook, in order, the limiter among them, and how each hands a
     /// frame on (read from the kernel when asked).
-    pub chain: Vec<crate::program::ChainEntry>,
+    pub chain: Vec<crate::hook::ChainEntry>,
     /// Where frames the limiter passes go (`next_program`); absent: the stack.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoff: Option<HandoffStatus>,
@@ -272,7 +276,7 @@ impl Daemon {
         // Someone else's object where a link of ours would go: refused before anything
         // is loaded or pinned.
         for iface in ifaces {
-            let pin = crate::program::link_pin_path(&config.pin_dir, iface);
+            let pin = crate::pins::link_pin_path(&config.pin_dir, iface);
             if std::fs::symlink_metadata(&pin).is_ok() {
                 pins::check_ours(&pin, pins::PinName::Link(iface))
                     .map_err(|why| Error::PinInTheWay { path: pin, why })?;
@@ -429,10 +433,8 @@ impl Daemon {
                         daemon.config.xdp_priority,
                     )?,
                     step => {
-                        let taken =
-                            (takeover.handing.as_deref() == Some(iface.as_str())).then(|| {
-                                crate::takeover::taken_pin_path(&daemon.config.pin_dir, iface)
-                            });
+                        let taken = (takeover.handing.as_deref() == Some(iface.as_str()))
+                            .then(|| crate::pins::taken_pin_path(&daemon.config.pin_dir, iface));
                         // The build whose prog array took the taken program (its xdp.frags
                         // flag decides); alone, the single-buffer build first, as a link
                         // would.
@@ -1009,7 +1011,7 @@ impl Daemon {
         let pin_dir = self.config.pin_dir.clone();
         let instance = self.instance.take();
         drop(self);
-        let cleanup = pins::remove_pins(&pin_dir);
+        let cleanup = teardown::remove_pins(&pin_dir);
         drop(instance);
         cleanup
     }

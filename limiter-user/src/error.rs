@@ -46,6 +46,9 @@ pub enum Error {
     Quota(String),
     #[error("fleet: {0}")]
     Fleet(String),
+    /// The service runner's own state (a poisoned lock, a task still holding the daemon).
+    #[error("{0}")]
+    Service(String),
     /// `next_program` / `join_program_array`: the LB's pin or slot is not usable.
     #[error("{key}: {reason}")]
     Handoff { key: &'static str, reason: String },

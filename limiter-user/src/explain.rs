@@ -85,7 +85,7 @@ pub struct Explanation {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HookChain {
     pub interface: String,
-    pub chain: Vec<crate::program::ChainEntry>,
+    pub chain: Vec<crate::hook::ChainEntry>,
 }
 
 /// "at IFACE: 1. …" lines for [`render`].

@@ -32,7 +32,6 @@ use limiter_common::{
     abi::{RuleConfig, RuleCounters, RULE_CLOSED_UNTIL_LAPSE, RULE_IN_USE},
     gcra::Limit,
 };
-pub use limiter_fleet::clock::monotonic_ns;
 use limiter_fleet::share::{Grant, HeldShare, Share, ShareParams, ShareState};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant, RuleReport};
 
@@ -427,130 +426,6 @@ impl FleetState {
         }
         self.grants_refused += refused;
         refused
-    }
-}
-
-/// The host id must be a name of this host's client certificate (its DNS SANs, or its CN
-/// without any): the allocator refuses reports under any other name. Checked at start, so
-/// a mismatch stops the daemon with this error instead of every report being refused.
-pub fn check_host_identity(spec: &FleetSpec) -> Result<(), crate::Error> {
-    let cert = spec.cert.display();
-    let pem = std::fs::read(&spec.cert)
-        .map_err(|e| crate::Error::Fleet(format!("reading fleet.cert {cert}: {e}")))?;
-    let names = limiter_proto::pem_cert_host_names(&pem)
-        .map_err(|e| crate::Error::Fleet(format!("fleet.cert {cert}: {e}")))?;
-    if names.contains(&spec.host_id) {
-        return Ok(());
-    }
-    Err(crate::Error::Fleet(format!(
-        "fleet.host_id {:?} (default: the hostname) is not a name of the client certificate \
-         {cert} ({}): the allocator refuses reports under any other name; set host_id to one \
-         of them",
-        spec.host_id,
-        names.join(", ")
-    )))
-}
-
-fn lock(
-    d: &std::sync::Mutex<crate::daemon::Daemon>,
-) -> Result<std::sync::MutexGuard<'_, crate::daemon::Daemon>, crate::Error> {
-    d.lock()
-        .map_err(|_| crate::Error::Fleet("daemon state poisoned".into()))
-}
-
-/// Reports to the allocator until shutdown: every report interval, and early when an
-/// unsaturated share refuses frames (at most every 200 ms). Every call has a deadline; a
-/// failed call changes nothing: shares move to STICKY and FAIL_OPEN on their deadlines.
-pub async fn report_loop(
-    daemon: std::sync::Arc<std::sync::Mutex<crate::daemon::Daemon>>,
-    spec: FleetSpec,
-    shutdown: tokio::sync::broadcast::Sender<crate::control::Shutdown>,
-) -> Result<(), crate::Error> {
-    use std::time::Instant;
-
-    use limiter_proto::pb::allocator_client::AllocatorClient;
-    use tonic::transport::Endpoint;
-
-    let tls = limiter_proto::client_tls(
-        &limiter_proto::TlsFiles {
-            ca: &spec.ca,
-            cert: &spec.cert,
-            key: &spec.key,
-        },
-        &spec.server_name,
-    )
-    .map_err(|e| crate::Error::Fleet(e.to_string()))?;
-    let deadline = Duration::from_millis(spec.report_interval_ms.clamp(100, 2000) / 2);
-    let endpoint = Endpoint::from_shared(format!("https://{}", spec.allocator))
-        .and_then(|e| e.tls_config(tls))
-        .map_err(|e| crate::Error::Fleet(format!("allocator endpoint {}: {e}", spec.allocator)))?
-        .connect_timeout(deadline)
-        .timeout(deadline)
-        .local_address(spec.bind);
-    let mut client = AllocatorClient::new(endpoint.connect_lazy())
-        .max_decoding_message_size(limiter_proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(limiter_proto::MAX_MESSAGE_BYTES);
-    let mut interval = Duration::from_millis(spec.report_interval_ms);
-    let mut next = Instant::now();
-    let mut last_sent = Instant::now() - interval;
-    let mut failures = 0u64;
-    let mut tick_failures = 0u64;
-    let mut stop = shutdown.subscribe();
-    loop {
-        tokio::select! {
-            _ = stop.recv() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-        }
-        let early = last_sent.elapsed()
-            >= Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS)
-            && lock(&daemon)?.fleet_wants_early_report()?;
-        if Instant::now() >= next || early {
-            let Some(report) = lock(&daemon)?.fleet_report()? else {
-                return Ok(());
-            };
-            last_sent = Instant::now();
-            next = last_sent + interval;
-            match client.report(report).await {
-                Ok(reply) => {
-                    let reply = reply.into_inner();
-                    if reply.report_interval_ms > 0 {
-                        interval = Duration::from_millis(reply.report_interval_ms);
-                    }
-                    if failures > 0 {
-                        tracing::info!(after = failures, "allocator reachable again");
-                    }
-                    failures = 0;
-                    // A failure to install the shares is this host's problem, not the
-                    // allocator's: log it and keep reporting (the shares in force stay,
-                    // and move to STICKY on their deadlines).
-                    if let Err(e) = lock(&daemon)?.fleet_apply(&reply) {
-                        tracing::warn!("installing the allocator's grants failed: {e}");
-                    }
-                }
-                Err(status) => {
-                    failures += 1;
-                    // The first failure and then one in 30: an outage must not flood logs.
-                    if failures == 1 || failures.is_multiple_of(30) {
-                        tracing::warn!(
-                            failures,
-                            "report to the allocator failed: {}",
-                            status.message()
-                        );
-                    }
-                }
-            }
-        }
-        // Like a failed install of grants, a failed tick must not end reporting: the
-        // shares in force stay, the kernel keeps their deadlines, the next tick retries.
-        if let Err(e) = lock(&daemon)?.fleet_tick() {
-            tick_failures += 1;
-            if tick_failures == 1 || tick_failures.is_multiple_of(100) {
-                tracing::warn!(
-                    failures = tick_failures,
-                    "updating the fleet shares failed: {e}"
-                );
-            }
-        }
     }
 }
 

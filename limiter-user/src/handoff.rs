@@ -24,7 +24,7 @@ use aya::{
 use limiter_common::abi::{Handoff, MAX_HANDOFF_SLOTS};
 use serde::Serialize;
 
-use crate::{config::HandoffSpec, error::Error, program::Variant};
+use crate::{config::HandoffSpec, error::Error, object::Variant};
 
 /// What the LB's pinned prog array looks like (read before the program is loaded).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,5 +1,19 @@
 //! The limiter daemon: configuration, rule compilation, loading the XDP program, and
 //! reading its counters. The binary `limiter` is a thin CLI over this library.
+//!
+//! The modules form layers. A module imports only from its own layer (never in a
+//! circle) or from the layers below it; `tests/tests/layers.rs` reads this list and
+//! fails on an import that goes up or round, and on a module the list does not place.
+//!
+//! 1. Definitions, pure: `config`, `object`, `hook`, `shutdown`, `sketch_regions`,
+//!    `kernel`, `ruleset`, `verifier`, `error`.
+//! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
+//!    `tc_filter`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
+//!    `teardown`.
+//! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`.
+//! 4. The daemon, synchronous: `daemon`.
+//! 5. The service loops on the async runtime: `control`, `metrics`, `reporter`,
+//!    `service`.
 
 pub mod config;
 pub mod control;
@@ -8,18 +22,24 @@ pub mod error;
 pub mod explain;
 pub mod fleet;
 pub mod handoff;
+pub mod hook;
 pub mod kernel;
 pub mod libxdp;
 pub mod maps;
 pub mod metrics;
 pub mod netlink;
+pub mod object;
 pub mod pins;
 pub mod program;
+pub mod reporter;
 pub mod ruleset;
+pub mod service;
+pub mod shutdown;
 pub mod sketch_regions;
 pub mod stats;
 pub mod takeover;
 pub mod tc_filter;
+pub mod teardown;
 pub mod verifier;
 
 pub use error::Error;

@@ -703,7 +703,7 @@ pub fn freplace_refusal() -> Option<String> {
             .map_err(|e| e.to_string())?;
         let mut component = EbpfLoader::new()
             .extension(PROBE_COMPONENT)
-            .load(crate::program::BASELINE_OBJECT)
+            .load(crate::object::BASELINE_OBJECT)
             .map_err(|e| format!("loading the probe object: {e}"))?;
         let ext: &mut Extension = component
             .program_mut(PROBE_COMPONENT)
@@ -844,9 +844,9 @@ fn remove_dir(dir: &Path) {
 }
 
 /// The chain a dispatcher runs: the dispatcher, then each component in order.
-pub fn chain(d: &Dispatcher) -> Vec<crate::program::ChainEntry> {
+pub fn chain(d: &Dispatcher) -> Vec<crate::hook::ChainEntry> {
     let n = d.components.len();
-    let mut out = vec![crate::program::ChainEntry {
+    let mut out = vec![crate::hook::ChainEntry {
         program_id: d.program_id,
         name: PROGRAM_NAME.into(),
         limiter: false,
@@ -862,7 +862,7 @@ pub fn chain(d: &Dispatcher) -> Vec<crate::program::ChainEntry> {
         } else {
             format!("component {}", c.slot + 2)
         };
-        out.push(crate::program::ChainEntry {
+        out.push(crate::hook::ChainEntry {
             program_id: c.program_id,
             name: c.name.clone(),
             limiter: c.limiter,

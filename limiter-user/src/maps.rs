@@ -673,7 +673,7 @@ impl Maps {
         kept: &BTreeMap<u32, (Limit, u32)>,
     ) -> Result<u64, Error> {
         let meta = self.sketch_meta()?;
-        let now = limiter_common::gcra::ticks_from_ns(crate::fleet::monotonic_ns());
+        let now = limiter_common::gcra::ticks_from_ns(limiter_fleet::clock::monotonic_ns());
         let mut carried = 0u64;
         for entry in lru.iter() {
             let (key, bucket) = entry.map_err(map_err("reading SRC_BUCKETS"))?;

@@ -1,5 +1,5 @@
 //! Prometheus text exposition: a pure renderer over a snapshot, served on the configured
-//! address by limiter_http (`GET`/`HEAD /metrics`).
+//! address by limiter_service::metrics (`GET`/`HEAD /metrics`).
 
 use std::{
     fmt::Write as _,
@@ -12,9 +12,9 @@ use limiter_common::share::ShareState;
 use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
-    control::Shutdown,
     daemon::{Daemon, QuotaEntry},
-    program::Variant,
+    object::Variant,
+    shutdown::Shutdown,
     stats::StatsReport,
 };
 

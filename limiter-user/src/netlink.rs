@@ -1,12 +1,15 @@
 //! rtnetlink, by hand: the few requests the limiter makes that aya does not expose (the
 //! TC filter dump, and the XDP attachment as libxdp makes it, through netlink rather than
-//! a bpf_link so that libxdp can replace it). Parsing is pure and stops at the first
+//! a bpf_link so that libxdp can replace it), and finding an interface's index. Parsing is pure and stops at the first
 //! malformed attribute rather than reading past it.
 
 use std::{
+    ffi::CString,
     io,
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
+
+use crate::error::Error;
 
 pub(crate) const NLM_F_REQUEST: u16 = 1;
 pub(crate) const NLM_F_ACK: u16 = 4;
@@ -253,6 +256,23 @@ pub(crate) fn set_xdp(
         &message(RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK, &body),
         |_, _| {},
     )
+}
+
+/// The index of interface `iface`.
+pub(crate) fn ifindex_of(iface: &str) -> Result<u32, Error> {
+    let c = CString::new(iface).map_err(|_| Error::Link {
+        what: format!("finding interface {iface:?}"),
+        reason: "a NUL byte in the name".into(),
+    })?;
+    // SAFETY: a valid NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if index == 0 {
+        return Err(Error::Io {
+            what: format!("finding interface {iface}"),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(index)
 }
 
 #[cfg(test)]

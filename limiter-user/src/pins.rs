@@ -5,7 +5,8 @@
 //! `taken_<iface>` (`xdp_share_fallback`). Anything else in the directory (another
 //! tool's pins, a subdirectory), and anything under one of those names that is not what
 //! the limiter would have put there (a map of another name, a link running another
-//! program), is someone else's: cleanup leaves it and says so, and nothing replaces it.
+//! program), is someone else's: cleanup ([`crate::teardown`]) leaves it and says so, and
+//! nothing replaces it.
 
 use std::{
     ffi::CString,
@@ -17,7 +18,24 @@ use std::{
 use aya::{maps::MapInfo, programs::links::PinnedLink};
 use limiter_common::abi::{map_name, PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC};
 
-use crate::{error::Error, program::LINK_PIN_PREFIX, takeover::TAKEN_PIN_PREFIX};
+use crate::error::Error;
+
+/// Where the link of `iface` is pinned.
+pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
+    pin_dir.join(format!("{LINK_PIN_PREFIX}{iface}"))
+}
+
+/// Pinned links are named `link_<interface>` under pin_dir.
+pub const LINK_PIN_PREFIX: &str = "link_";
+
+/// The program the limiter took the hook of `<iface>` from is pinned as
+/// `taken_<iface>` under pin_dir.
+pub const TAKEN_PIN_PREFIX: &str = "taken_";
+
+/// Where the program taken from the hook of `iface` is pinned.
+pub fn taken_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
+    pin_dir.join(format!("{TAKEN_PIN_PREFIX}{iface}"))
+}
 
 /// A name the limiter pins under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,23 +190,8 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
     }
 }
 
-/// What [`remove_pins`] did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Cleanup {
-    pub removed: Vec<PathBuf>,
-    /// The limiter's cls_bpf filters (TC mode on kernels without tcx) and libxdp
-    /// dispatcher components removed: which interface, which hook.
-    pub removed_filters: Vec<String>,
-    /// What was left in place, and why it is not the limiter's.
-    pub left: Vec<(PathBuf, String)>,
-    /// Prog array slots the limiter was in (`join_program_array`), emptied.
-    pub removed_slots: Vec<String>,
-    /// Hooks the limiter had taken over (`xdp_share_fallback`), given back.
-    pub gave_back: Vec<String>,
-}
-
 /// Every entry of `pin_dir` (empty if the directory does not exist).
-fn entries(pin_dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
+pub(crate) fn entries(pin_dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     let read = match fs::read_dir(pin_dir) {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -225,101 +228,6 @@ pub fn limiter_links(pin_dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
             _ => None,
         })
         .collect())
-}
-
-/// Removes what the limiter pinned under `pin_dir`: its links first (enforcement stops
-/// on every interface), then its maps, then the directory if nothing else is in it.
-/// Anything else is left where it is and reported.
-pub fn remove_pins(pin_dir: &Path) -> Result<Cleanup, Error> {
-    let mut cleanup = Cleanup::default();
-    let mut links = Vec::new();
-    let mut maps = Vec::new();
-    for (name, path) in entries(pin_dir)? {
-        match parse_name(&name) {
-            None => cleanup
-                .left
-                .push((path, "not a name the limiter pins under".into())),
-            Some(pin) => match check_ours(&path, pin) {
-                Err(why) => cleanup.left.push((path, why)),
-                Ok(()) if matches!(pin, PinName::Link(_)) => links.push(path),
-                // Removed as the hook is given back, below.
-                Ok(()) if matches!(pin, PinName::Taken(_)) => {}
-                Ok(()) => maps.push(path),
-            },
-        }
-    }
-    // Filters and links before maps: one removed last would keep the program running
-    // on maps that no longer have a name. A filter is found by the maps its program
-    // uses, so it must go while they are still pinned.
-    let filters = crate::tc_filter::limiter_filters(pin_dir).map_err(|e| Error::Io {
-        what: "listing the interfaces' TC filters".into(),
-        source: e,
-    })?;
-    // The same for the LB slots the limiter joined: they run the program without a pin.
-    if let Some(control) = crate::tc_filter::control_map_id(pin_dir) {
-        cleanup.removed_slots = crate::handoff::leave_prog_arrays(control)?;
-    }
-    for (iface, filter) in filters {
-        crate::tc_filter::remove(&iface, &filter).map_err(|reason| Error::Link {
-            what: format!("removing the limiter's {} from {iface}", filter.describe()),
-            reason,
-        })?;
-        cleanup
-            .removed_filters
-            .push(format!("{iface}: {}", filter.describe()));
-    }
-    // The hooks taken over (netlink-attached, no pin of their own) are found the same
-    // way; each gets its program back before the maps go.
-    let control = crate::tc_filter::control_map_id(pin_dir);
-    for (iface, ifindex) in crate::takeover::held_interfaces(pin_dir, control)? {
-        let done = match control {
-            Some(control) if ifindex != 0 => {
-                crate::takeover::give_back(pin_dir, &iface, ifindex, control)?
-            }
-            _ => {
-                let pin = crate::takeover::taken_pin_path(pin_dir, &iface);
-                fs::remove_file(&pin).map_err(|e| Error::Io {
-                    what: format!("removing {}", pin.display()),
-                    source: e,
-                })?;
-                Some(format!(
-                    "{iface}: removed {} (no such interface)",
-                    pin.display()
-                ))
-            }
-        };
-        cleanup.gave_back.extend(done);
-    }
-    // Dispatcher components are found the same way.
-    for (iface, ifindex) in crate::libxdp::joined_interfaces(pin_dir)? {
-        let Some(control) = crate::tc_filter::control_map_id(pin_dir) else {
-            break;
-        };
-        crate::libxdp::leave(&iface, ifindex, control)?;
-        cleanup.removed_filters.push(format!(
-            "{iface}: the limiter's libxdp dispatcher component"
-        ));
-    }
-    for path in links.into_iter().chain(maps) {
-        fs::remove_file(&path).map_err(|e| Error::Io {
-            what: format!("removing {}", path.display()),
-            source: e,
-        })?;
-        cleanup.removed.push(path);
-    }
-    if cleanup.left.is_empty() && pin_dir.exists() {
-        // Best effort: the pins are gone, which is what stops enforcement. A directory
-        // that cannot go (a mount point such as /sys/fs/bpf itself) is reported, kept.
-        if let Err(e) = fs::remove_dir(pin_dir) {
-            cleanup
-                .left
-                .push((pin_dir.to_path_buf(), format!("the directory stays: {e}")));
-        }
-    }
-    for (path, why) in &cleanup.left {
-        tracing::warn!(path = %path.display(), "left in place: {why}");
-    }
-    Ok(cleanup)
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@ use std::{
 };
 
 use aya::{
-    include_bytes_aligned,
     maps::MapInfo,
     programs::{
         links::{FdLink, PinnedLink},
@@ -24,25 +23,22 @@ use limiter_common::{
         map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
         HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
         SynCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
-        PROGRAM_NAME, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC,
+        PROGRAM_NAME_LIBXDP, PROGRAM_NAME_TC,
     },
     sketch::{self, SketchCounters, SketchMeta},
 };
 
 use crate::{
-    config::XdpMode as ConfigXdpMode, error::Error, kernel, libxdp, maps::Maps, tc_filter,
+    config::XdpMode as ConfigXdpMode,
+    error::Error,
+    hook::ChainEntry,
+    kernel, libxdp,
+    maps::Maps,
+    netlink::ifindex_of,
+    object::{AlignedObject, Variant, OBJECT},
+    pins::link_pin_path,
+    tc_filter,
 };
-
-/// The XDP object, built by build.rs.
-pub static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter.bpf.o"));
-/// Reference programs `baseline_pass` and `baseline_drop` (benchmarks compare against
-/// them).
-pub static BASELINE_OBJECT: &[u8] =
-    include_bytes_aligned!(concat!(env!("OUT_DIR"), "/baseline.bpf.o"));
-/// A stand-in load balancer (`standin_lb`, `standin_lb_v2`, `standin_root`) for tests and
-/// benchmarks of the tail-call handoff.
-pub static STANDIN_LB_OBJECT: &[u8] =
-    include_bytes_aligned!(concat!(env!("OUT_DIR"), "/standin_lb.bpf.o"));
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -91,48 +87,6 @@ impl AttachedMode {
             AttachedMode::Native => "native",
             AttachedMode::Generic => "generic",
             AttachedMode::Tc => "tc",
-        }
-    }
-}
-
-/// Which build of the program runs on an interface. Both share every map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
-    /// Loaded without `frags`: the kernel only hands it single-buffer frames, so it reads
-    /// the frame length without a helper call. Preferred in native mode.
-    Linear,
-    /// `xdp.frags`: for interfaces whose MTU needs several buffers per frame (the kernel
-    /// refuses the linear build there), and for generic mode, where the linear build
-    /// would make the kernel linearize every multi-buffer skb.
-    MultiBuffer,
-    /// A classifier at TC ingress (`xdp_mode = "tc"`).
-    Tc,
-    /// The single-buffer build without the handoff, as an freplace component of a libxdp
-    /// dispatcher (`xdp_share = "libxdp"`; loaded only then, so not in [`Variant::ALL`]).
-    Libxdp,
-}
-
-impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::Linear, Variant::MultiBuffer, Variant::Tc];
-    /// The XDP builds.
-    pub const XDP: [Variant; 2] = [Variant::Linear, Variant::MultiBuffer];
-
-    /// The program's name in the object.
-    pub fn program_name(self) -> &'static str {
-        match self {
-            Variant::Linear => PROGRAM_NAME_LINEAR,
-            Variant::MultiBuffer => PROGRAM_NAME,
-            Variant::Tc => PROGRAM_NAME_TC,
-            Variant::Libxdp => PROGRAM_NAME_LIBXDP,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Variant::Linear => "linear",
-            Variant::MultiBuffer => "multi-buffer",
-            Variant::Tc => "tc",
-            Variant::Libxdp => "libxdp component",
         }
     }
 }
@@ -297,17 +251,6 @@ impl Attachment {
     }
 }
 
-/// One program at an interface's hook, in run order.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ChainEntry {
-    pub program_id: u32,
-    pub name: String,
-    /// A build of this limiter.
-    pub limiter: bool,
-    /// How the frame gets here and goes on.
-    pub how: String,
-}
-
 impl Attachment {
     /// What runs at the hook of this interface, in order (empty if it cannot be read).
     pub fn chain(&self) -> Vec<ChainEntry> {
@@ -376,14 +319,6 @@ impl Attachment {
         }
     }
 }
-
-/// Where the link of `iface` is pinned.
-pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
-    pin_dir.join(format!("{LINK_PIN_PREFIX}{iface}"))
-}
-
-/// Pinned links are named `link_<interface>` under pin_dir.
-pub const LINK_PIN_PREFIX: &str = "link_";
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
 fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 20] {
@@ -1391,22 +1326,6 @@ fn remove_filters(
     Ok(())
 }
 
-pub(crate) fn ifindex_of(iface: &str) -> Result<u32, Error> {
-    let c = CString::new(iface).map_err(|_| Error::Link {
-        what: format!("finding interface {iface:?}"),
-        reason: "a NUL byte in the name".into(),
-    })?;
-    // SAFETY: a valid NUL-terminated name.
-    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if index == 0 {
-        return Err(Error::Io {
-            what: format!("finding interface {iface}"),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(index)
-}
-
 /// A load error of one build: the verifier's refusal with its log and the kernel
 /// version, or (for anything else aya reports) the error as it is.
 fn refused(variant: Variant, e: aya::programs::ProgramError) -> Error {
@@ -1426,34 +1345,6 @@ fn refused(variant: Variant, e: aya::programs::ProgramError) -> Error {
             what: format!("loading (verifying) the program {}", variant.program_name()),
             source: Box::new(e),
         },
-    }
-}
-
-/// An object file's bytes at 8-byte alignment.
-pub struct AlignedObject {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl AlignedObject {
-    /// A copy of `bytes` at 8-byte alignment.
-    pub fn from_bytes(bytes: &[u8]) -> AlignedObject {
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
-        for (word, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            *word = u64::from_ne_bytes(b);
-        }
-        AlignedObject {
-            words,
-            len: bytes.len(),
-        }
-    }
-
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: `words` holds at least `len` initialised bytes, and u8 has no alignment
-        // or validity requirement.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
     }
 }
 

@@ -1187,4 +1187,44 @@ mod tests {
             }
         }
     }
+
+    /// A per-source rule that names no prefix buckets IPv6 sources by their /64: every
+    /// address of one subscriber's /64 meets the same bucket, another /64 its own.
+    #[test]
+    fn per_source_buckets_an_ipv6_subscriber_by_its_64() {
+        let c = crate::config::Config::parse(
+            "[[rules]]\nname = \"v6-subscribers\"\ndst = \"2001:db8::10\"\n\
+             [rules.per_source]\nrate = 10\nburst = 10\n",
+            std::path::Path::new("test.toml"),
+        )
+        .unwrap();
+        let slots = assign_slots(&BTreeMap::new(), &c.rules).unwrap();
+        let table = compile(&c.rules, &slots).unwrap();
+        let rule = table.rule(slots["v6-subscribers"]).unwrap();
+        let key = |addr: &str| {
+            let addr: std::net::Ipv6Addr = addr.parse().unwrap();
+            limiter_common::abi::SourceKey::masked(
+                0,
+                6,
+                &addr.octets(),
+                rule.source_prefix_v4,
+                rule.source_prefix_v6,
+            )
+        };
+        // Rotating through the low 64 bits (privacy addresses, or an attacker walking its
+        // own /64) finds no fresh bucket.
+        let home = key("2001:db8:1:2::1");
+        for other in [
+            "2001:db8:1:2::2",
+            "2001:db8:1:2:ffff:ffff:ffff:ffff",
+            "2001:db8:1:2:8000::",
+        ] {
+            assert_eq!(key(other), home, "{other} left its /64's bucket");
+        }
+        assert_ne!(
+            key("2001:db8:1:3::1"),
+            home,
+            "another /64 shares the bucket"
+        );
+    }
 }

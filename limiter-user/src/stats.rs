@@ -100,7 +100,7 @@ fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Er
         } else {
             "enforce"
         },
-        state: share_state_at(rule, crate::fleet::monotonic_ns()).as_str(),
+        state: share_state_at(rule, limiter_fleet::clock::monotonic_ns()).as_str(),
         rate: has_aggregate.then_some(rule.rate),
         burst: has_aggregate.then_some(rule.burst),
         passed_packets: c.passed_packets,
@@ -123,7 +123,7 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
     let h = maps.header_counters()?;
     let sketch = maps.sketch_counters()?;
     let fill = maps.sketch_busy(limiter_common::gcra::ticks_from_ns(
-        crate::fleet::monotonic_ns(),
+        limiter_fleet::clock::monotonic_ns(),
     ))?;
     Ok(StatsReport {
         rules,

@@ -18,7 +18,7 @@
 use std::{
     fs,
     os::fd::{AsFd as _, AsRawFd as _},
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use aya::programs::{links::LinkType, loaded_links, ProgramFd, ProgramInfo};
@@ -27,17 +27,9 @@ use crate::{
     config::XdpMode as ConfigXdpMode,
     error::Error,
     netlink::{self, XdpAttached, XDP_FLAGS_DRV_MODE, XDP_FLAGS_SKB_MODE},
-    pins, tc_filter,
+    pins::{self, taken_pin_path},
+    tc_filter,
 };
-
-/// The program the limiter took the hook of `<iface>` from is pinned as
-/// `taken_<iface>` under pin_dir.
-pub const TAKEN_PIN_PREFIX: &str = "taken_";
-
-/// Where the program taken from the hook of `iface` is pinned.
-pub fn taken_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
-    pin_dir.join(format!("{TAKEN_PIN_PREFIX}{iface}"))
-}
 
 /// What holds one interface's XDP hook, as the fallback sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,7 +212,7 @@ pub fn plan(pin_dir: &Path, ifaces: &[String]) -> Result<Plan, Error> {
     }
     let mut steps = Vec::new();
     for iface in ifaces {
-        let ifindex = crate::program::ifindex_of(iface)?;
+        let ifindex = crate::netlink::ifindex_of(iface)?;
         let found = inspect(iface, ifindex, control)?;
         let step = decide(&found, refusal.as_deref()).map_err(|r| sharing(iface, r))?;
         steps.push((iface.clone(), step));

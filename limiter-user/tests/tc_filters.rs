@@ -21,7 +21,7 @@ use common::{join, Daemon, Lab, LIMITER};
 use limiter_tests::{rx::RxCounter, scenario::udp_to_host, traffic::SendPlan};
 use limiter_user::{
     kernel,
-    program::BASELINE_OBJECT,
+    object::BASELINE_OBJECT,
     tc_filter::{self, HANDLE, PRIORITY},
 };
 

@@ -44,7 +44,7 @@ fn section(elf: &[u8], name: &str) -> std::ops::Range<usize> {
 /// every relocation stay valid (the first instruction is no map load), so aya loads the
 /// object and only the verifier can refuse it.
 fn broken_object() -> Vec<u8> {
-    let mut elf = limiter_user::program::OBJECT.to_vec();
+    let mut elf = limiter_user::object::OBJECT.to_vec();
     let text = section(&elf, MULTI_BUFFER_SECTION);
     let first = &mut elf[text.start..text.start + 8];
     assert_ne!(

@@ -10,7 +10,8 @@ use limiter_user::{
     config::Config,
     daemon::apply_rules,
     maps::Maps,
-    program::{LoadOptions, Program, Variant},
+    object::Variant,
+    program::{LoadOptions, Program},
     ruleset::RuleTable,
 };
 

@@ -12,7 +12,8 @@ use aya::{
 use limiter_common::abi::Handoff;
 use limiter_user::{
     maps::Maps,
-    program::{Program, Variant, STANDIN_LB_OBJECT},
+    object::{Variant, STANDIN_LB_OBJECT},
+    program::Program,
 };
 
 /// The LB program: counts in `LB_SEEN[0]`, returns XDP_TX.

@@ -12,7 +12,7 @@ use aya::{
     },
     Ebpf,
 };
-use limiter_user::program::BASELINE_OBJECT;
+use limiter_user::object::BASELINE_OBJECT;
 
 /// Frames and bytes, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

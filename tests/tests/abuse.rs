@@ -186,7 +186,7 @@ fn busy_cells(path: &Path) -> u64 {
     let map = aya::maps::Map::from_map_data(data).unwrap();
     let cells: aya::maps::Array<_, Bucket> =
         aya::maps::Array::try_from(map).expect("SRC_SKETCH as an array");
-    let now = gcra::ticks_from_ns(limiter_user::fleet::monotonic_ns());
+    let now = gcra::ticks_from_ns(limiter_fleet::clock::monotonic_ns());
     cells
         .iter()
         .filter(|c| !sketch::at_rest(c.as_ref().unwrap().tat, now))

@@ -13,7 +13,8 @@ use limiter_tests::{
 use limiter_user::{
     config::{Config, XdpMode},
     daemon::apply_rules,
-    program::{AttachedMode, LoadOptions, Program, Variant},
+    object::Variant,
+    program::{AttachedMode, LoadOptions, Program},
 };
 
 /// The rule's rate and burst (a tenth in an emulated guest, which cannot offer 2 × 20 k/s).

@@ -12,7 +12,7 @@ use limiter_tests::{
     frame::{FrameBuilder, ETH_P_LLDP},
     handoff::{HandoffArrays, StandinLb, LB, LB_V2, ROOT, XDP_DROP, XDP_PASS, XDP_TX},
 };
-use limiter_user::program::Variant;
+use limiter_user::object::Variant;
 
 /// One rule with a burst of 3 and a rate too low to refill during the test.
 const RULES: &str = r#"

@@ -14,7 +14,8 @@ use limiter_common::abi::{map_name, DEFAULT_MAX_SOURCES};
 use limiter_tests::netns::VethPair;
 use limiter_user::{
     config::XdpMode,
-    program::{LoadOptions, Program, Variant, OBJECT},
+    object::{Variant, OBJECT},
+    program::{LoadOptions, Program},
 };
 
 fn uname(flag: &str) -> String {

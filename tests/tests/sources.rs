@@ -263,7 +263,10 @@ fn cgroup_memory() -> Option<u64> {
 #[test]
 fn memory_per_source_at_1m_and_16m() {
     use limiter_common::sketch;
-    use limiter_user::program::{LoadOptions, Program, Variant, BASELINE_OBJECT};
+    use limiter_user::{
+        object::{Variant, BASELINE_OBJECT},
+        program::{LoadOptions, Program},
+    };
     limiter_tests::netns::require_root().unwrap();
     eprintln!("max_sources  sketch memlock  program memlock  cgroup delta  LRU memlock");
     for max_sources in [1u32 << 20, 1 << 24] {
@@ -422,7 +425,7 @@ fn an_upgrade_carries_the_lru_state_into_the_sketch() {
     let mut src = [0u8; 16];
     src[..4].copy_from_slice(&THROTTLED.octets());
     let key = SourceKey::masked(slot, 4, &src, 32, 128);
-    let now_ns = limiter_user::fleet::monotonic_ns();
+    let now_ns = limiter_fleet::clock::monotonic_ns();
     // Ten minutes in debt: still in debt after the second load, however slow the
     // verifier (under TCG emulation it takes many seconds).
     let debt = limiter_common::gcra::ticks_from_ns(now_ns + 600_000_000_000);

@@ -10,7 +10,7 @@ use limiter_tests::{
     fixture::{self, delta, Loaded},
     frame::{self, FrameBuilder, Ipv6Ext, ETH_P_8021AD, ETH_P_8021Q, ETH_P_LLDP, TCP_ACK, TCP_SYN},
 };
-use limiter_user::program::Variant;
+use limiter_user::object::Variant;
 
 const XDP_ABORTED: u32 = 0;
 const XDP_DROP: u32 = 1;

@@ -2,7 +2,8 @@ use std::time::{Duration, Instant};
 
 use limiter_user::{
     control::{call, ControlError, Request},
-    pins::{self, Cleanup},
+    pins,
+    teardown::{self, Cleanup},
 };
 
 use super::{PinDirArg, SocketArg};
@@ -37,7 +38,7 @@ pub fn execute(args: DetachArgs) -> anyhow::Result<()> {
                 left,
                 removed_slots,
                 gave_back,
-            } = pins::remove_pins(pin_dir)?;
+            } = teardown::remove_pins(pin_dir)?;
             if removed.is_empty()
                 && removed_filters.is_empty()
                 && left.is_empty()

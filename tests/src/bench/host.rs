@@ -7,8 +7,7 @@ use aya::{
     Ebpf,
 };
 use limiter_user::{
-    config::XdpMode as ConfigXdpMode,
-    program::{AttachedMode, BASELINE_OBJECT},
+    config::XdpMode as ConfigXdpMode, object::BASELINE_OBJECT, program::AttachedMode,
 };
 
 use super::nft::{NftLimit, NftTable};

@@ -46,7 +46,8 @@ use limiter_tests::{
 };
 use limiter_user::{
     config::MAX_MAX_SOURCES,
-    program::{LoadOptions, Program, Variant, BASELINE_OBJECT},
+    object::{Variant, BASELINE_OBJECT},
+    program::{LoadOptions, Program},
 };
 
 /// The BPF_PROG_TEST_RUN report, next to the end-to-end one.
@@ -700,7 +701,7 @@ fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
         .context("linking the limiter's component to the second dispatcher")?;
     let mut lb_object = aya::EbpfLoader::new()
         .extension(limiter_tests::handoff::LB)
-        .load(limiter_user::program::STANDIN_LB_OBJECT)
+        .load(limiter_user::object::STANDIN_LB_OBJECT)
         .context("loading the stand-in LB as a component")?;
     let lb: &mut aya::programs::Extension = lb_object
         .program_mut(limiter_tests::handoff::LB)

@@ -1,0 +1,150 @@
+//! The daemon as a service: the async runtime's tasks around one [`Daemon`]. Signals
+//! (SIGINT/SIGTERM end it, SIGHUP reloads), the counters' history and the handoff's
+//! follow-up every second, the control socket ([`crate::control::serve`]), the metrics
+//! endpoint ([`crate::metrics::serve`]) and the fleet reports
+//! ([`crate::reporter::report_loop`]). Every task subscribes to one [`Shutdown`]
+//! broadcast; when it fires they stop, and the daemon stops the way it says.
+//!
+//! A task that fails (the metrics port taken, the allocator's endpoint unusable) logs and
+//! ends alone: enforcement is the kernel's and carries on without it.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    sync::broadcast,
+    task::JoinSet,
+};
+
+use crate::{control, daemon::Daemon, error::Error, metrics, reporter, shutdown::Shutdown};
+
+/// How long a metrics scrape in flight may keep the daemon's state shared at exit.
+const RELEASE_DEADLINE: Duration = Duration::from_secs(2);
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        what: what.to_string(),
+        source,
+    }
+}
+
+/// Serves `daemon` until a signal or `limiter detach`, then stops it: on SIGINT/SIGTERM
+/// enforcement stays in the kernel (unless `detach_on_exit`), on `limiter detach` every
+/// pin goes.
+pub async fn run(daemon: Daemon, detach_on_exit: bool) -> Result<(), Error> {
+    let socket_path = daemon.config().control_socket.clone();
+    let metrics_addr = daemon.config().metrics;
+    let fleet_spec = daemon.config().fleet.clone();
+    let daemon = Arc::new(Mutex::new(daemon));
+    let (shutdown, mut shutdown_rx) = broadcast::channel::<Shutdown>(4);
+    let mut tasks = JoinSet::new();
+
+    for kind in [SignalKind::interrupt(), SignalKind::terminate()] {
+        let tx = shutdown.clone();
+        let mut stream = signal(kind).map_err(io("installing a signal handler"))?;
+        tasks.spawn(async move {
+            stream.recv().await;
+            tracing::info!(signal = ?kind, "shutting down");
+            let _ = tx.send(Shutdown::Exit);
+        });
+    }
+    let mut hangup = signal(SignalKind::hangup()).map_err(io("installing the SIGHUP handler"))?;
+    let d = Arc::clone(&daemon);
+    tasks.spawn(async move {
+        while hangup.recv().await.is_some() {
+            let result = d.lock().map(|mut d| d.reload());
+            match result {
+                Ok(Ok(r)) => tracing::info!(rules = r.rules, "SIGHUP: config reloaded"),
+                Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, rules unchanged: {e}"),
+                Err(_) => tracing::error!("SIGHUP: daemon state poisoned"),
+            }
+        }
+    });
+    let d = Arc::clone(&daemon);
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if let Ok(mut d) = d.lock() {
+                if let Err(e) = d.record_history() {
+                    tracing::warn!("sampling counters: {e}");
+                }
+                if let Err(e) = d.follow_handoff() {
+                    tracing::warn!("following next_program: {e}");
+                }
+            }
+        }
+    });
+    let listener = daemon
+        .lock()
+        .map_err(|_| Error::Service("daemon state poisoned".into()))?
+        .take_control_listener()
+        .ok_or_else(|| Error::Service("the control socket was already taken".into()))?;
+    let listener = control::listen(listener)?;
+    tracing::info!(socket = %socket_path.display(), "control socket listening");
+    tasks.spawn(control::serve(
+        listener,
+        Arc::clone(&daemon),
+        shutdown.clone(),
+    ));
+    if let Some(addr) = metrics_addr {
+        let (d, tx) = (Arc::clone(&daemon), shutdown.clone());
+        tasks.spawn(async move {
+            // A metrics failure must not stop enforcement: log it and carry on.
+            if let Err(e) = metrics::serve(addr, d, tx).await {
+                tracing::error!("metrics endpoint disabled: {e}");
+            }
+        });
+    }
+    if let Some(spec) = fleet_spec {
+        tracing::info!(allocator = %spec.allocator, host = %spec.host_id, "fleet mode: reporting to the allocator");
+        let (d, tx) = (Arc::clone(&daemon), shutdown.clone());
+        tasks.spawn(async move {
+            // The report loop ends only on a local fault; enforcement carries on, and the
+            // shares age through STICKY and FAIL_OPEN in the kernel on their deadlines.
+            if let Err(e) = reporter::report_loop(d, spec, tx).await {
+                tracing::error!("fleet reporting stopped: {e}");
+            }
+        });
+    }
+    let reason = shutdown_rx.recv().await.unwrap_or(Shutdown::Exit);
+    let _ = shutdown.send(reason);
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    let daemon = release(daemon).await?;
+    // Either way the daemon removes its control socket last (if it is still its own):
+    // `limiter detach` waits for the socket to go as the sign that all is done.
+    match reason {
+        Shutdown::Detach => daemon.detach_all().map(|cleanup| {
+            tracing::info!(
+                pins = cleanup.removed.len(),
+                filters = cleanup.removed_filters.len(),
+                left = cleanup.left.len(),
+                "detached and removed the limiter's pins"
+            );
+        }),
+        Shutdown::Exit => daemon.stop(detach_on_exit),
+    }
+}
+
+/// The daemon back from the tasks that shared it. A metrics scrape may hold it for the
+/// moment of one render.
+async fn release(mut shared: Arc<Mutex<Daemon>>) -> Result<Daemon, Error> {
+    let deadline = Instant::now() + RELEASE_DEADLINE;
+    let daemon = loop {
+        match Arc::try_unwrap(shared) {
+            Ok(daemon) => break daemon,
+            Err(back) if Instant::now() < deadline => {
+                shared = back;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(_) => return Err(Error::Service("daemon state still shared at exit".into())),
+        }
+    };
+    daemon
+        .into_inner()
+        .map_err(|_| Error::Service("daemon state poisoned".into()))
+}

@@ -6,16 +6,16 @@ use aya::{
     programs::{SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf,
 };
+use limiter_tests::{
+    fixture::{self, Loaded, Snapshot},
+    scenario::HOST_V4,
+};
 use limiter_user::{
     config::XdpMode as ConfigXdpMode,
     program::{AttachedMode, BASELINE_OBJECT},
 };
 
 use super::nft::{NftLimit, NftTable};
-use crate::{
-    fixture::{self, Loaded, Snapshot},
-    scenario::HOST_V4,
-};
 
 /// Frames the host end has received (`rx_packets`: for veth with XDP, every frame XDP
 /// ran on, whatever its verdict) and dropped before XDP or the stack saw it.

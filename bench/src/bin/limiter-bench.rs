@@ -3,7 +3,7 @@
 //! 1. **prog-test-run**: what the XDP program costs per 64-byte frame under
 //!    BPF_PROG_TEST_RUN, as a ratio to the trivial `baseline_pass` program measured in the
 //!    same run with the same method (this file; `target/bench/prog-test-run.md`).
-//! 2. **end to end** over a veth pair (`limiter_tests::bench`): drop rate vs plain
+//! 2. **end to end** over a veth pair (the `limiter_bench` library): drop rate vs plain
 //!    XDP_DROP, CPU time per frame vs nftables, admitted vs configured rate, with plots
 //!    (`target/bench/report.md`, `admitted-vs-offered.svg`, `burst.svg`).
 //!
@@ -38,9 +38,9 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
     Ebpf, EbpfLoader,
 };
+use limiter_bench::{self as bench, report};
 use limiter_common::sketch::{self, SketchMeta};
 use limiter_tests::{
-    bench::{self, report},
     fixture::{self, Loaded, Snapshot},
     frame::{with_ipv4_src, FrameBuilder, TCP_ACK},
 };

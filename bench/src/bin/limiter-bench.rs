@@ -22,7 +22,7 @@
 //! it is named after (e.g. no per-source insert failed, the full LRU really evicts).
 //! Output: a table on stdout and the same as Markdown in `target/bench/prog-test-run.md`.
 //!
-//! Run as root: `cargo run --release -p limiter-tests --bin limiter-bench [-- PART...]`.
+//! Run as root: `cargo run --release -p limiter-bench --bin limiter-bench [-- PART...]`.
 
 use std::{
     fmt::Write as _,
@@ -257,7 +257,7 @@ impl Parts {
             "cargo xtask bench".to_string()
         } else {
             format!(
-                "cargo run --release -p limiter-tests --bin limiter-bench -- {}",
+                "cargo run --release -p limiter-bench --bin limiter-bench -- {}",
                 self.named.join(" ")
             )
         }
@@ -1421,7 +1421,7 @@ fn markdown_table(rows: &[[String; 5]]) -> String {
 fn bench_dir() -> Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .context("the tests crate has no parent directory")?;
+        .context("the limiter-bench crate has no parent directory")?;
     // A guest sees the workspace read-only but for its output directory.
     let dir = match std::env::var_os("LIMITER_BENCH_DIR") {
         Some(dir) => PathBuf::from(dir),

@@ -1,6 +1,7 @@
-//! Kernel test harness for limiter, shared by the test suites and the benchmark.
+//! Kernel test harness for limiter, shared by the test suites (tests/tests/) and the
+//! benchmark and lab (the limiter-bench crate).
 
-pub mod bench;
+pub mod binaries;
 pub mod evasion;
 pub mod fixture;
 pub mod frame;

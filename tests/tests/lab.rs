@@ -4,9 +4,11 @@
 
 use std::process::Command;
 
+use limiter_tests::binaries::LIMITER_LAB;
+
 #[test]
 fn lab_limits_the_abusive_flows_and_cleans_up() {
-    let out = Command::new(env!("CARGO_BIN_EXE_limiter-lab"))
+    let out = Command::new(LIMITER_LAB)
         .args(["--duration", "4"])
         .output()
         .expect("running limiter-lab");
@@ -38,7 +40,7 @@ fn lab_limits_the_abusive_flows_and_cleans_up() {
 /// traffic), none it dropped, and its pin goes with the lab.
 #[test]
 fn lab_in_front_of_a_standin_lb_hands_it_what_passes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_limiter-lab"))
+    let out = Command::new(LIMITER_LAB)
         .args(["--lb", "--duration", "4"])
         .output()
         .expect("running limiter-lab");

@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: runs the benchmark binary of the tests crate (release).
+//! `cargo xtask bench`: runs the benchmark binary of the limiter-bench crate (release).
 
 use anyhow::Result;
 
@@ -11,7 +11,7 @@ pub fn run(parts: &[String]) -> Result<()> {
                 "run",
                 "--release",
                 "--package",
-                "limiter-tests",
+                "limiter-bench",
                 "--bin",
                 "limiter-bench",
                 "--",

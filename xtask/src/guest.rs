@@ -26,9 +26,9 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::{cargo, run_cmd, workspace_root};
 
-/// One test file and the tests of it a guest runs (none listed: all of them).
+/// One test file of tests/tests/ and the tests of it a guest runs (none listed: all of
+/// them).
 pub struct Suite {
-    pub package: &'static str,
     pub file: &'static str,
     pub filters: &'static [&'static str],
 }
@@ -41,17 +41,14 @@ pub struct Suite {
 /// 15–20 k frames/s, so the rate tests it runs are the ones that scale to that.
 pub const MATRIX: &[Suite] = &[
     Suite {
-        package: "limiter-tests",
         file: "kernel_report",
         filters: &[],
     },
     Suite {
-        package: "limiter-tests",
         file: "verdicts",
         filters: &[],
     },
     Suite {
-        package: "limiter-tests",
         file: "e2e",
         filters: &[
             "native_mode_enforces_the_rate",
@@ -62,7 +59,6 @@ pub const MATRIX: &[Suite] = &[
         ],
     },
     Suite {
-        package: "limiter-user",
         file: "daemon",
         filters: &[
             "kill_9_mid_traffic_then_restart_never_opens_a_gap",
@@ -72,7 +68,6 @@ pub const MATRIX: &[Suite] = &[
         ],
     },
     Suite {
-        package: "limiter-user",
         file: "ownership",
         filters: &[
             "detach_removes_only_the_limiters_pins",
@@ -81,33 +76,27 @@ pub const MATRIX: &[Suite] = &[
         ],
     },
     Suite {
-        package: "limiter-user",
         file: "tc_filters",
         filters: &[],
     },
     Suite {
-        package: "limiter-user",
         file: "verifier",
         filters: &[],
     },
     Suite {
-        package: "limiter-tests",
         file: "libxdp",
         filters: &[],
     },
     Suite {
-        package: "limiter-user",
         file: "sharing",
         filters: &[],
     },
     Suite {
-        package: "limiter-tests",
-        file: "handoff",
+        file: "handoff_test_run",
         filters: &[],
     },
     Suite {
-        package: "limiter-user",
-        file: "handoff",
+        file: "handoff_daemon",
         filters: &[
             "join_program_array_root_calls_the_limiter_which_calls_the_lb",
             "kill_9_and_restart_under_traffic_keep_every_pass_going_to_the_lb",
@@ -118,7 +107,6 @@ pub const MATRIX: &[Suite] = &[
 
 /// One test file to run in a guest, with the filters to pass it (none: every test).
 struct Run {
-    package: &'static str,
     file: String,
     filters: Vec<String>,
 }
@@ -126,7 +114,6 @@ struct Run {
 impl From<&Suite> for Run {
     fn from(s: &Suite) -> Run {
         Run {
-            package: s.package,
             file: s.file.to_string(),
             filters: s.filters.iter().map(|f| f.to_string()).collect(),
         }
@@ -351,6 +338,10 @@ fn unpack(package: &str) -> Result<Kernel> {
 type TestExe = (PathBuf, String, PathBuf);
 
 fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
+    // The binaries the suites run (`limiter`, `limiter-lab`, `limiter-allocator`), found in
+    // target/release/: they are other packages' binaries, so building the tests of
+    // limiter-tests does not build them.
+    crate::build()?;
     // Every test target of the workspace, as `cargo xtask test` builds them: the same
     // features, so the same artifacts (a narrower `-p` selection would unify features
     // differently and rebuild half the dependency tree).
@@ -391,12 +382,11 @@ fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
             found.push((dir, name.to_string(), PathBuf::from(exe)));
         }
     }
+    let dir = tests_package_dir()?;
     for s in runs {
-        let dir = package_dir(s.package)?;
         if !found.iter().any(|(d, n, _)| *d == dir && *n == s.file) {
             bail!(
-                "cargo built no test executable for {}/{}",
-                s.package,
+                "cargo built no test executable for {TESTS_PACKAGE}'s tests/{}.rs",
                 s.file
             );
         }
@@ -404,13 +394,12 @@ fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
     Ok(found)
 }
 
-/// The package directory of a workspace member (tests run from there, as under cargo).
-fn package_dir(package: &str) -> Result<PathBuf> {
-    let root = workspace_root()?;
-    Ok(match package {
-        "limiter-tests" => root.join("tests"),
-        p => root.join(p),
-    })
+/// The package of every end-to-end test file.
+const TESTS_PACKAGE: &str = "limiter-tests";
+
+/// Its directory (its tests run from there, as under cargo).
+fn tests_package_dir() -> Result<PathBuf> {
+    Ok(workspace_root()?.join("tests"))
 }
 
 /// The shell script the guest runs: every suite, one test at a time, all run even when
@@ -428,8 +417,8 @@ fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
     // the daemon would mount it itself).
     s.push_str("[ \"$(stat -f -c %T /sys/fs/bpf)\" = bpf_fs ] || mount -t bpf bpf /sys/fs/bpf\n");
     s.push_str("echo \"guest: $(uname -r) ($(uname -v))\"\n");
+    let dir = tests_package_dir()?;
     for run in runs {
-        let dir = package_dir(run.package)?;
         let exe = exes
             .iter()
             .find(|(d, n, _)| *d == dir && *n == run.file)
@@ -445,7 +434,7 @@ fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
         s.push_str(&format!(
             "echo; echo \"guest: == {file}\"; cd {dir} && {exe} {args} || failed=1\n",
             file = run.file,
-            dir = sh_quote(&package_dir(run.package)?.display().to_string()),
+            dir = sh_quote(&dir.display().to_string()),
             exe = sh_quote(&exe.display().to_string()),
             args = args.join(" "),
         ));
@@ -652,8 +641,7 @@ pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
     let runs: Vec<Run> = match selection.split_first() {
         None => MATRIX.iter().map(Run::from).collect(),
         Some((file, filters)) => vec![Run {
-            package: package_of(file)?,
-            file: file.clone(),
+            file: test_file(file)?,
             filters: filters.to_vec(),
         }],
     };
@@ -713,7 +701,7 @@ pub fn bench(name: &str, accel: Accel, parts: &[String]) -> Result<()> {
         "build",
         "--release",
         "--package",
-        "limiter-tests",
+        "limiter-bench",
         "--bin",
         "limiter-bench",
     ]);
@@ -768,24 +756,20 @@ pub fn bench(name: &str, accel: Accel, parts: &[String]) -> Result<()> {
     }
 }
 
-/// Packages whose tests/ the guest runner knows.
-const TEST_PACKAGES: &[&str] = &["limiter-tests", "limiter-user"];
-
-/// The package whose tests/ holds `file`.rs.
-pub fn package_of(file: &str) -> Result<&'static str> {
-    for package in TEST_PACKAGES {
-        if package_dir(package)?
-            .join("tests")
-            .join(format!("{file}.rs"))
-            .exists()
-        {
-            return Ok(package);
-        }
+/// `file` if tests/tests/`file`.rs exists (the test target's name), else an error naming
+/// where it was looked for.
+pub fn test_file(file: &str) -> Result<String> {
+    let path = tests_package_dir()?
+        .join("tests")
+        .join(format!("{file}.rs"));
+    if !path.exists() {
+        bail!(
+            "no test file {} (end-to-end tests live in {TESTS_PACKAGE}'s tests/; \
+             name one without .rs, e.g. `daemon`)",
+            path.display()
+        );
     }
-    bail!(
-        "no test file {file}.rs under the tests/ of {}",
-        TEST_PACKAGES.join(", ")
-    )
+    Ok(file.to_string())
 }
 
 #[cfg(test)]
@@ -806,8 +790,8 @@ mod tests {
     #[test]
     fn every_suite_names_tests_that_exist() {
         // A filter that matches nothing would run no test and pass.
+        let dir = tests_package_dir().unwrap_or_default();
         for s in MATRIX {
-            let dir = package_dir(s.package).unwrap_or_default();
             let file = dir.join("tests").join(format!("{}.rs", s.file));
             let text =
                 fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));

@@ -40,7 +40,8 @@ enum Task {
     },
     /// Run every test: host unit/property tests, then the kernel tests (root). With
     /// `--kernel`, the kernel tests also (or only) run on Debian's kernels under qemu;
-    /// `-- FILE [FILTER...]` runs one test file (of tests/ or limiter-user/tests/) only.
+    /// `-- FILE [FILTER...]` runs one test file of tests/tests/ (`daemon` for
+    /// tests/tests/daemon.rs) only.
     Test {
         /// Where: `host` (this machine's kernel, the default), `6.1` (Debian 12),
         /// `6.12` (its backport), an exact package version such as `6.1.0-57`, or `all`
@@ -212,6 +213,8 @@ pub fn run_cmd(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// The binaries the end-to-end tests and `run` start: limiter-tests finds them in
+/// target/release/ (cargo builds other packages' binaries for no test of it).
 fn build() -> Result<()> {
     run_cmd(cargo().args([
         "build",
@@ -219,7 +222,7 @@ fn build() -> Result<()> {
         "--package",
         "limiter-user",
         "--package",
-        "limiter-tests",
+        "limiter-bench",
         "--package",
         "limiter-allocator",
         "--bin",
@@ -244,7 +247,7 @@ fn test(selection: &[String]) -> Result<()> {
     if let Some((file, filters)) = selection.split_first() {
         // Checked, not passed on: `-p` would unify features differently from the full
         // run's and rebuild half the dependency tree.
-        guest::package_of(file)?;
+        guest::test_file(file)?;
         return run_cmd(
             cargo()
                 .args(["test", "--release", "--test", file, "--"])

@@ -8,8 +8,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _, Result};
-
-use crate::{
+use limiter_tests::{
     live::LiveSender,
     netns::{ifindex, spawn_in_netns, VethPair},
     traffic::{pin_to_cpu, PacketSocket, BATCH},

@@ -6,15 +6,15 @@ use aya::{
     programs::{SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf,
 };
+use limiter_tests::{
+    fixture::{self, Loaded, Snapshot},
+    scenario::HOST_V4,
+};
 use limiter_user::{
     config::XdpMode as ConfigXdpMode, object::BASELINE_OBJECT, program::AttachedMode,
 };
 
 use super::nft::{NftLimit, NftTable};
-use crate::{
-    fixture::{self, Loaded, Snapshot},
-    scenario::HOST_V4,
-};
 
 /// Frames the host end has received (`rx_packets`: for veth with XDP, every frame XDP
 /// ran on, whatever its verdict) and dropped before XDP or the stack saw it.

@@ -15,6 +15,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _, Result};
+use limiter_tests::netns::VethPair;
 
 use super::{
     cpu::{self, CpuSample, OwnSample},
@@ -23,7 +24,6 @@ use super::{
     stats::Spread,
     udp_frames, FRAME_LEN, SENDER_CPUS,
 };
-use crate::netns::VethPair;
 
 const ROUNDS: usize = 3;
 const WARMUP: Duration = Duration::from_millis(400);

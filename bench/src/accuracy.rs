@@ -18,16 +18,16 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use limiter_common::abi::RuleCounters;
+use limiter_tests::{
+    fixture::{self, Snapshot},
+    netns::VethPair,
+    rx::RxCounter,
+};
 
 use super::{
     gen::{self, Backend, Offer, Sent},
     host::{Installed, LinkStats, Setup, RULE_NAME},
     twice, udp_frames, FRAME_LEN, SENDER_CPUS,
-};
-use crate::{
-    fixture::{self, Snapshot},
-    netns::VethPair,
-    rx::RxCounter,
 };
 
 /// The target: admitted within 1 % of what the rule allows.

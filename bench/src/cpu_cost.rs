@@ -17,6 +17,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _, Result};
+use limiter_tests::netns::VethPair;
 
 use super::{
     cpu::{self, CpuSample, OwnSample},
@@ -26,7 +27,6 @@ use super::{
     stats::Spread,
     twice, udp_frames, FRAME_LEN, SENDER_CPUS,
 };
-use crate::netns::VethPair;
 
 /// Frames per second per sender (two senders: 300k frames/s in all).
 pub const RATE_PER_SENDER: u64 = 150_000;

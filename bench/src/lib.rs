@@ -1,13 +1,17 @@
-//! The end-to-end part of `cargo xtask bench`: real frames over a veth pair, the limiter
-//! attached in native mode to the host end, every figure a ratio to a reference measured
-//! in the same run on the same path.
+//! limiter-bench: the benchmark (`src/bin/limiter-bench.rs`, run by `cargo xtask bench`) and
+//! the self-contained lab (`src/bin/limiter-lab.rs`, run by `cargo xtask run`), both on the
+//! kernel test harness of limiter-tests.
+//!
+//! This library is the end-to-end part of `cargo xtask bench`: real frames over a veth
+//! pair, the limiter attached in native mode to the host end, every figure a ratio to a
+//! reference measured in the same run on the same path.
 //!
 //! - [`drop_rate`]: frames/s the limiter drops vs a plain XDP_DROP program;
 //! - [`cpu_cost`]: CPU time per frame vs nftables doing the same job, at a paced offer;
 //! - [`accuracy`]: admitted vs configured rate, an offered-rate sweep and a burst timeline;
 //! - [`flood`]: a spoofed-source flood against a good and a heavy source (its own part,
 //!   `flood`, with its own report);
-//! - [`report`] and [`svg`]: `target/bench/report.md` and the plots.
+//! - [`report`]: `target/bench/report.md`, and its plots through limiter-plot.
 
 pub mod accuracy;
 pub mod cpu;
@@ -23,13 +27,13 @@ pub mod stats;
 use std::net::Ipv4Addr;
 
 use anyhow::{ensure, Context as _, Result};
-
-use self::{accuracy::Accuracy, cpu_cost::CostTable, drop_rate::DropRateRow};
-use crate::{
+use limiter_tests::{
     frame::FrameBuilder,
     netns::VethPair,
     scenario::{HOST_V4, PEER_V4},
 };
+
+use self::{accuracy::Accuracy, cpu_cost::CostTable, drop_rate::DropRateRow};
 
 /// Senders run on these CPUs, one each; the pair has one queue per sender, so XDP runs on
 /// both CPUs at once.

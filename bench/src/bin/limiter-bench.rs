@@ -3,7 +3,7 @@
 //! 1. **prog-test-run**: what the XDP program costs per 64-byte frame under
 //!    BPF_PROG_TEST_RUN, as a ratio to the trivial `baseline_pass` program measured in the
 //!    same run with the same method (this file; `target/bench/prog-test-run.md`).
-//! 2. **end to end** over a veth pair (`limiter_tests::bench`): drop rate vs plain
+//! 2. **end to end** over a veth pair (the `limiter_bench` library): drop rate vs plain
 //!    XDP_DROP, CPU time per frame vs nftables, admitted vs configured rate, with plots
 //!    (`target/bench/report.md`, `admitted-vs-offered.svg`, `burst.svg`).
 //!
@@ -22,7 +22,7 @@
 //! it is named after (e.g. no per-source insert failed, the full LRU really evicts).
 //! Output: a table on stdout and the same as Markdown in `target/bench/prog-test-run.md`.
 //!
-//! Run as root: `cargo run --release -p limiter-tests --bin limiter-bench [-- PART...]`.
+//! Run as root: `cargo run --release -p limiter-bench --bin limiter-bench [-- PART...]`.
 
 use std::{
     fmt::Write as _,
@@ -38,9 +38,9 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
     Ebpf, EbpfLoader,
 };
+use limiter_bench::{self as bench, report};
 use limiter_common::sketch::{self, SketchMeta};
 use limiter_tests::{
-    bench::{self, report},
     fixture::{self, Loaded, Snapshot},
     frame::{with_ipv4_src, FrameBuilder, TCP_ACK},
 };
@@ -258,7 +258,7 @@ impl Parts {
             "cargo xtask bench".to_string()
         } else {
             format!(
-                "cargo run --release -p limiter-tests --bin limiter-bench -- {}",
+                "cargo run --release -p limiter-bench --bin limiter-bench -- {}",
                 self.named.join(" ")
             )
         }
@@ -1422,7 +1422,7 @@ fn markdown_table(rows: &[[String; 5]]) -> String {
 fn bench_dir() -> Result<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .context("the tests crate has no parent directory")?;
+        .context("the limiter-bench crate has no parent directory")?;
     // A guest sees the workspace read-only but for its output directory.
     let dir = match std::env::var_os("LIMITER_BENCH_DIR") {
         Some(dir) => PathBuf::from(dir),

@@ -10,14 +10,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub use limiter_tests::binaries::LIMITER;
 use limiter_tests::{
     netns::{ifindex, spawn_in_netns, VethPair},
     scenario::PinDir,
     traffic::{send, PacketSocket, SendPlan, SendReport},
 };
 use serde_json::Value;
-
-pub const LIMITER: &str = env!("CARGO_BIN_EXE_limiter");
 
 /// Everything one daemon instance needs, removed on drop.
 pub struct Lab {

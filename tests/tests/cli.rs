@@ -9,13 +9,12 @@ use std::{
 };
 
 use limiter_tests::{
+    binaries::LIMITER,
     netns::VethPair,
     scenario::{flood, udp_to_host, write_config, PinDir},
     traffic::SendPlan,
 };
 use serde_json::Value;
-
-const LIMITER: &str = env!("CARGO_BIN_EXE_limiter");
 
 struct Daemon(Child);
 

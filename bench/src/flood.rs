@@ -17,16 +17,16 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _, Result};
+use limiter_tests::{
+    frame::FrameBuilder,
+    netns::VethPair,
+    scenario::{HOST_V4, PEER_V4},
+};
 use limiter_user::config::XdpMode as ConfigXdpMode;
 
 use super::{
     gen::{self, Backend, Offer},
     host::{Limiter, LinkStats},
-};
-use crate::{
-    frame::FrameBuilder,
-    netns::VethPair,
-    scenario::{HOST_V4, PEER_V4},
 };
 
 /// How long the flood runs.
@@ -212,7 +212,7 @@ pub fn run_once(pair: &VethPair, max_sources: u32, sources: Sources) -> Result<F
     sleep(Duration::from_millis(100));
     let after = limiter.snapshot()?;
     let link = LinkStats::read(&pair.host)?.since(&link_before);
-    let delta = crate::fixture::delta(&before, &after);
+    let delta = limiter_tests::fixture::delta(&before, &after);
     let rule = |name: &str| {
         delta
             .rules
@@ -292,7 +292,7 @@ pub fn two_cpu_rate(pair: &VethPair, max_sources: u32, sources: Sources) -> Resu
     let sent = gen::spawn(pair, &flood)?.join()?;
     sleep(Duration::from_millis(100));
     let after = limiter.snapshot()?;
-    let delta = crate::fixture::delta(&before, &after);
+    let delta = limiter_tests::fixture::delta(&before, &after);
     let mut flooded = 0;
     for name in ["flood4", "flood6"] {
         let c = delta

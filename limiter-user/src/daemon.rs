@@ -380,8 +380,12 @@ impl Daemon {
                 .into_values()
                 .map(|r| (String::from_utf8_lossy(r.name_bytes()).into_owned(), r))
                 .collect();
-            for rule in fleet.resume(&config.rules, &pinned, now) {
+            let (resumed, refused) = fleet.resume(&config.rules, &pinned, now);
+            for rule in resumed {
                 tracing::info!(%rule, "resumed the share the pinned rule entry holds");
+            }
+            for r in refused {
+                tracing::warn!(rule = %r.rule, "pinned share not resumed: {}", r.reason);
             }
         }
         let mut daemon = Daemon {
@@ -639,8 +643,11 @@ impl Daemon {
         };
         let mut before = fleet.clone();
         let refused = fleet.apply(reply, monotonic_ns());
+        for r in &refused {
+            tracing::warn!(rule = %r.rule, "grant refused, the share stays as it was: {}", r.reason);
+        }
         if let Err(e) = self.reinstall() {
-            before.add_refused(refused);
+            before.add_refused(refused.len() as u64);
             self.fleet = Some(before);
             return Err(e);
         }
@@ -656,7 +663,18 @@ impl Daemon {
         }
         let totals = self.fleet_totals()?;
         let now = monotonic_ns();
-        let rejoined = self.fleet.as_mut().is_some_and(|f| f.rejoin(&totals, now));
+        let rejoined = self
+            .fleet
+            .as_mut()
+            .map(|f| f.rejoin(&totals, now))
+            .unwrap_or_default();
+        for rule in &rejoined {
+            tracing::info!(
+                %rule,
+                "closed share refusing frames with its lease lapsed: bootstrap rate until a grant"
+            );
+        }
+        let rejoined = !rejoined.is_empty();
         let changed = self
             .fleet
             .as_ref()

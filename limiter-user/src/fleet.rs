@@ -22,7 +22,7 @@
 //!
 //! A grant is checked before it is stored ([`FleetState::apply`]): one whose share does
 //! not compile (rate above the maximum, a burst that takes over a year to refill) is
-//! refused, logged and counted, and the rule keeps what it had; its TTL is clamped to
+//! refused and counted (the daemon logs it), and the rule keeps what it had; its TTL is clamped to
 //! `MAX_GRANT_TTL_LEASES` lease TTLs. A restart within a lease resumes the share the
 //! rule's pinned entry holds ([`FleetState::resume`]).
 
@@ -92,6 +92,14 @@ pub struct RuleTotals {
     pub offered: u64,
     /// Frames refused so far.
     pub refused: u64,
+}
+
+/// A grant or a pinned share the fleet state would not take, and why. The state only
+/// says so; the daemon logs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub rule: String,
+    pub reason: String,
 }
 
 /// Why a grant was refused.
@@ -183,14 +191,16 @@ impl FleetState {
     /// At start: a rule still in BOOTSTRAP whose pinned entry (`pinned`, the live rules
     /// by name, from an earlier daemon) holds a lease or a lapsed one of the same unit
     /// resumes that share ([`Share::resume`]): a restart within the lease changes
-    /// nothing. Returns the rules resumed.
+    /// nothing. Returns the rules resumed, and the pinned shares that do not compile
+    /// (those rules bootstrap).
     pub fn resume(
         &mut self,
         rules: &[RuleSpec],
         pinned: &BTreeMap<String, RuleConfig>,
         now: u64,
-    ) -> Vec<String> {
+    ) -> (Vec<String>, Vec<Refusal>) {
         let mut resumed = Vec::new();
+        let mut refused = Vec::new();
         for rule in rules {
             let (Some(share), Some(entry), Some(quota)) = (
                 self.shares.get(&rule.name),
@@ -229,14 +239,17 @@ impl FleetState {
                 burst: share.burst(),
                 ..RuleGrant::default()
             };
-            if let Err(e) = check_grant(rule.unit, &share, &grant) {
-                tracing::warn!(rule = %rule.name, "pinned share not resumed: {e}");
+            if let Err(reason) = check_grant(rule.unit, &share, &grant) {
+                refused.push(Refusal {
+                    rule: rule.name.clone(),
+                    reason,
+                });
                 continue;
             }
             self.shares.insert(rule.name.clone(), share);
             resumed.push(rule.name.clone());
         }
-        resumed
+        (resumed, refused)
     }
 
     /// Grants refused since start (their share did not compile).
@@ -365,47 +378,45 @@ impl FleetState {
 
     /// Lapsed closed shares that refused frames since the last report rejoin
     /// (`Share::rejoin`: BOOTSTRAP at quota ÷ fleet_size, burst 1) with one token, and
-    /// the next report goes out at once. Returns whether any did (the rules need a
+    /// the next report goes out at once. Returns the rules that did (they need a
     /// reinstall).
-    pub fn rejoin(&mut self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> bool {
+    pub fn rejoin(&mut self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> Vec<String> {
         let denials: Vec<(String, u64)> = self
             .shares
             .keys()
             .map(|name| (name.clone(), self.denials(name, totals)))
             .collect();
-        let mut any = false;
+        let mut rejoined = Vec::new();
         for (name, d) in denials {
             let Some(share) = self.shares.get_mut(&name) else {
                 continue;
             };
             if share.rejoin(d, now) {
-                tracing::info!(
-                    rule = %name,
-                    "closed share refusing frames with its lease lapsed: bootstrap rate until \
-                     a grant"
-                );
-                self.pending_tokens.insert(name, share.token_units(1));
-                any = true;
+                self.pending_tokens
+                    .insert(name.clone(), share.token_units(1));
+                rejoined.push(name);
             }
         }
-        self.asking |= any;
-        any
+        self.asking |= !rejoined.is_empty();
+        rejoined
     }
 
     /// Applies the allocator's grants. Each is checked before it is stored: a grant
     /// whose share does not compile in the rule's unit is refused (logged, counted in
     /// [`FleetState::grants_refused`]) and the rule keeps what it had, so one bad grant
     /// neither blocks the others nor stops reporting. Returns the grants refused.
-    pub fn apply(&mut self, reply: &ReportReply, now: u64) -> u64 {
-        let mut refused = 0;
+    pub fn apply(&mut self, reply: &ReportReply, now: u64) -> Vec<Refusal> {
+        let mut refused = Vec::new();
         for g in &reply.grants {
             let (Some(share), Some(unit)) = (self.shares.get_mut(&g.rule), self.units.get(&g.rule))
             else {
                 continue;
             };
-            if let Err(e) = check_grant(*unit, share, g) {
-                refused += 1;
-                tracing::warn!(rule = %g.rule, "grant refused, the share stays as it was: {e}");
+            if let Err(reason) = check_grant(*unit, share, g) {
+                refused.push(Refusal {
+                    rule: g.rule.clone(),
+                    reason,
+                });
                 continue;
             }
             let grant = Grant {
@@ -424,7 +435,7 @@ impl FleetState {
             }
             share.on_grant(&grant, now);
         }
-        self.grants_refused += refused;
+        self.grants_refused += refused.len() as u64;
         refused
     }
 }
@@ -557,7 +568,7 @@ mod tests {
         assert!(!fleet.wants_early_report(&totals(0), S + 1));
         assert!(fleet.wants_early_report(&totals(3), S + 1));
         // Leased: the allocator is there to ask, no rejoin.
-        assert!(!fleet.rejoin(&totals(3), S + 1));
+        assert!(fleet.rejoin(&totals(3), S + 1).is_empty());
     }
 
     #[test]
@@ -578,11 +589,11 @@ mod tests {
             };
             let _ = fleet.report(&totals(0), 4 * S);
             // STICKY (lease lapsed at 4 s), no refusals: stays closed.
-            assert!(!fleet.rejoin(&totals(0), 5 * S));
+            assert!(fleet.rejoin(&totals(0), 5 * S).is_empty());
             let t = installed(&fleet, &rules, 5 * S);
             assert_ne!(t.rules[0].1.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
             // Refusals: BOOTSTRAP at 10,000 ÷ 500 with one token, and a report at once.
-            assert!(fleet.rejoin(&totals(7), 5 * S));
+            assert_eq!(fleet.rejoin(&totals(7), 5 * S), ["contoso"]);
             assert_eq!(fleet.pending_tokens.get("contoso"), Some(&1));
             assert!(fleet.wants_early_report(&totals(7), 5 * S));
             let t = installed(&fleet, &rules, 5 * S);
@@ -697,7 +708,7 @@ mod tests {
                 )])
             };
             let _ = fleet.report(&refused(0), 9 * S);
-            assert!(fleet.rejoin(&refused(4), 10 * S));
+            assert_eq!(fleet.rejoin(&refused(4), 10 * S), ["r"]);
             assert_eq!(fleet.pending_tokens.get("r"), Some(&floor));
             let t = installed(&fleet, &rules, 10 * S);
             let c = entry(&t, "r");
@@ -765,7 +776,9 @@ mod tests {
             reply
                 .grants
                 .push(grant_reply("b", 4_000, 4_000, 1, 3_000).grants[0].clone());
-            assert_eq!(fleet.apply(&reply, S), 1);
+            let refused = fleet.apply(&reply, S);
+            assert_eq!(refused.len(), 1, "{refused:?}");
+            assert_eq!(refused[0].rule, "a");
             assert_eq!(fleet.grants_refused(), i as u64 + 1);
             let shaped = fleet.shape(&rules);
             let slots = ruleset::assign_slots(&BTreeMap::new(), &shaped).unwrap();
@@ -819,7 +832,7 @@ mod tests {
         let mut changed = rules.clone();
         changed[3].unit = Unit::Syn;
         let mut new = FleetState::new(spec(), 500, XdpMode::Auto, &changed, 2 * S);
-        let resumed = new.resume(&changed, &pinned, 2 * S);
+        let (resumed, _) = new.resume(&changed, &pinned, 2 * S);
         assert_eq!(resumed, ["a", "b", "c"]);
         let states = new.states(2 * S);
         assert_eq!(states["a"], ShareState::Leased);

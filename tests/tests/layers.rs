@@ -260,6 +260,28 @@ fn limiter_user_keeps_to_its_layers() {
     );
 }
 
+/// The modules limiter-user's layer list calls pure: they compute, and the daemon does
+/// the I/O (maps, files, logs) with what they return.
+const PURE: [&str; 3] = ["fleet", "ruleset", "sketch_regions"];
+
+#[test]
+fn limiter_users_pure_modules_do_no_io() {
+    let src = workspace().join("limiter-user/src");
+    for m in PURE {
+        let code = code_only(&module_text(&src, m));
+        for io in [
+            "tracing::",
+            "fs::",
+            "aya::",
+            "tokio::",
+            "Maps",
+            "monotonic_ns",
+        ] {
+            assert!(!code.contains(io), "{m}, listed as pure, uses {io}");
+        }
+    }
+}
+
 fn graph(edges: &[(&str, &str)]) -> Graph {
     let mut graph = Graph::new();
     for (from, to) in edges {

@@ -1065,3 +1065,145 @@ fn values_next_to_the_refused_ones_are_accepted() {
         1 << 24
     );
 }
+
+/// Every section of the schema, with a minimal valid file around a key of it: the key's
+/// line goes where `{}` is.
+fn sections() -> [(&'static limiter_config::Section, &'static str, &'static str); 4] {
+    [
+        (&schema::TOP_KEYS, "{}\n", ""),
+        (
+            &schema::FLEET_KEYS,
+            "[fleet]\nallocator = \"198.18.0.1:7443\"\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n{}\n",
+            "fleet.",
+        ),
+        (
+            &schema::RULE_KEYS,
+            "[[rules]]\nname = \"r\"\ndst = \"198.18.0.0/15\"\nrate = 1\nburst = 1\n{}\n",
+            "rules[0].",
+        ),
+        (
+            &schema::PER_SOURCE_KEYS,
+            "[[rules]]\nname = \"r\"\ndst = \"198.18.0.0/15\"\n[rules.per_source]\nrate = 1\nburst = 1\n{}\n",
+            "rules[0].per_source.",
+        ),
+    ]
+}
+
+/// Each row of the schema is read: a value of the wrong type at any key is refused on
+/// that key's field (a row no code reads would let it pass, or call it unknown).
+#[test]
+fn every_row_of_the_schema_is_read() {
+    let mut failed = Vec::new();
+    for (section, around, prefix) in sections() {
+        parse(&around.replace("{}", "")).unwrap();
+        for key in section.keys {
+            // The key's own line replaces a line that sets it, if the file has one.
+            let own = format!("\n{} = ", key.name);
+            let base: String = around
+                .lines()
+                .filter(|l| !format!("\n{l}").starts_with(&own))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let text = base.replace("{}", &format!("{} = true", key.name));
+            let field = format!("{prefix}{}", key.name);
+            match parse(&text) {
+                Ok(_) => failed.push(format!("{field}: `{} = true` accepted", key.name)),
+                Err(err) => {
+                    if !err
+                        .problems()
+                        .iter()
+                        .any(|p| p.field == field && !p.message.starts_with("unknown key"))
+                    {
+                        failed.push(format!("{field}: not refused on its field:\n{err}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The README's configuration sections and `limiter.example.toml` show every key of the
+/// schema, each with its default where it has one.
+#[test]
+fn the_readme_and_the_example_show_every_key_with_its_default() {
+    for (name, doc) in [
+        ("README.md", include_str!("../../../README.md")),
+        (
+            "limiter.example.toml",
+            include_str!("../../../limiter.example.toml"),
+        ),
+    ] {
+        let gaps = schema::TOP_KEYS.documentation_gaps(doc);
+        assert!(gaps.is_empty(), "{name}:\n{}", gaps.join("\n"));
+    }
+}
+
+/// Hostile files each get a clear error and no panic: 10,000 bad rules, a file beyond
+/// the size cap, bytes that are not UTF-8, tables nested 10,000 deep.
+#[test]
+fn hostile_files_get_clear_errors() {
+    // 10,000 problems: the first MAX_PROBLEMS in full, sorted, then the count of the rest.
+    let text: String = (0..10_000)
+        .map(|i| format!("[[rules]]\nname = \"r{i}\"\ndst = \"198.18.0.0/15\"\nrate = 5\n"))
+        .collect();
+    let err = parse(&text).unwrap_err();
+    let shown = err.problems();
+    assert_eq!(shown.len(), limiter_config::MAX_PROBLEMS, "{err}");
+    assert!(shown
+        .windows(2)
+        .all(|w| (w[0].line, w[0].column) <= (w[1].line, w[1].column)));
+    let rendered = err.to_string();
+    let last = rendered.lines().last().unwrap();
+    // Each rule: too many rules (one), no burst (10,000), ambiguous (9,999).
+    let total = 1 + 10_000 + 9_999;
+    assert_eq!(
+        last,
+        format!(
+            "{ORIGIN}: {} more problems not shown (the first {} are above)",
+            total - shown.len(),
+            shown.len()
+        )
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limiter.toml");
+    // Larger than the cap (sparse: no disk used): refused before it is parsed.
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(limiter_config::MAX_CONFIG_BYTES + 1).unwrap();
+    let err = Config::load(&path).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: the config is larger than 16 MiB; is this the right file?",
+            path.display()
+        )
+    );
+    // Not UTF-8: the line and column of the first bad byte.
+    std::fs::write(
+        &path,
+        b"xdp_mode = \"native\"\n[[rules]]\nname = \"w\xffb\"\n",
+    )
+    .unwrap();
+    let err = Config::load(&path).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}:3:10: not UTF-8 text: byte 0xff at offset 39 (a config file is UTF-8)",
+            path.display()
+        )
+    );
+    // Nested 10,000 deep, by inline tables, arrays or a dotted table header: the
+    // parser's depth limit refuses each (no stack overflow, in parsing or dropping).
+    let inline = format!("x = {}1{}\n", "{ a = ".repeat(10_000), " }".repeat(10_000));
+    let arrays = format!("x = {}1{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let dotted = format!("[{}]\n", vec!["a"; 10_000].join("."));
+    for text in [inline, arrays, dotted] {
+        let err = parse(&text).unwrap_err();
+        assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
+        assert!(
+            err.to_string().starts_with(ORIGIN) && err.to_string().contains("recursion"),
+            "{err}"
+        );
+    }
+}

@@ -12,6 +12,11 @@
 //! default, parser, help. The unknown-key check, the defaults of absent keys and the
 //! documentation tests read those rows, so a new key is one row plus the reading of its
 //! value. Nothing here touches the system except [`read_file`], which only reads.
+//!
+//! A crate of its own rather than a module of `limiter-service`: the checker is pure and
+//! synchronous (toml and thiserror only), the bottom layer of both binaries, while
+//! `limiter-service` is their async serving plumbing (tokio, hyper); whatever reads a
+//! config (a simulator, a test) need not build a server.
 
 mod checker;
 mod problem;

@@ -80,6 +80,7 @@ struct RuleSite {
 }
 
 type MatchKey = (IpNet, Option<u16>, Proto);
+
 impl Walk<'_> {
     /// A word key's value, else (absent or wrong: reported) the row's default.
     fn word_or_default<E: ConfigWord>(&mut self, root: &DeTable<'_>, key: &Key) -> E {

@@ -1,4 +1,6 @@
-//! The allocator's config file (TOML).
+//! The allocator's config file (TOML), read by the checker the daemon uses
+//! ([`limiter_config`]): every problem at once, by file, line, column and field. Its keys
+//! are the rows of [`TOP_KEYS`], [`TLS_KEYS`] and [`QUOTA_KEYS`].
 //!
 //! ```toml
 //! listen = "0.0.0.0:7443"
@@ -22,64 +24,76 @@
 //! ```
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
+use limiter_common::gcra::{Granularity, Limit, LimitError};
+use limiter_config::{
+    section,
+    toml::de::{DeTable, DeValue},
+    Absent::{Int, Required, Str, Unset},
+    At, Checker, ConfigError,
+    Kind::{self, Integer, SocketAddr as Address, Table, Tables},
+    Value,
+};
 use limiter_fleet::share::{DEFAULT_FLEET_SIZE, DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS};
 use limiter_proto::MIN_REPORT_SPACING_MS;
 use serde::Deserialize;
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Raw {
-    listen: SocketAddr,
-    #[serde(default = "default_metrics")]
-    metrics: String,
-    #[serde(default = "default_socket")]
-    control_socket: PathBuf,
-    #[serde(default = "default_ttl")]
-    lease_ttl_ms: u64,
-    #[serde(default = "default_interval")]
-    report_interval_ms: u64,
-    #[serde(default = "default_max_hosts")]
-    max_hosts: u64,
-    max_connections: Option<u64>,
-    #[serde(default = "default_per_ip")]
-    max_connections_per_ip: u64,
-    #[serde(default = "default_handshake")]
-    handshake_timeout_ms: u64,
-    max_reports_per_s: Option<u64>,
-    tls: TlsConfig,
-    #[serde(default)]
-    quotas: Vec<Quota>,
-}
-
-fn default_metrics() -> String {
-    "127.0.0.1:9465".into()
-}
-fn default_socket() -> PathBuf {
-    PathBuf::from("/run/limiter-allocator/allocator.sock")
-}
-fn default_ttl() -> u64 {
-    DEFAULT_LEASE_TTL_MS
-}
-fn default_interval() -> u64 {
-    DEFAULT_REPORT_INTERVAL_MS
-}
+/// Default `metrics` listen address.
+pub const DEFAULT_METRICS: &str = "127.0.0.1:9465";
+/// Default `control_socket` (and `quota`'s `--socket`).
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/limiter-allocator/allocator.sock";
 /// About twice the daemon's default `fleet_size`: set it to your fleet's size with a margin.
 pub const DEFAULT_MAX_HOSTS: u64 = 1024;
 const _: () = assert!(DEFAULT_MAX_HOSTS >= 2 * DEFAULT_FLEET_SIZE as u64);
-fn default_max_hosts() -> u64 {
-    DEFAULT_MAX_HOSTS
+/// The bound of each connection and host count.
+const MAX_COUNT: u64 = 1_000_000;
+/// A rate or a burst: any count here, then held to the limit arithmetic's bounds.
+const COUNT: Kind = Integer {
+    min: 0,
+    max: u64::MAX,
+};
+
+section! {
+    /// The top level of the allocator's file.
+    TOP_KEYS = "" {
+        LISTEN = "listen", Required, Address, "the gRPC address (mutual TLS)";
+        METRICS = "metrics", Str(DEFAULT_METRICS), Address, "Prometheus listen address; \"\" disables";
+        CONTROL_SOCKET = "control_socket", Str(DEFAULT_CONTROL_SOCKET), Kind::Path, "the control socket";
+        LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS), Integer { min: 1, max: u64::MAX }, "how long a grant is valid";
+        REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS), Integer { min: 1, max: u64::MAX }, "how often hosts report";
+        MAX_HOSTS = "max_hosts", Int(DEFAULT_MAX_HOSTS), Integer { min: 1, max: MAX_COUNT }, "hosts known at once";
+        MAX_CONNECTIONS = "max_connections", Unset("2 × max_hosts"), Integer { min: 1, max: MAX_COUNT }, "open gRPC connections";
+        MAX_CONNECTIONS_PER_IP = "max_connections_per_ip", Int(16), Integer { min: 1, max: MAX_COUNT }, "open connections from one address";
+        HANDSHAKE_TIMEOUT_MS = "handshake_timeout_ms", Int(2000), Integer { min: 1, max: 60_000 }, "TLS and the first report within this";
+        MAX_REPORTS_PER_S = "max_reports_per_s", Unset("2 × a daemon's most"), COUNT, "reports per second per host and per connection";
+        TLS = "tls", Required, Table(&TLS_KEYS), "the allocator's certificate and the CA of the hosts'";
+        QUOTAS = "quotas", Unset("no quotas"), Tables(&QUOTA_KEYS), "global quotas by rule name";
+    }
 }
-fn default_per_ip() -> u64 {
-    16
+
+section! {
+    /// `[tls]`.
+    TLS_KEYS = "[tls]" {
+        TLS_CA = "ca", Required, Kind::Path, "signs the hosts' client certificates";
+        TLS_CERT = "cert", Required, Kind::Path, "the allocator's certificate";
+        TLS_KEY = "key", Required, Kind::Path, "its key";
+    }
 }
-fn default_handshake() -> u64 {
-    2000
+
+section! {
+    /// One `[[quotas]]` entry.
+    QUOTA_KEYS = "[[quotas]]" {
+        QUOTA_RULE = "rule", Required, Kind::String, "the rule name in the daemons' configs";
+        QUOTA_RATE = "rate", Required, COUNT, "global quota per second, in the rule's unit";
+        QUOTA_BURST = "burst", Required, COUNT, "global burst";
+    }
 }
+
 /// The most reports per second a healthy daemon sends with this report interval: one per
 /// interval, or one per `MIN_REPORT_SPACING_MS` when its early reports come as fast as
 /// they may.
@@ -139,7 +153,6 @@ pub struct PeerLimits {
 /// host a share that compiles in any unit: a share's rate is at most the quota and its
 /// burst the same fraction of the global burst.
 pub fn check_quota(q: &Quota) -> Result<()> {
-    use limiter_common::gcra::{Granularity, Limit};
     if let Err(e) = Limit::new(Granularity::Event, q.rate, q.burst) {
         bail!(
             "quota {:?} (rate {}, burst {}): {e}",
@@ -152,95 +165,289 @@ pub fn check_quota(q: &Quota) -> Result<()> {
 }
 
 impl Config {
-    pub fn parse(text: &str, origin: &Path) -> Result<Config> {
-        let raw: Raw = toml::from_str(text).with_context(|| format!("{}", origin.display()))?;
-        let metrics = match raw.metrics.as_str() {
-            "" => None,
-            s => Some(s.parse().with_context(|| {
-                format!("{}: metrics {s:?} is not address:port", origin.display())
-            })?),
-        };
-        if raw.lease_ttl_ms == 0
-            || raw.report_interval_ms == 0
-            || raw.report_interval_ms >= raw.lease_ttl_ms
-        {
-            bail!(
-                "{}: need 0 < report_interval_ms < lease_ttl_ms (got {} and {})",
-                origin.display(),
-                raw.report_interval_ms,
-                raw.lease_ttl_ms
-            );
-        }
-        let limits = Self::limits(&raw).with_context(|| origin.display().to_string())?;
-        let mut seen = std::collections::BTreeSet::new();
-        for q in &raw.quotas {
-            check_quota(q).with_context(|| origin.display().to_string())?;
-            if !seen.insert(&q.rule) {
-                bail!(
-                    "{}: quota for rule {:?} given twice",
-                    origin.display(),
-                    q.rule
-                );
-            }
-        }
-        Ok(Config {
-            listen: raw.listen,
-            metrics,
-            control_socket: raw.control_socket,
-            lease_ttl_ms: raw.lease_ttl_ms,
-            report_interval_ms: raw.report_interval_ms,
-            limits,
-            tls: raw.tls,
-            quotas: raw.quotas,
+    /// Validates `text`; `origin` names the file in error messages.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let root = Checker::parse(text, origin)?;
+        let mut checker = Checker::new(text);
+        let config = read(&mut checker, root.get_ref());
+        checker.finish(origin)?;
+        // Whenever the checker found nothing, every part was read.
+        config.ok_or_else(|| ConfigError::Invalid {
+            path: origin.to_path_buf(),
+            problems: Vec::new(),
+            more: 0,
         })
     }
 
-    fn limits(raw: &Raw) -> Result<PeerLimits> {
-        let count = |key: &str, v: u64| -> Result<usize> {
-            if !(1..=1_000_000).contains(&v) {
-                bail!("{key} must be between 1 and 1000000, got {v}");
-            }
-            usize::try_from(v).with_context(|| format!("{key} {v}"))
-        };
-        let max_hosts = count("max_hosts", raw.max_hosts)?;
-        let max_connections = count(
-            "max_connections",
-            raw.max_connections.unwrap_or(2 * raw.max_hosts),
-        )?;
-        let max_connections_per_ip = count("max_connections_per_ip", raw.max_connections_per_ip)?;
-        if !(1..=60_000).contains(&raw.handshake_timeout_ms) {
-            bail!(
-                "handshake_timeout_ms must be between 1 and 60000, got {}",
-                raw.handshake_timeout_ms
-            );
-        }
-        let daemon_max = daemon_max_reports_per_s(raw.report_interval_ms);
-        let max_reports_per_s = raw.max_reports_per_s.unwrap_or(2 * daemon_max);
-        if max_reports_per_s < daemon_max {
-            bail!(
-                "max_reports_per_s = {max_reports_per_s} would refuse a healthy host's reports: \
-                 with report_interval_ms = {} a daemon sends up to {daemon_max} per second",
-                raw.report_interval_ms
-            );
-        }
-        Ok(PeerLimits {
-            max_hosts,
-            max_connections,
-            max_connections_per_ip,
-            handshake_timeout_ms: raw.handshake_timeout_ms,
-            max_reports_per_s: max_reports_per_s.min(1_000_000),
-        })
-    }
-
-    pub fn load(path: &Path) -> Result<Config> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    /// Reads and validates the config file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = limiter_config::read_file(path)?;
         Self::parse(&text, path)
     }
 }
 
+/// The config of `root`, when every key is right; the problems go to `c`.
+fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
+    c.unknown_keys(root, &TOP_KEYS, At::top(""));
+    let top = |key: &limiter_config::Key| At::top(key.name);
+    let listen = match root.get(LISTEN.name) {
+        Some(value) => socket_addr(c, value, top(&LISTEN)),
+        None => {
+            c.report(
+                0..0,
+                top(&LISTEN),
+                "listen is required (the gRPC address, such as \"0.0.0.0:7443\")",
+            );
+            None
+        }
+    };
+    let metrics = match c.string_key(root, &METRICS, top(&METRICS)) {
+        Some("") => Some(None),
+        Some(s) => match s.parse() {
+            Ok(addr) => Some(Some(addr)),
+            Err(_) => {
+                let span = root.get(METRICS.name).map_or(0..0, |v| v.span());
+                c.report(
+                    span,
+                    top(&METRICS),
+                    format!("metrics {s:?} is not address:port (\"\" disables metrics)"),
+                );
+                None
+            }
+        },
+        None => None,
+    };
+    let control_socket = c.path_key(root, &CONTROL_SOCKET, top(&CONTROL_SOCKET));
+    let lease_ttl_ms = c.integer_key(root, &LEASE_TTL_MS, top(&LEASE_TTL_MS));
+    let report_interval_ms = c.integer_key(root, &REPORT_INTERVAL_MS, top(&REPORT_INTERVAL_MS));
+    if let (Some(ttl), Some(interval)) = (lease_ttl_ms, report_interval_ms) {
+        if interval >= ttl {
+            let span = root
+                .get(REPORT_INTERVAL_MS.name)
+                .or(root.get(LEASE_TTL_MS.name))
+                .map_or(0..0, |v| v.span());
+            c.report(
+                span,
+                top(&REPORT_INTERVAL_MS),
+                format!("need 0 < report_interval_ms < lease_ttl_ms (got {interval} and {ttl})"),
+            );
+        }
+    }
+    let limits = peer_limits(c, root, report_interval_ms);
+    let tls = match root.get(TLS.name) {
+        Some(value) => tls(c, value),
+        None => {
+            c.report(
+                0..0,
+                top(&TLS),
+                "tls is required (a [tls] table with ca, cert and key)",
+            );
+            None
+        }
+    };
+    let quotas = match root.get(QUOTAS.name) {
+        Some(value) => quotas(c, value),
+        None => Some(Vec::new()),
+    };
+    Some(Config {
+        listen: listen?,
+        metrics: metrics?,
+        control_socket: control_socket?,
+        lease_ttl_ms: lease_ttl_ms?,
+        report_interval_ms: report_interval_ms?,
+        limits: limits?,
+        tls: tls?,
+        quotas: quotas?,
+    })
+}
+
+fn socket_addr(c: &mut Checker<'_>, value: &Value<'_>, at: At<'_>) -> Option<SocketAddr> {
+    let s = c.string(value, at)?;
+    match s.parse() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            c.report(
+                value.span(),
+                at,
+                format!("{s:?} is not address:port, such as \"0.0.0.0:7443\""),
+            );
+            None
+        }
+    }
+}
+
+fn peer_limits(
+    c: &mut Checker<'_>,
+    root: &DeTable<'_>,
+    report_interval_ms: Option<u64>,
+) -> Option<PeerLimits> {
+    let top = |key: &limiter_config::Key| At::top(key.name);
+    let count = |c: &mut Checker<'_>, key| {
+        c.integer_key(root, key, top(key))
+            .and_then(|n| usize::try_from(n).ok())
+    };
+    let max_hosts = count(c, &MAX_HOSTS);
+    let max_connections = match root.get(MAX_CONNECTIONS.name) {
+        Some(_) => count(c, &MAX_CONNECTIONS),
+        None => max_hosts.map(|hosts| 2 * hosts),
+    };
+    let max_connections_per_ip = count(c, &MAX_CONNECTIONS_PER_IP);
+    let handshake_timeout_ms =
+        c.integer_key(root, &HANDSHAKE_TIMEOUT_MS, top(&HANDSHAKE_TIMEOUT_MS));
+    let max_reports_per_s = match (root.get(MAX_REPORTS_PER_S.name), report_interval_ms) {
+        (Some(value), Some(interval)) => {
+            let daemon_max = daemon_max_reports_per_s(interval);
+            let n = c.integer_key(root, &MAX_REPORTS_PER_S, top(&MAX_REPORTS_PER_S))?;
+            if n < daemon_max {
+                c.report(
+                    value.span(),
+                    top(&MAX_REPORTS_PER_S),
+                    format!(
+                        "max_reports_per_s = {n} would refuse a healthy host's reports: with \
+                         report_interval_ms = {interval} a daemon sends up to {daemon_max} per second"
+                    ),
+                );
+                return None;
+            }
+            Some(n)
+        }
+        (Some(_), None) => c.integer_key(root, &MAX_REPORTS_PER_S, top(&MAX_REPORTS_PER_S)),
+        (None, interval) => interval.map(|i| 2 * daemon_max_reports_per_s(i)),
+    };
+    Some(PeerLimits {
+        max_hosts: max_hosts?,
+        max_connections: max_connections?,
+        max_connections_per_ip: max_connections_per_ip?,
+        handshake_timeout_ms: handshake_timeout_ms?,
+        max_reports_per_s: max_reports_per_s?.min(MAX_COUNT),
+    })
+}
+
+fn tls(c: &mut Checker<'_>, value: &Value<'_>) -> Option<TlsConfig> {
+    let table = c.table(value, At::top("tls"))?;
+    c.unknown_keys(table, &TLS_KEYS, At::top("tls"));
+    let mut file = |key: &limiter_config::Key| {
+        let path = format!("tls.{}", key.name);
+        match table.get(key.name) {
+            Some(_) => c.path_key(table, key, At::top(&path)),
+            None => {
+                c.report(
+                    value.span(),
+                    At::top(&path),
+                    format!("{} is required in [tls]", key.name),
+                );
+                None
+            }
+        }
+    };
+    let (ca, cert, key) = (file(&TLS_CA), file(&TLS_CERT), file(&TLS_KEY));
+    Some(TlsConfig {
+        ca: ca?,
+        cert: cert?,
+        key: key?,
+    })
+}
+
+fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<Quota>> {
+    let DeValue::Array(items) = value.get_ref() else {
+        c.report(
+            value.span(),
+            At::top("quotas"),
+            format!(
+                "expected an array of tables ([[quotas]]), found {}",
+                value.get_ref().type_str()
+            ),
+        );
+        return None;
+    };
+    let mut quotas = Vec::new();
+    let mut first_at: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let mut all_good = true;
+    for (index, item) in items.iter().enumerate() {
+        let prefix = format!("quotas[{index}]");
+        let Some(table) = c.table(item, At::top(&prefix)) else {
+            all_good = false;
+            continue;
+        };
+        let before = c.count();
+        let rule: Option<&str> = match table.get(QUOTA_RULE.name).map(|v| v.get_ref()) {
+            Some(DeValue::String(s)) => Some(s.as_ref()),
+            _ => None,
+        };
+        let at = At {
+            path: &prefix,
+            rule,
+        };
+        c.unknown_keys(table, &QUOTA_KEYS, at);
+        let field = |key: &limiter_config::Key| format!("{prefix}.{}", key.name);
+        let required = |c: &mut Checker<'_>, key: &limiter_config::Key| -> Option<u64> {
+            let path = field(key);
+            match table.get(key.name) {
+                Some(_) => c.integer_key(table, key, at.field(&path)),
+                None => {
+                    c.report(
+                        item.span(),
+                        at.field(&path),
+                        format!("{} is required in [[quotas]]", key.name),
+                    );
+                    None
+                }
+            }
+        };
+        let rate = required(c, &QUOTA_RATE);
+        let burst = required(c, &QUOTA_BURST);
+        let rule_path = field(&QUOTA_RULE);
+        let rule = match table.get(QUOTA_RULE.name) {
+            Some(v) => c.string(v, at.field(&rule_path)).map(|s| (s, v.span())),
+            None => {
+                c.report(
+                    item.span(),
+                    at.field(&rule_path),
+                    "rule is required in [[quotas]] (the rule name in the daemons' configs)",
+                );
+                None
+            }
+        };
+        if let (Some(rate), Some(burst)) = (rate, burst) {
+            if let Err(err) = Limit::new(Granularity::Event, rate, burst) {
+                let key = match err {
+                    LimitError::RateZero | LimitError::RateTooHigh => &QUOTA_RATE,
+                    LimitError::BurstZero | LimitError::BurstTooLong => &QUOTA_BURST,
+                };
+                let span = table.get(key.name).map_or(item.span(), |v| v.span());
+                c.report(span, at.field(&field(key)), err.to_string());
+            }
+        }
+        if let Some((name, span)) = &rule {
+            if let Some(&(first, line)) = first_at.get(*name) {
+                c.report(
+                    span.clone(),
+                    at.field(&rule_path),
+                    format!("quota for rule {name:?} given twice (first in quotas[{first}], line {line})"),
+                );
+            } else {
+                let line = c.line(span.start);
+                first_at.insert(name.to_string(), (index, line));
+            }
+        }
+        match (rule, rate, burst) {
+            (Some((rule, _)), Some(rate), Some(burst)) if c.count() == before => {
+                quotas.push(Quota {
+                    rule: rule.to_string(),
+                    rate,
+                    burst,
+                })
+            }
+            _ => all_good = false,
+        }
+    }
+    all_good.then_some(quotas)
+}
+
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
     use super::*;
 
     const TLS: &str = "[tls]\nca = \"a\"\ncert = \"b\"\nkey = \"c\"\n";
@@ -280,17 +487,178 @@ mod tests {
         let bad = format!(
             "listen = \"127.0.0.1:7443\"\n{TLS}[[quotas]]\nrule = \"x\"\nrate = 0\nburst = 2\n"
         );
-        let e = format!(
-            "{:#}",
-            Config::parse(&bad, Path::new("a.toml")).unwrap_err()
+        let e = Config::parse(&bad, Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "a.toml:8:8: quotas[0].rate (\"x\"): {}",
+                LimitError::RateZero
+            )
         );
-        assert!(e.contains("a.toml") && e.contains("rate"), "{e}");
         let unknown = format!("listen = \"127.0.0.1:7443\"\nfoo = 1\n{TLS}");
-        let e = format!(
-            "{:#}",
-            Config::parse(&unknown, Path::new("a.toml")).unwrap_err()
+        let e = Config::parse(&unknown, Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "a.toml:2:1: foo: unknown key \"foo\"; expected one of: listen, metrics,"
+            ),
+            "{e}"
         );
-        assert!(e.contains("foo") && e.contains("line 2"), "{e}");
+    }
+
+    /// Every problem of the file at once, each by line, column and field (the old
+    /// checker, serde's, stopped at the first).
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = "listen = \"nowhere\"\nmax_hosts = 0\nhandshake_timeout_ms = 60001\n\
+                    report_interval_ms = 5000\n[tls]\nca = \"a\"\ncert = 3\n\
+                    [[quotas]]\nrule = \"x\"\nrate = 1\nburst = 0\n\
+                    [[quotas]]\nrule = \"x\"\nrate = 1\nburst = 1\nbrust = 1\n";
+        let err = Config::parse(text, Path::new("a.toml")).unwrap_err();
+        let lines: Vec<String> = err.to_string().lines().map(str::to_string).collect();
+        assert_eq!(
+            lines,
+            [
+                "a.toml:1:10: listen: \"nowhere\" is not address:port, such as \"0.0.0.0:7443\"",
+                "a.toml:2:13: max_hosts: must be between 1 and 1000000, got 0",
+                "a.toml:3:24: handshake_timeout_ms: must be between 1 and 60000, got 60001",
+                "a.toml:4:22: report_interval_ms: need 0 < report_interval_ms < lease_ttl_ms (got 5000 and 3000)",
+                "a.toml:5:1: tls.key: key is required in [tls]",
+                "a.toml:7:8: tls.cert: expected a string, found integer",
+                &format!("a.toml:11:9: quotas[0].burst (\"x\"): {}", LimitError::BurstZero),
+                "a.toml:13:8: quotas[1].rule (\"x\"): quota for rule \"x\" given twice (first in quotas[0], line 9)",
+                "a.toml:16:1: quotas[1].brust (\"x\"): unknown key \"brust\"; expected one of: rule, rate, burst",
+            ]
+        );
+    }
+
+    /// One bad input a row: its only problem, on that field, with that message.
+    #[test]
+    fn bad_inputs_each_get_their_problem() {
+        let base = "listen = \"127.0.0.1:7443\"\n";
+        let cases: &[(&str, &str, &str, &str)] = &[
+            (
+                "no listen",
+                "metrics = \"\"\n",
+                "listen",
+                "listen is required",
+            ),
+            ("no tls", "", "tls", "tls is required"),
+            (
+                "metrics not an address",
+                "metrics = \"local\"\n",
+                "metrics",
+                "metrics \"local\" is not address:port",
+            ),
+            (
+                "empty socket",
+                "control_socket = \"\"\n",
+                "control_socket",
+                "must not be empty",
+            ),
+            (
+                "zero ttl",
+                "lease_ttl_ms = 0\n",
+                "lease_ttl_ms",
+                "must be at least 1, got 0",
+            ),
+            (
+                "max_connections zero",
+                "max_connections = 0\n",
+                "max_connections",
+                "must be between 1 and 1000000",
+            ),
+            (
+                "per ip zero",
+                "max_connections_per_ip = 0\n",
+                "max_connections_per_ip",
+                "must be between 1 and 1000000",
+            ),
+            (
+                "handshake zero",
+                "handshake_timeout_ms = 0\n",
+                "handshake_timeout_ms",
+                "must be between 1 and 60000",
+            ),
+            (
+                "reports below a daemon's",
+                "max_reports_per_s = 4\n",
+                "max_reports_per_s",
+                "would refuse a healthy host",
+            ),
+            (
+                "hosts beyond u64",
+                "max_hosts = 18446744073709551616\n",
+                "max_hosts",
+                "must be between 1 and 1000000",
+            ),
+            (
+                "quotas a table",
+                "[quotas]\nrule = \"x\"\n",
+                "quotas",
+                "expected an array of tables",
+            ),
+            (
+                "quota without rule",
+                "[[quotas]]\nrate = 1\nburst = 1\n",
+                "quotas[0].rule",
+                "rule is required",
+            ),
+            (
+                "quota rate too high",
+                "[[quotas]]\nrule = \"x\"\nrate = 1000000000001\nburst = 1\n",
+                "quotas[0].rate",
+                "at most",
+            ),
+            (
+                "quota burst a year",
+                "[[quotas]]\nrule = \"x\"\nrate = 1\nburst = 100000000\n",
+                "quotas[0].burst",
+                "year",
+            ),
+        ];
+        let mut failed = Vec::new();
+        for (name, extra, field, message) in cases {
+            let tls = if *name == "no tls" { "" } else { TLS };
+            let listen = if *name == "no listen" { "" } else { base };
+            // Tables come last in TOML: the [tls] table before any [[quotas]].
+            let text = format!(
+                "{listen}{}{tls}{}",
+                if extra.starts_with('[') { "" } else { extra },
+                if extra.starts_with('[') { extra } else { "" }
+            );
+            match Config::parse(&text, Path::new("a.toml")) {
+                Ok(_) => failed.push(format!("{name}: accepted")),
+                Err(err) => {
+                    let shown = err.to_string();
+                    let ok = err.problems().len() == 1
+                        && err.problems()[0].field == *field
+                        && shown.contains(message);
+                    if !ok {
+                        failed.push(format!(
+                            "{name}: expected {field}: {message:?}, got:\n{shown}"
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(
+            failed.is_empty(),
+            "{} of {} cases failed:\n{}",
+            failed.len(),
+            cases.len(),
+            failed.join("\n")
+        );
+    }
+
+    /// The example config shows every key of the schema, with its default where it has one.
+    #[test]
+    fn the_example_config_shows_every_key() {
+        let text = include_str!("../../limiter-allocator.example.toml");
+        assert_eq!(TOP_KEYS.documentation_gaps(text), Vec::<String>::new());
     }
 
     #[test]
@@ -321,16 +689,15 @@ mod tests {
             Config::parse(&format!("{base}max_hosts = 10\n{TLS}"), Path::new("a.toml")).unwrap();
         assert_eq!((c.limits.max_hosts, c.limits.max_connections), (10, 20));
         for (bad, what) in [
-            ("max_hosts = 0", "max_hosts must be between"),
-            ("max_connections = 0", "max_connections must be between"),
+            ("max_hosts = 0", "max_hosts: must be between"),
+            ("max_connections = 0", "max_connections: must be between"),
             ("handshake_timeout_ms = 0", "handshake_timeout_ms"),
             ("max_reports_per_s = 4", "would refuse a healthy host"),
         ] {
-            let e = format!(
-                "{:#}",
-                Config::parse(&format!("{base}{bad}\n{TLS}"), Path::new("a.toml")).unwrap_err()
-            );
-            assert!(e.contains(what) && e.contains("a.toml"), "{bad}: {e}");
+            let e = Config::parse(&format!("{base}{bad}\n{TLS}"), Path::new("a.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(what) && e.contains("a.toml:2:"), "{bad}: {e}");
         }
     }
 }

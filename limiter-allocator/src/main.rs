@@ -40,7 +40,7 @@ struct Cli {
     command: Command,
 }
 
-const DEFAULT_SOCKET: &str = "/run/limiter-allocator/allocator.sock";
+const DEFAULT_SOCKET: &str = config::DEFAULT_CONTROL_SOCKET;
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -54,7 +54,8 @@ enum Command {
     #[command(subcommand)]
     Quota(QuotaCommand),
     /// Check a configuration file as `run` would (its TLS files read too), changing
-    /// nothing: exit status 0 when it would be accepted, 1 with the problem when not.
+    /// nothing: exit status 0 when it would be accepted, 1 with every problem (by file,
+    /// line, column and field) when not.
     Check {
         /// Configuration file (TOML).
         #[arg(long)]

@@ -50,7 +50,8 @@ fn limiter_check_accepts_the_example_and_lists_every_problem_of_a_bad_file() {
     assert_eq!(code, 1, "{out}{err}");
     // Both problems, each by file, line and field.
     assert!(
-        err.contains("bad.toml:7: rules[0].burst") && err.contains("bad.toml:12: rules[1].proto"),
+        err.contains("bad.toml:7:8: rules[0].burst")
+            && err.contains("bad.toml:12:9: rules[1].proto"),
         "{err}"
     );
     // What only the rule compiler sees is refused too: 17 rules over one destination.
@@ -103,6 +104,22 @@ fn allocator_check_reads_the_tls_files_and_changes_nothing() {
     let (code, _, err) = check(&allocator, &path);
     assert_eq!(code, 1);
     assert!(err.contains("report_interval_ms < lease_ttl_ms"), "{err}");
+    // Every problem at once, each by file, line, column and field.
+    std::fs::write(
+        &path,
+        config(3000, &pki.ca()).replace("max_hosts = 8", "max_hosts = 0\nmax_host = 8"),
+    )
+    .unwrap();
+    let (code, _, err) = check(&allocator, &path);
+    assert_eq!(code, 1);
+    let shown = |needle: &str| err.lines().any(|l| l.contains(needle));
+    for needle in [
+        "allocator.toml:5:22: report_interval_ms: need 0 < report_interval_ms < lease_ttl_ms",
+        "allocator.toml:6:13: max_hosts: must be between 1 and 1000000, got 0",
+        "allocator.toml:7:1: max_host: unknown key \"max_host\"",
+    ] {
+        assert!(shown(needle), "{needle:?} not in:\n{err}");
+    }
     let missing = dir.path().join("no-such-ca.pem");
     std::fs::write(&path, config(1000, &missing)).unwrap();
     let (code, _, err) = check(&allocator, &path);

@@ -1,0 +1,193 @@
+//! The keys of a config file as data: one [`Key`] row a key (name, what its absence
+//! means, how its value is read, help), grouped in a [`Section`] per table. The
+//! unknown-key check lists a section's names, the checker's keyed readers
+//! ([`Checker::integer_key`](crate::Checker::integer_key) …) take bounds and defaults
+//! from the row, and [`Section::documentation_gaps`] holds the docs to the rows.
+
+/// What an absent key means: the "required / default" column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Absent {
+    /// The key must be given.
+    Required,
+    /// This integer.
+    Int(u64),
+    /// This string (a word, a path, an address).
+    Str(&'static str),
+    /// Nothing is set; the text says what that means ("any port", "the hostname").
+    Unset(&'static str),
+}
+
+/// How a key's value is read: the "parser" column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An integer in `min..=max`.
+    Integer { min: u64, max: u64 },
+    /// Any string.
+    String,
+    /// A non-empty path.
+    Path,
+    /// One of these words.
+    Word(&'static [&'static str]),
+    /// `address:port`.
+    SocketAddr,
+    /// An IP address.
+    IpAddr,
+    /// A table of these keys.
+    Table(&'static Section),
+    /// An array of tables of these keys (`[[name]]`).
+    Tables(&'static Section),
+    /// Read by code of its own; the text says what it takes.
+    Other(&'static str),
+}
+
+/// One key of a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub name: &'static str,
+    pub absent: Absent,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+impl Key {
+    pub const fn required(&self) -> bool {
+        matches!(self.absent, Absent::Required)
+    }
+
+    /// The default as the config spells it (`3000`, `"auto"`), when there is one.
+    pub fn default_spelling(&self) -> Option<String> {
+        match self.absent {
+            Absent::Int(n) => Some(n.to_string()),
+            Absent::Str(s) => Some(format!("\"{s}\"")),
+            Absent::Required | Absent::Unset(_) => None,
+        }
+    }
+}
+
+/// The keys of one table, in the order the docs list them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Section {
+    /// How the docs name the table: `""` for the top level, `[fleet]`, `[[rules]]`.
+    pub name: &'static str,
+    pub keys: &'static [Key],
+}
+
+impl Section {
+    /// The key names: what the unknown-key check accepts.
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.keys.iter().map(|k| k.name)
+    }
+
+    pub fn key(&self, name: &str) -> Option<&'static Key> {
+        self.keys.iter().find(|k| k.name == name)
+    }
+
+    /// Keys of this section and the sections under it that `doc` (a README, an example
+    /// config) does not show, each with what is missing. A key is shown by a line
+    /// `name = …` (commented out or not; a table also by `[…name]`), and a key with a
+    /// default by such a line giving the default, or saying `default DEFAULT`.
+    pub fn documentation_gaps(&self, doc: &str) -> Vec<String> {
+        let mut gaps = Vec::new();
+        self.gaps_into(doc, &mut gaps);
+        gaps
+    }
+
+    fn gaps_into(&self, doc: &str, gaps: &mut Vec<String>) {
+        for key in self.keys {
+            let assigned = format!("{} =", key.name);
+            let lines: Vec<&str> = doc
+                .lines()
+                .map(|l| l.trim_start_matches(|c: char| c == '#' || c.is_whitespace()))
+                .filter(|l| {
+                    l.starts_with(&assigned)
+                        || l.starts_with('[') && l.contains(&format!("{}]", key.name))
+                })
+                .collect();
+            let where_ = if self.name.is_empty() {
+                "top level"
+            } else {
+                self.name
+            };
+            if lines.is_empty() {
+                gaps.push(format!("{where_}: {} is not shown", key.name));
+                continue;
+            }
+            if let Some(default) = key.default_spelling() {
+                let given = format!("{} = {default}", key.name);
+                let said = format!("default {}", default.trim_matches('"'));
+                if !lines
+                    .iter()
+                    .any(|l| l.starts_with(&given) || l.contains(&said))
+                {
+                    gaps.push(format!(
+                        "{where_}: {} is not shown with its default {default}",
+                        key.name
+                    ));
+                }
+            }
+            if let Kind::Table(section) | Kind::Tables(section) = key.kind {
+                section.gaps_into(doc, gaps);
+            }
+        }
+    }
+}
+
+/// Defines a [`Section`] and a named [`Key`] constant for each of its rows, so that a
+/// key is one row: `CONST = "name", absent, kind, "help";`.
+#[macro_export]
+macro_rules! section {
+    ($(#[$meta:meta])* $section:ident = $title:literal {
+        $($(#[$kmeta:meta])* $konst:ident = $name:literal, $absent:expr, $kind:expr, $help:literal;)+
+    }) => {
+        $($(#[$kmeta])*
+        pub const $konst: $crate::Key = $crate::Key {
+            name: $name,
+            absent: $absent,
+            kind: $kind,
+            help: $help,
+        };)+
+        $(#[$meta])*
+        pub const $section: $crate::Section = $crate::Section {
+            name: $title,
+            keys: &[$($konst),+],
+        };
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    crate::section! {
+        INNER = "[inner]" {
+            INNER_N = "n", Absent::Int(3), Kind::Integer { min: 0, max: 9 }, "a number";
+        }
+    }
+    crate::section! {
+        OUTER = "" {
+            MODE = "mode", Absent::Str("fast"), Kind::Word(&["fast", "slow"]), "how";
+            NAME = "name", Absent::Required, Kind::String, "who";
+            TABLE = "inner", Absent::Unset("none"), Kind::Table(&INNER), "more";
+        }
+    }
+
+    #[test]
+    fn documentation_gaps_name_what_the_doc_misses() {
+        let good = "mode = \"fast\"\nname = \"x\"\n[inner]\n# n = 3\n";
+        assert_eq!(OUTER.documentation_gaps(good), Vec::<String>::new());
+        let said = "mode = \"slow\"  # fast | slow (default fast)\nname = \"x\"\n[inner]\nn = 3\n";
+        assert_eq!(OUTER.documentation_gaps(said), Vec::<String>::new());
+        let bad = "mode = \"slow\"\n[inner]\nn = 4\n";
+        assert_eq!(
+            OUTER.documentation_gaps(bad),
+            [
+                "top level: mode is not shown with its default \"fast\"",
+                "top level: name is not shown",
+                "[inner]: n is not shown with its default 3",
+            ]
+        );
+        assert_eq!(OUTER.names().collect::<Vec<_>>(), ["mode", "name", "inner"]);
+        assert_eq!(OUTER.key("inner").map(|k| k.required()), Some(false));
+        assert!(NAME.required());
+    }
+}

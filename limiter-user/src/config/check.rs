@@ -1,0 +1,909 @@
+//! The config file's checker: walks toml's spanned tree ([`limiter_config::Checker`]),
+//! reading each key by its schema row ([`super::schema`]) and reporting every problem
+//! with its line, column and field path, then the checks that relate keys (ambiguous
+//! rules, keys that need another). Nothing here touches the system: [`Config::parse`] is
+//! pure, [`Config::load`] only reads the file.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    ops::{Deref, DerefMut, Range},
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use limiter_common::{
+    abi,
+    gcra::{Limit, LimitError},
+};
+use limiter_config::{
+    toml::{
+        de::{DeTable, DeValue},
+        Spanned,
+    },
+    Absent, At, Checker, ConfigError, ConfigWord, Key, Value,
+};
+
+use super::{schema::*, types::*};
+
+impl Config {
+    /// Reads and validates the config file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = limiter_config::read_file(path)?;
+        Config::parse(&text, path)
+    }
+
+    /// Validates `text`; `origin` names the file in error messages.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let root = Checker::parse(text, origin)?;
+        let mut walk = Walk(Checker::new(text));
+        let config = walk.config(root.get_ref());
+        walk.0.finish(origin).map(|()| config)
+    }
+}
+
+/// The configuration of an empty file: what every schema row says an absent key means.
+pub(super) fn defaults() -> Config {
+    Walk(Checker::new("")).config(&DeTable::new())
+}
+
+/// The limiter's walk over a file, on the shared checker (whose readers it calls as its
+/// own).
+struct Walk<'t>(Checker<'t>);
+
+impl<'t> Deref for Walk<'t> {
+    type Target = Checker<'t>;
+
+    fn deref(&self) -> &Checker<'t> {
+        &self.0
+    }
+}
+
+impl DerefMut for Walk<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+/// What the cross-rule checks need to know about a rule, valid or not: a rule with a
+/// bad burst still claims its name and its (dst, dst_port, proto).
+struct RuleSite {
+    index: usize,
+    /// Where the rule's table starts.
+    header_at: Range<usize>,
+    /// The name, when it is a string.
+    name: Option<String>,
+    /// Where its name is (the header when it has none).
+    name_at: Range<usize>,
+    /// (dst, dst_port, proto), when all three parsed.
+    key: Option<MatchKey>,
+}
+
+type MatchKey = (IpNet, Option<u16>, Proto);
+
+impl Walk<'_> {
+    /// A word key's value, else (absent or wrong: reported) the row's default.
+    fn word_or_default<E: ConfigWord>(&mut self, root: &DeTable<'_>, key: &Key) -> E {
+        self.word_key(root, key, At::top(key.name))
+            .or_else(|| match key.absent {
+                Absent::Str(spelling) => E::from_spelling(spelling).ok(),
+                _ => None,
+            })
+            .unwrap_or(E::all()[0])
+    }
+
+    /// An integer key's value, else (absent or wrong: reported) the row's default.
+    fn integer_or_default(&mut self, root: &DeTable<'_>, key: &Key) -> u64 {
+        self.integer_key(root, key, At::top(key.name))
+            .or(match key.absent {
+                Absent::Int(n) => Some(n),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
+    /// A path key's value, else (absent or wrong: reported) the row's default.
+    fn path_or_default(&mut self, root: &DeTable<'_>, key: &Key) -> PathBuf {
+        self.path_key(root, key, At::top(key.name))
+            .or(match key.absent {
+                Absent::Str(path) => Some(PathBuf::from(path)),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
+    fn config(&mut self, root: &DeTable<'_>) -> Config {
+        self.unknown_keys(root, &TOP_KEYS, At::top(""));
+        let top = At::top;
+
+        let interfaces = match root.get(INTERFACES.name) {
+            Some(value) => self.interfaces(value),
+            None => Vec::new(),
+        };
+        let xdp_mode: XdpMode = self.word_or_default(root, &XDP_MODE);
+        let xdp_share: XdpShare = self.word_or_default(root, &XDP_SHARE);
+        let xdp_priority = self.integer_or_default(root, &XDP_PRIORITY);
+        let xdp_share_fallback: XdpShareFallback = self.word_or_default(root, &XDP_SHARE_FALLBACK);
+        if xdp_share == XdpShare::Libxdp && xdp_mode == XdpMode::Tc {
+            if let Some(value) = root.get("xdp_share") {
+                self.report(
+                    value.span(),
+                    top("xdp_share"),
+                    "xdp_share = \"libxdp\" shares the XDP hook, and xdp_mode = \"tc\" does not \
+                     use it: choose xdp_mode auto, native or generic, or xdp_share = \"exclusive\"",
+                );
+            }
+        }
+        if xdp_share != XdpShare::Libxdp {
+            if let Some(value) = root.get("xdp_priority") {
+                self.report(
+                    value.span(),
+                    top("xdp_priority"),
+                    "xdp_priority is the run priority in a libxdp dispatcher: it needs \
+                     xdp_share = \"libxdp\"",
+                );
+            }
+            if let Some(value) = root.get("xdp_share_fallback") {
+                self.report(
+                    value.span(),
+                    top("xdp_share_fallback"),
+                    "xdp_share_fallback says what xdp_share = \"libxdp\" does where the \
+                     kernel refuses freplace: it needs xdp_share = \"libxdp\"",
+                );
+            }
+        }
+        let pin_dir = self.path_or_default(root, &PIN_DIR);
+        let control_socket = self.path_or_default(root, &CONTROL_SOCKET);
+        let metrics = self.metrics(root);
+        let max_sources = self.integer_or_default(root, &MAX_SOURCES);
+        let fleet_size = self.integer_or_default(root, &FLEET_SIZE);
+        let rules = match root.get(RULES.name) {
+            Some(value) => self.rules(value),
+            None => Vec::new(),
+        };
+        let fleet = root.get(FLEET.name).and_then(|value| self.fleet(value));
+        let mut config = Config {
+            interfaces,
+            xdp_mode,
+            xdp_share,
+            xdp_priority: u32::try_from(xdp_priority).unwrap_or(u32::MAX),
+            xdp_share_fallback,
+            pin_dir,
+            control_socket,
+            metrics,
+            max_sources: u32::try_from(max_sources).unwrap_or(MAX_MAX_SOURCES),
+            fleet_size: u32::try_from(fleet_size).unwrap_or(u32::MAX),
+            rules,
+            fleet,
+            handoff: None,
+        };
+        config.handoff = self.handoff(root, &config);
+        config
+    }
+
+    /// `metrics`: an address, or `""` for none.
+    fn metrics(&mut self, root: &DeTable<'_>) -> Option<SocketAddr> {
+        let default = || match METRICS.absent {
+            Absent::Str(addr) => addr.parse().ok(),
+            _ => None,
+        };
+        let Some(value) = root.get(METRICS.name) else {
+            return default();
+        };
+        let s = self.string(value, At::top("metrics"))?;
+        if s.is_empty() {
+            return None;
+        }
+        match s.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                self.report(
+                    value.span(),
+                    At::top("metrics"),
+                    format!(
+                        "\"{s}\" is not an address:port such as \"{DEFAULT_METRICS}\" \
+                         or \"[::1]:9464\" (use \"\" to disable metrics)"
+                    ),
+                );
+                default()
+            }
+        }
+    }
+
+    fn handoff(&mut self, root: &DeTable<'_>, config: &Config) -> Option<HandoffSpec> {
+        let top = |path| At { path, rule: None };
+        let next = root.get("next_program");
+        let join = root.get("join_program_array");
+        if let (Some(_), Some(join)) = (next, join) {
+            self.report(
+                join.span(),
+                top("join_program_array"),
+                "set together with next_program: choose one (next_program: the limiter runs \
+                 on the hook and calls the LB; join_program_array: the LB's root program \
+                 calls the limiter)",
+            );
+            return None;
+        }
+        let (key, value) = match (next, join) {
+            (Some(v), None) => ("next_program", v),
+            (None, Some(v)) => ("join_program_array", v),
+            _ => return None,
+        };
+        let text = self.string(value, top(key))?;
+        let spec = match parse_pin_index(text, key == "join_program_array") {
+            Ok((pin, None)) => HandoffSpec::Program(pin),
+            Ok((array, Some(index))) if key == "next_program" => HandoffSpec::Slot { array, index },
+            Ok((array, Some(index))) => HandoffSpec::Join { array, index },
+            Err(message) => {
+                self.report(value.span(), top(key), message);
+                return None;
+            }
+        };
+        if config.xdp_mode == XdpMode::Tc {
+            self.report(
+                value.span(),
+                top(key),
+                "not with xdp_mode = \"tc\": the TC build cannot tail-call an XDP program \
+                 (the kernel refuses calls across program types); use xdp_mode \"auto\", \
+                 \"native\" or \"generic\"",
+            );
+            return None;
+        }
+        if config.xdp_share == XdpShare::Libxdp {
+            self.report(
+                value.span(),
+                top(key),
+                "not with xdp_share = \"libxdp\": in a libxdp dispatcher the next component \
+                 gets what the limiter passes; a tail call would skip it. Use one way of \
+                 sharing: the dispatcher (xdp_share) or the handoff (this key)",
+            );
+            return None;
+        }
+        if matches!(spec, HandoffSpec::Join { .. }) && !config.interfaces.is_empty() {
+            self.report(
+                value.span(),
+                top(key),
+                "not with interfaces: the LB's root program runs on the interfaces and calls \
+                 the limiter from its array; attaching the limiter too would meter every \
+                 frame twice (leave interfaces empty)",
+            );
+            return None;
+        }
+        Some(spec)
+    }
+
+    fn fleet(&mut self, value: &Value<'_>) -> Option<FleetSpec> {
+        let top = |path| At { path, rule: None };
+        let DeValue::Table(table) = value.get_ref() else {
+            self.report(
+                value.span(),
+                top("fleet"),
+                format!("expected a table, found {}", value.get_ref().type_str()),
+            );
+            return None;
+        };
+        self.unknown_keys(table, &FLEET_KEYS, At::top("fleet"));
+        let before = self.count();
+        let required_path =
+            |this: &mut Self, key: &'static str, path: &'static str| match table.get(key) {
+                Some(v) => this.path(v, top(path)),
+                None => {
+                    this.report(
+                        value.span(),
+                        top(path),
+                        format!("{key} is required in [fleet]"),
+                    );
+                    None
+                }
+            };
+        let ca = required_path(self, "ca", "fleet.ca");
+        let cert = required_path(self, "cert", "fleet.cert");
+        let key = required_path(self, "key", "fleet.key");
+        let allocator = match table.get("allocator") {
+            Some(v) => {
+                self.string(v, top("fleet.allocator"))
+                    .and_then(|s| match s.parse::<SocketAddr>() {
+                        Ok(a) => Some(a),
+                        Err(_) => {
+                            self.report(
+                                v.span(),
+                                top("fleet.allocator"),
+                                format!(
+                                    "\"{s}\" is not an address:port such as \"198.18.0.1:7443\""
+                                ),
+                            );
+                            None
+                        }
+                    })
+            }
+            None => {
+                self.report(
+                    value.span(),
+                    top("fleet.allocator"),
+                    "allocator is required in [fleet]",
+                );
+                None
+            }
+        };
+        let server_name = self
+            .string_key(table, &FLEET_SERVER_NAME, top("fleet.server_name"))
+            .map(str::to_string);
+        let host_id = match table.get("host_id") {
+            Some(v) => self.string(v, top("fleet.host_id")).map(str::to_string),
+            None => Some(default_host_id()),
+        };
+        if let (Some(id), Some(v)) = (&host_id, table.get("host_id")) {
+            if let Err(e) = check_rule_name(id) {
+                self.report(
+                    v.span(),
+                    top("fleet.host_id"),
+                    e.replace("rule name", "host id"),
+                );
+            }
+        }
+        let bind = match table.get("bind") {
+            Some(v) => self
+                .string(v, top("fleet.bind"))
+                .and_then(|s| match s.parse() {
+                    Ok(ip) => Some(Some(ip)),
+                    Err(_) => {
+                        self.report(
+                            v.span(),
+                            top("fleet.bind"),
+                            format!("\"{s}\" is not an IP address"),
+                        );
+                        None
+                    }
+                }),
+            None => Some(None),
+        };
+        let lease_ttl_ms = self.integer_key(table, &FLEET_LEASE_TTL_MS, top("fleet.lease_ttl_ms"));
+        let sticky_max_s = self.integer_key(table, &FLEET_STICKY_MAX_S, top("fleet.sticky_max_s"));
+        let report_interval_ms = self.integer_key(
+            table,
+            &FLEET_REPORT_INTERVAL_MS,
+            top("fleet.report_interval_ms"),
+        );
+        if let (Some(ttl), Some(interval)) = (lease_ttl_ms, report_interval_ms) {
+            if interval >= ttl {
+                let at = table
+                    .get("report_interval_ms")
+                    .map_or(value.span(), |v| v.span());
+                self.report(at, top("fleet.report_interval_ms"), format!("must be below lease_ttl_ms ({ttl}) so leases are renewed before they lapse"));
+            }
+        }
+        if self.count() != before {
+            return None;
+        }
+        Some(FleetSpec {
+            allocator: allocator?,
+            server_name: server_name?,
+            host_id: host_id?,
+            ca: ca?,
+            cert: cert?,
+            key: key?,
+            bind: bind?,
+            lease_ttl_ms: lease_ttl_ms?,
+            sticky_max_s: sticky_max_s?,
+            report_interval_ms: report_interval_ms?,
+        })
+    }
+
+    fn interfaces(&mut self, value: &Value<'_>) -> Vec<String> {
+        let at = At {
+            path: "interfaces",
+            rule: None,
+        };
+        let DeValue::Array(items) = value.get_ref() else {
+            self.report(
+                value.span(),
+                at,
+                format!(
+                    "expected an array of interface names, found {}",
+                    value.get_ref().type_str()
+                ),
+            );
+            return Vec::new();
+        };
+        let mut names: Vec<String> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("interfaces[{i}]");
+            let Some(name) = self.string(item, at.field(&path)) else {
+                continue;
+            };
+            if let Err(why) = check_interface_name(name) {
+                self.report(item.span(), at.field(&path), why);
+            } else if names.iter().any(|n| n == name) {
+                self.report(
+                    item.span(),
+                    at.field(&path),
+                    format!("interface \"{name}\" is listed twice"),
+                );
+            } else {
+                names.push(name.to_string());
+            }
+        }
+        names
+    }
+
+    fn rules(&mut self, value: &Value<'_>) -> Vec<RuleSpec> {
+        let at = At {
+            path: "rules",
+            rule: None,
+        };
+        let DeValue::Array(items) = value.get_ref() else {
+            self.report(
+                value.span(),
+                at,
+                format!(
+                    "expected an array of tables ([[rules]]), found {}",
+                    value.get_ref().type_str()
+                ),
+            );
+            return Vec::new();
+        };
+        if items.len() > abi::MAX_RULES as usize {
+            let span = items
+                .get(abi::MAX_RULES as usize)
+                .map_or_else(|| value.span(), Spanned::span);
+            self.report(
+                span,
+                at,
+                format!(
+                    "at most {} rules are supported, found {}",
+                    abi::MAX_RULES,
+                    items.len()
+                ),
+            );
+        }
+        let mut rules: Vec<RuleSpec> = Vec::new();
+        let mut sites: Vec<RuleSite> = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            let (rule, site) = self.rule(index, item);
+            rules.extend(rule);
+            sites.extend(site);
+        }
+        self.cross_rule_checks(&sites);
+        rules
+    }
+
+    fn cross_rule_checks(&mut self, sites: &[RuleSite]) {
+        let mut by_name: BTreeMap<&str, &RuleSite> = BTreeMap::new();
+        let mut by_match: BTreeMap<MatchKey, &RuleSite> = BTreeMap::new();
+        for site in sites {
+            let Some(name) = site.name.as_deref() else {
+                continue;
+            };
+            if let Some(first) = by_name.get(name) {
+                let message = format!(
+                    "name \"{name}\" is already used by rules[{}] (line {}); rule names must be \
+                     unique",
+                    first.index,
+                    self.line(first.name_at.start)
+                );
+                let path = format!("rules[{}].name", site.index);
+                self.report(
+                    site.name_at.clone(),
+                    At {
+                        path: &path,
+                        rule: Some(name),
+                    },
+                    message,
+                );
+            } else {
+                by_name.insert(name, site);
+            }
+
+            let Some(key) = site.key else {
+                continue;
+            };
+            if let Some(first) = by_match.get(&key) {
+                let (dst, port, proto) = key;
+                let port = port.map_or_else(|| "any".to_string(), |p| p.to_string());
+                let message = format!(
+                    "ambiguous: rules[{}] ({:?}, line {}) and this rule both match dst {dst}, \
+                     dst_port {port}, proto {proto}; a packet must match one most specific \
+                     rule, so merge them or make one more specific",
+                    first.index,
+                    first.name.as_deref().unwrap_or_default(),
+                    self.line(first.header_at.start),
+                );
+                let path = format!("rules[{}]", site.index);
+                self.report(
+                    site.header_at.clone(),
+                    At {
+                        path: &path,
+                        rule: Some(name),
+                    },
+                    message,
+                );
+            } else {
+                by_match.insert(key, site);
+            }
+        }
+    }
+
+    /// Parses and checks one rule. The spec is `None` when any of its fields is wrong (the
+    /// problems are recorded); the site is `None` when the rule is not even a table.
+    fn rule(&mut self, index: usize, value: &Value<'_>) -> (Option<RuleSpec>, Option<RuleSite>) {
+        let prefix = format!("rules[{index}]");
+        let DeValue::Table(table) = value.get_ref() else {
+            self.report(
+                value.span(),
+                At {
+                    path: &prefix,
+                    rule: None,
+                },
+                format!("expected a table, found {}", value.get_ref().type_str()),
+            );
+            return (None, None);
+        };
+        let before = self.count();
+        let header_span = value.span();
+
+        // The name first: every other problem of the rule is labelled with it.
+        let name_path = format!("{prefix}.name");
+        let name_value = table.get("name");
+        let name: Option<&str> = match name_value {
+            Some(v) => match v.get_ref() {
+                DeValue::String(s) => Some(s.as_ref()),
+                _ => None,
+            },
+            None => None,
+        };
+        let at = At {
+            path: &prefix,
+            rule: name,
+        };
+        self.unknown_keys(table, &RULE_KEYS, at);
+        let name_at = match name_value {
+            Some(v) => {
+                if let Some(s) = self.string(v, at.field(&name_path)) {
+                    if let Err(why) = check_rule_name(s) {
+                        self.report(v.span(), at.field(&name_path), why);
+                    }
+                }
+                v.span()
+            }
+            None => {
+                self.report(
+                    header_span.clone(),
+                    at.field(&name_path),
+                    "name is required",
+                );
+                header_span.clone()
+            }
+        };
+
+        let field = |key: &str| format!("{prefix}.{key}");
+        let dst_path = field("dst");
+        let dst = match table.get("dst") {
+            Some(v) => self
+                .string(v, at.field(&dst_path))
+                .and_then(|s| match parse_dst(s) {
+                    Ok(net) => Some(net),
+                    Err(why) => {
+                        self.report(v.span(), at.field(&dst_path), why);
+                        None
+                    }
+                }),
+            None => {
+                self.report(
+                    header_span.clone(),
+                    at.field(&dst_path),
+                    "dst is required (a destination prefix such as \"203.0.113.0/24\")",
+                );
+                None
+            }
+        };
+        let port_path = field("dst_port");
+        let port_value = table.get("dst_port");
+        let dst_port = self
+            .integer_key(table, &RULE_DST_PORT, at.field(&port_path))
+            .and_then(|p| u16::try_from(p).ok());
+        let proto_path = field("proto");
+        let proto: Option<Proto> = self.word_key(table, &RULE_PROTO, at.field(&proto_path));
+        let unit_path = field("unit");
+        let unit_value = table.get("unit");
+        let unit: Option<Unit> = self.word_key(table, &RULE_UNIT, at.field(&unit_path));
+        let mode_path = field("mode");
+        let mode: Option<Mode> = self.word_key(table, &RULE_MODE, at.field(&mode_path));
+        let fail_path = field("fail_mode");
+        let fail_mode: Option<FailMode> = self
+            .word_key::<FailModeWord>(table, &RULE_FAIL_MODE, at.field(&fail_path))
+            .map(|word| word.0);
+
+        if let (Some(port_value), Some(Proto::Icmp)) = (port_value, proto) {
+            self.report(
+                port_value.span(),
+                at.field(&port_path),
+                "dst_port is not allowed with proto \"icmp\" (ICMP has no ports)",
+            );
+        }
+        if let (Some(Unit::Syn), Some(proto @ (Proto::Udp | Proto::Icmp))) = (unit, proto) {
+            let span = unit_value.map_or_else(|| header_span.clone(), Spanned::span);
+            self.report(
+                span,
+                at.field(&unit_path),
+                format!("unit \"syn\" requires proto \"tcp\" or \"any\", not \"{proto}\""),
+            );
+        }
+
+        // Aggregate limit.
+        let rate_path = field("rate");
+        let burst_path = field("burst");
+        let rate_value = table.get("rate");
+        let burst_value = table.get("burst");
+        let rate = self.integer_key(table, &RULE_RATE, at.field(&rate_path));
+        let burst = self.integer_key(table, &RULE_BURST, at.field(&burst_path));
+        match (rate_value, burst_value) {
+            (Some(rate_value), None) => self.report(
+                rate_value.span(),
+                at.field(&burst_path),
+                "burst is required when rate is set",
+            ),
+            (None, Some(burst_value)) => self.report(
+                burst_value.span(),
+                at.field(&burst_path),
+                "burst is not allowed without rate (the aggregate limit needs both)",
+            ),
+            _ => {}
+        }
+        let aggregate = match (rate_value, rate, burst_value, burst, unit) {
+            (Some(rv), Some(rate), Some(bv), Some(burst), Some(unit)) => self
+                .limit(
+                    unit,
+                    (rv, rate, at.field(&rate_path)),
+                    (bv, burst, at.field(&burst_path)),
+                )
+                .map(|()| RateSpec { rate, burst }),
+            _ => None,
+        };
+
+        // Per-source limit.
+        let per_path = field("per_source");
+        let per_source_value = table.get("per_source");
+        let per_source =
+            per_source_value.and_then(|v| self.per_source(v, at.field(&per_path), unit));
+
+        if rate_value.is_none() && per_source_value.is_none() {
+            self.report(
+                header_span.clone(),
+                at,
+                "a rule needs an aggregate limit (rate and burst), a [rules.per_source] \
+                 limit, or both",
+            );
+        }
+
+        let port_ok = port_value.is_none() || dst_port.is_some();
+        let site = RuleSite {
+            index,
+            header_at: header_span.clone(),
+            name: name.map(str::to_string),
+            name_at,
+            key: match (dst, proto) {
+                (Some(dst), Some(proto)) if port_ok => Some((dst, dst_port, proto)),
+                _ => None,
+            },
+        };
+        if self.count() != before {
+            return (None, Some(site));
+        }
+        let spec = || -> Option<RuleSpec> {
+            Some(RuleSpec {
+                name: name?.to_string(),
+                dst: dst?,
+                dst_port,
+                proto: proto?,
+                unit: unit?,
+                aggregate,
+                mode: mode?,
+                fail_mode: fail_mode?,
+                per_source,
+            })
+        };
+        (spec(), Some(site))
+    }
+
+    /// Checks that a rate/burst pair compiles in `unit`; reports on the offending field.
+    fn limit(
+        &mut self,
+        unit: Unit,
+        (rate_value, rate, rate_at): (&Value<'_>, u64, At<'_>),
+        (burst_value, burst, burst_at): (&Value<'_>, u64, At<'_>),
+    ) -> Option<()> {
+        if unit == Unit::Bytes && burst < MIN_BYTES_BURST {
+            self.report(
+                burst_value.span(),
+                burst_at,
+                format!(
+                    "in unit \"bytes\" the burst must be at least {MIN_BYTES_BURST} (one full \
+                     Ethernet frame; a larger frame than the burst could never pass), got {burst}"
+                ),
+            );
+            return None;
+        }
+        match Limit::new(unit.granularity(), rate, burst) {
+            Ok(_) => Some(()),
+            Err(err @ (LimitError::RateZero | LimitError::RateTooHigh)) => {
+                self.report(rate_value.span(), rate_at, err.to_string());
+                None
+            }
+            Err(err @ (LimitError::BurstZero | LimitError::BurstTooLong)) => {
+                self.report(burst_value.span(), burst_at, err.to_string());
+                None
+            }
+        }
+    }
+
+    /// `unit` is `None` when the rule's unit is invalid: the limit is then not checked.
+    fn per_source(
+        &mut self,
+        value: &Value<'_>,
+        at: At<'_>,
+        unit: Option<Unit>,
+    ) -> Option<PerSourceSpec> {
+        let DeValue::Table(table) = value.get_ref() else {
+            self.report(
+                value.span(),
+                at,
+                format!("expected a table, found {}", value.get_ref().type_str()),
+            );
+            return None;
+        };
+        let prefix = at.path;
+        self.unknown_keys(table, &PER_SOURCE_KEYS, at);
+        let before = self.count();
+        let field = |key: &str| format!("{prefix}.{key}");
+        let (rate_path, burst_path) = (field("rate"), field("burst"));
+        let (v4_path, v6_path) = (field("prefix_v4"), field("prefix_v6"));
+
+        let rate_value = table.get("rate");
+        let burst_value = table.get("burst");
+        let rate = match rate_value {
+            Some(_) => self.integer_key(table, &PER_SOURCE_RATE, at.field(&rate_path)),
+            None => {
+                self.report(value.span(), at.field(&rate_path), "rate is required");
+                None
+            }
+        };
+        let burst = match burst_value {
+            Some(_) => self.integer_key(table, &PER_SOURCE_BURST, at.field(&burst_path)),
+            None => {
+                self.report(value.span(), at.field(&burst_path), "burst is required");
+                None
+            }
+        };
+        let prefix_v4 = self.integer_key(table, &PER_SOURCE_PREFIX_V4, at.field(&v4_path));
+        let prefix_v6 = self.integer_key(table, &PER_SOURCE_PREFIX_V6, at.field(&v6_path));
+        if let (Some(rv), Some(rate), Some(bv), Some(burst), Some(unit)) =
+            (rate_value, rate, burst_value, burst, unit)
+        {
+            self.limit(
+                unit,
+                (rv, rate, at.field(&rate_path)),
+                (bv, burst, at.field(&burst_path)),
+            );
+        }
+        if self.count() != before {
+            return None;
+        }
+        Some(PerSourceSpec {
+            rate: rate?,
+            burst: burst?,
+            prefix_v4: u8::try_from(prefix_v4?).ok()?,
+            prefix_v6: u8::try_from(prefix_v6?).ok()?,
+        })
+    }
+}
+
+/// The kernel's hostname, the default fleet host id.
+fn default_host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| check_rule_name(s).is_ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// 1..=63 bytes of `[A-Za-z0-9._-]`.
+fn check_rule_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("name must not be empty".to_string());
+    }
+    if name.len() > MAX_RULE_NAME_LEN {
+        return Err(format!(
+            "name is {} bytes long; at most {MAX_RULE_NAME_LEN} are allowed",
+            name.len()
+        ));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "name contains {bad:?}; only letters, digits, '.', '_' and '-' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// The kernel's rule for interface names (`dev_valid_name`).
+fn check_interface_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("interface name must not be empty".to_string());
+    }
+    if name.len() > 15 {
+        return Err(format!("interface name \"{name}\" is longer than 15 bytes"));
+    }
+    if name == "."
+        || name == ".."
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        return Err(format!("\"{name}\" is not a valid interface name"));
+    }
+    Ok(())
+}
+
+/// A prefix such as `203.0.113.0/24`, or a bare address (/32 or /128). Host bits must be
+/// clear: `203.0.113.10/24` is most likely a typo, so it is rejected with the network form.
+pub fn parse_dst(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    if text.contains('/') {
+        let net: IpNet = text.parse().map_err(|_| {
+            format!(
+                "\"{text}\" is not a prefix; expected an IPv4 or IPv6 prefix such as \
+                 \"203.0.113.0/24\" or \"2001:db8::/32\", or a bare address"
+            )
+        })?;
+        if net.trunc() != net {
+            return Err(format!(
+                "\"{text}\" has host bits set; did you mean \"{}\"?",
+                net.trunc()
+            ));
+        }
+        Ok(net)
+    } else {
+        let addr: IpAddr = text.parse().map_err(|_| {
+            format!(
+                "\"{text}\" is not an address or prefix; expected an IPv4 or IPv6 prefix such \
+                 as \"203.0.113.0/24\" or \"2001:db8::/32\", or a bare address"
+            )
+        })?;
+        Ok(IpNet::from(addr))
+    }
+}
+/// Splits `PIN` or `PIN:INDEX` (pure). A suffix after the last ':' made only of digits
+/// is the INDEX; anything else is part of the path. `index_required`: PIN alone is an
+/// error (join_program_array).
+pub fn parse_pin_index(text: &str, index_required: bool) -> Result<(PathBuf, Option<u32>), String> {
+    let (pin, index) = match text.rsplit_once(':') {
+        Some((pin, digits)) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            let index = digits
+                .parse::<u32>()
+                .map_err(|_| format!("INDEX {digits} is not a slot number (0 to {})", u32::MAX))?;
+            (pin, Some(index))
+        }
+        _ => (text, None),
+    };
+    if pin.is_empty() {
+        return Err("the pin path is empty".into());
+    }
+    if pin.contains('\0') {
+        return Err("the pin path contains a NUL byte".into());
+    }
+    if !pin.starts_with('/') {
+        return Err(format!(
+            "\"{pin}\" is not an absolute path (a pin on a bpf filesystem, such as \
+             /sys/fs/bpf/katran/root_array)"
+        ));
+    }
+    if index_required && index.is_none() {
+        return Err(format!(
+            "\"{text}\" has no slot: expected \"PIN:INDEX\", e.g. \"{pin}:0\""
+        ));
+    }
+    Ok((PathBuf::from(pin), index))
+}

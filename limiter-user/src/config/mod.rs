@@ -1,0 +1,21 @@
+//! The TOML configuration file (the README's "Configuration"; key names are a contract).
+//!
+//! - [`schema`]: every key once, as rows (name, required or default, parser, help);
+//! - `types`: the validated [`Config`] and its enums and named defaults;
+//! - `check`: the walk that reads the file by those rows, on the checker both binaries
+//!   share ([`limiter_config`]): every problem at once, each with its file, line, column
+//!   and field path (`rules[1].per_source.burst`);
+//! - `tests`: the cases, most as tables of (input, field, message) rows.
+//!
+//! Nothing here touches the system: [`Config::parse`] is pure, [`Config::load`] only
+//! reads the file.
+
+mod check;
+pub mod schema;
+#[cfg(test)]
+mod tests;
+mod types;
+
+pub use check::{parse_dst, parse_pin_index};
+pub use limiter_config::{ConfigError, ConfigWord, Problem};
+pub use types::*;

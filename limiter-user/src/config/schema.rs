@@ -1,0 +1,124 @@
+//! Every key of the config file, once: one row a key (name, what its absence means, how
+//! its value is read, help), a section a table. The unknown-key check accepts exactly
+//! these names, absent keys take these defaults, and a test holds the README and
+//! `limiter.example.toml` to them. A new key is a row here, a field of its struct in
+//! [`super::types`] and the line of [`super::check`] that reads it.
+
+use limiter_common::gcra::MAX_RATE;
+use limiter_config::{
+    section,
+    Absent::{Int, Required, Str, Unset},
+    Kind::{self, Integer, IpAddr, Other, SocketAddr, Table, Tables, Word},
+};
+use limiter_fleet::share::{
+    FailMode, DEFAULT_FLEET_SIZE, DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS,
+    DEFAULT_STICKY_MAX_S,
+};
+
+use super::types::{
+    Mode, Proto, Unit, XdpMode, XdpShare, XdpShareFallback, DEFAULT_CONTROL_SOCKET,
+    DEFAULT_METRICS, DEFAULT_PIN_DIR, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, DEFAULT_XDP_PRIORITY,
+    MAX_MAX_SOURCES,
+};
+
+const FAIL_MODE_SPELLINGS: &[&str] = &[FailMode::Open.as_str(), FailMode::Static.as_str()];
+const _: () = assert!(FailMode::ALL.len() == FAIL_MODE_SPELLINGS.len());
+
+/// A rate or a burst: any count here, then held to the limit arithmetic's bounds.
+const COUNT: Kind = Integer {
+    min: 0,
+    max: u64::MAX,
+};
+const _: () = assert!(MAX_RATE < u64::MAX);
+
+section! {
+    /// The top level of the file.
+    TOP_KEYS = "" {
+        INTERFACES = "interfaces", Unset("the --iface options"), Other("an array of interface names"),
+            "interfaces to attach to";
+        XDP_MODE = "xdp_mode", Str(XdpMode::Auto.as_str()), Word(XdpMode::SPELLINGS),
+            "how the program is attached";
+        XDP_SHARE = "xdp_share", Str(XdpShare::Exclusive.as_str()), Word(XdpShare::SPELLINGS),
+            "whether the limiter has the XDP hook to itself";
+        XDP_PRIORITY = "xdp_priority", Int(DEFAULT_XDP_PRIORITY as u64),
+            Integer { min: 0, max: u32::MAX as u64 },
+            "run priority in a libxdp dispatcher (with xdp_share = \"libxdp\")";
+        XDP_SHARE_FALLBACK = "xdp_share_fallback", Str(XdpShareFallback::None.as_str()),
+            Word(XdpShareFallback::SPELLINGS),
+            "what xdp_share = \"libxdp\" does where the kernel refuses freplace";
+        PIN_DIR = "pin_dir", Str(DEFAULT_PIN_DIR), Kind::Path, "where the maps are pinned";
+        CONTROL_SOCKET = "control_socket", Str(DEFAULT_CONTROL_SOCKET), Kind::Path,
+            "the daemon's control socket";
+        METRICS = "metrics", Str(DEFAULT_METRICS), SocketAddr,
+            "Prometheus listen address; \"\" disables";
+        MAX_SOURCES = "max_sources", Int(limiter_common::abi::DEFAULT_MAX_SOURCES as u64),
+            Integer { min: 1, max: MAX_MAX_SOURCES as u64 },
+            "cells in each row of the per-source sketch";
+        FLEET_SIZE = "fleet_size", Int(DEFAULT_FLEET_SIZE as u64),
+            Integer { min: 1, max: u32::MAX as u64 },
+            "hosts sharing a quota while bootstrapping (quota / fleet_size)";
+        RULES = "rules", Unset("no rules"), Tables(&RULE_KEYS), "the rules, in file order";
+        FLEET = "fleet", Unset("standalone"), Table(&FLEET_KEYS), "the allocator to report to";
+        NEXT_PROGRAM = "next_program", Unset("passed frames go to the stack"),
+            Other("PIN or PIN:INDEX"), "the program passed frames are handed to";
+        JOIN_PROGRAM_ARRAY = "join_program_array", Unset("not joined"), Other("PIN:INDEX"),
+            "the LB's root array slot the limiter sits in";
+    }
+}
+
+section! {
+    /// `[fleet]`.
+    FLEET_KEYS = "[fleet]" {
+        FLEET_ALLOCATOR = "allocator", Required, SocketAddr, "the allocator's gRPC address";
+        FLEET_SERVER_NAME = "server_name", Str("limiter-allocator"), Kind::String,
+            "the name in the allocator's certificate";
+        FLEET_HOST_ID = "host_id", Unset("the hostname"), Kind::String,
+            "this host's fleet-unique id, a name of cert";
+        FLEET_CA = "ca", Required, Kind::Path, "CA of the allocator's certificate";
+        FLEET_CERT = "cert", Required, Kind::Path, "this host's client certificate";
+        FLEET_KEY = "key", Required, Kind::Path, "this host's client key";
+        FLEET_BIND = "bind", Unset("chosen by the kernel"), IpAddr,
+            "local address for allocator traffic";
+        FLEET_LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS),
+            Integer { min: 1, max: 3_600_000 }, "how long a grant is valid";
+        FLEET_STICKY_MAX_S = "sticky_max_s", Int(DEFAULT_STICKY_MAX_S),
+            Integer { min: 1, max: 86_400 * 30 }, "how long a lapsed share is kept";
+        FLEET_REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS),
+            Integer { min: 1, max: 3_600_000 }, "how often the host reports";
+    }
+}
+
+section! {
+    /// One `[[rules]]` entry.
+    RULE_KEYS = "[[rules]]" {
+        RULE_NAME = "name", Required, Kind::String, "unique; 1-63 bytes of [A-Za-z0-9._-]";
+        RULE_DST = "dst", Required, Other("an IPv4 or IPv6 prefix, or a bare address"),
+            "the destination prefix";
+        RULE_DST_PORT = "dst_port", Unset("any port"), Integer { min: 1, max: u16::MAX as u64 },
+            "the destination port (TCP and UDP)";
+        RULE_PROTO = "proto", Str(Proto::Any.as_str()), Word(Proto::SPELLINGS),
+            "the protocol matched";
+        RULE_UNIT = "unit", Str(Unit::Packets.as_str()), Word(Unit::SPELLINGS), "what is metered";
+        RULE_RATE = "rate", Unset("no aggregate limit"), COUNT,
+            "aggregate limit, units per second";
+        RULE_BURST = "burst", Unset("required with rate"), COUNT, "aggregate burst, units";
+        RULE_MODE = "mode", Str(Mode::Enforce.as_str()), Word(Mode::SPELLINGS),
+            "whether the rule drops";
+        RULE_FAIL_MODE = "fail_mode", Str(FailMode::Open.as_str()), Word(FAIL_MODE_SPELLINGS),
+            "what the share does when the allocator is gone";
+        RULE_PER_SOURCE = "per_source", Unset("no per-source limit"), Table(&PER_SOURCE_KEYS),
+            "a limit per source prefix";
+    }
+}
+
+section! {
+    /// A rule's `[rules.per_source]`.
+    PER_SOURCE_KEYS = "[rules.per_source]" {
+        PER_SOURCE_RATE = "rate", Required, COUNT, "units per second, per source";
+        PER_SOURCE_BURST = "burst", Required, COUNT, "burst per source";
+        PER_SOURCE_PREFIX_V4 = "prefix_v4", Int(DEFAULT_PREFIX_V4 as u64),
+            Integer { min: 0, max: 32 }, "IPv4 sources are bucketed by this prefix";
+        PER_SOURCE_PREFIX_V6 = "prefix_v6", Int(DEFAULT_PREFIX_V6 as u64),
+            Integer { min: 0, max: 128 }, "IPv6 sources are bucketed by this prefix";
+    }
+}

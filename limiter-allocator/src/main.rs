@@ -86,13 +86,7 @@ enum QuotaCommand {
 pub use limiter_fleet::clock::monotonic_ns as now_ns;
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    limiter_service::logging::init();
     let result = match Cli::parse().command {
         Command::Run { config } => run(&config),
         Command::Check { config } => check(&config),

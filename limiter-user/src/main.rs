@@ -6,13 +6,7 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    limiter_service::logging::init();
     match cli::execute(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

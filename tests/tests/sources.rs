@@ -338,48 +338,17 @@ fn memory_per_source_at_1m_and_16m() {
 }
 
 /// An LRU hash named `SRC_BUCKETS` with the earlier versions' layout (SourceKey →
-/// Bucket), created by BPF_MAP_CREATE as the earlier daemon's loader made it.
+/// Bucket), created as the earlier daemon's loader made it.
 fn earlier_versions_lru(entries: u32) -> aya::maps::MapData {
-    use std::os::fd::{FromRawFd as _, OwnedFd};
-    #[repr(C)]
-    #[derive(Default)]
-    struct MapCreate {
-        map_type: u32,
-        key_size: u32,
-        value_size: u32,
-        max_entries: u32,
-        map_flags: u32,
-        inner_map_fd: u32,
-        numa_node: u32,
-        map_name: [u8; 16],
-    }
-    const BPF_MAP_CREATE: libc::c_long = 0;
     const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
-    let mut attr = MapCreate {
-        map_type: BPF_MAP_TYPE_LRU_HASH,
-        key_size: size_of::<limiter_common::abi::SourceKey>() as u32,
-        value_size: size_of::<limiter_common::abi::Bucket>() as u32,
-        max_entries: entries,
-        ..MapCreate::default()
-    };
-    attr.map_name[..11].copy_from_slice(b"SRC_BUCKETS");
-    // SAFETY: attr is a valid prefix of union bpf_attr for BPF_MAP_CREATE.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_CREATE,
-            &mut attr as *mut MapCreate,
-            size_of::<MapCreate>(),
-        )
-    };
-    assert!(
-        fd >= 0,
-        "BPF_MAP_CREATE: {}",
-        std::io::Error::last_os_error()
+    let map = aya_obj::Map::new_from_params(
+        BPF_MAP_TYPE_LRU_HASH,
+        size_of::<limiter_common::abi::SourceKey>() as u32,
+        size_of::<limiter_common::abi::Bucket>() as u32,
+        entries,
+        0,
     );
-    // SAFETY: the kernel just returned this fd; nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    aya::maps::MapData::from_fd(fd).expect("wrapping the map fd")
+    aya::maps::MapData::create(map, "SRC_BUCKETS", None).expect("BPF_MAP_CREATE")
 }
 
 /// A daemon upgrade over the pins of a version with the per-source LRU: a source its

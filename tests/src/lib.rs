@@ -9,6 +9,7 @@ pub mod live;
 pub mod netns;
 pub mod rx;
 pub mod scenario;
+pub mod tools;
 pub mod traffic;
 pub mod xdp_tools;
 

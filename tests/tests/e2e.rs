@@ -8,6 +8,7 @@ use std::{path::Path, time::Duration};
 use limiter_tests::{
     netns::{ip, VethPair},
     scenario::{flood, udp_to_host, PinDir},
+    tools,
     traffic::SendPlan,
 };
 use limiter_user::{
@@ -211,20 +212,14 @@ fn maps_are_pinned_with_btf() {
     for name in limiter_common::abi::map_name::ALL {
         assert!(pins.path.join(name).exists(), "{name} is not pinned");
     }
-    let out = std::process::Command::new("bpftool")
-        .args(["map", "dump", "pinned"])
-        .arg(pins.path.join("CONTROL"))
-        .output()
-        .expect("running bpftool (cargo xtask setup installs it)");
-    let text = String::from_utf8_lossy(&out.stdout);
+    // The map carries BTF: bpftool names the value's fields.
+    let entries = tools::bpftool_map_dump_pinned(&pins.path.join("CONTROL")).unwrap();
+    let value = &entries
+        .first()
+        .unwrap_or_else(|| panic!("CONTROL has no entry: {entries:?}"))["formatted"]["value"];
     assert!(
-        out.status.success(),
-        "bpftool failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.contains("\"generation\"") && text.contains("\"flags\""),
-        "bpftool shows no field names: {text}"
+        value.get("generation").is_some() && value.get("flags").is_some(),
+        "bpftool shows no field names: {entries:?}"
     );
     // The per-frame entries sit on cache-line boundaries: page-aligned values
     // (BPF_F_MMAPABLE) of whole cache lines.

@@ -111,29 +111,18 @@ fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode, expected_variant
     program.detach(attachment).unwrap();
 }
 
-#[test]
-fn native_mode_enforces_the_rate() {
-    rate_is_enforced(XdpMode::Native, AttachedMode::Native, Variant::Linear);
-}
-
-#[test]
-fn generic_mode_enforces_the_rate() {
-    rate_is_enforced(
-        XdpMode::Generic,
-        AttachedMode::Generic,
-        Variant::MultiBuffer,
-    );
+limiter_tests::test_rows! {
+    native_mode_enforces_the_rate =>
+        rate_is_enforced(XdpMode::Native, AttachedMode::Native, Variant::Linear);
+    generic_mode_enforces_the_rate =>
+        rate_is_enforced(XdpMode::Generic, AttachedMode::Generic, Variant::MultiBuffer);
+    /// The TC build at TC ingress (`xdp_mode = "tc"`) enforces the same rule.
+    tc_mode_enforces_the_rate => rate_is_enforced(XdpMode::Tc, AttachedMode::Tc, Variant::Tc);
 }
 
 /// On an interface whose MTU needs several buffers per frame, the kernel refuses the
 /// linear build; native mode then runs the multi-buffer build, which meters whole frames
 /// (bytes rule, frames longer than a page).
-/// The TC build at TC ingress (`xdp_mode = "tc"`) enforces the same rule.
-#[test]
-fn tc_mode_enforces_the_rate() {
-    rate_is_enforced(XdpMode::Tc, AttachedMode::Tc, Variant::Tc);
-}
-
 #[test]
 fn jumbo_mtu_runs_the_multi_buffer_build() {
     const FRAME: u64 = 8000;

@@ -149,7 +149,7 @@ fn joiners_with_the_allocator_up() {
 }
 
 #[test]
-fn rolling_joins_keep_section_11s_bootstrap_figure() {
+fn rolling_joins_keep_the_designs_bootstrap_figure() {
     let k = Knobs::quick();
     let q = 10_000;
     let per_s = joins_per_s_for(0.9, q, k.params.fleet_size, 50 * MS);

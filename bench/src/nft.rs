@@ -3,13 +3,12 @@
 //! and is deleted on drop, also when a measurement fails.
 
 use std::{
-    io::Write as _,
     net::Ipv4Addr,
-    process::{Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
+use limiter_tests::tools;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -39,33 +38,20 @@ impl NftTable {
         // From here on, Drop deletes the table (a failed `nft -f` leaves nothing, and the
         // delete then fails harmlessly).
         let table = NftTable { name };
-        nft(&["-f", "-"], Some(&script)).context("installing the nftables comparison table")?;
+        tools::nft(&["-f", "-"], Some(&script))
+            .context("installing the nftables comparison table")?;
         Ok(table)
     }
 
-    /// Packets the limiting rule dropped (its `counter`).
+    /// Packets the limiting rule dropped (its `counter`, from `nft -j list table`).
     pub fn dropped(&self) -> Result<u64> {
-        let listing = nft(&["list", "table", "netdev", &self.name], None)?;
-        let line = listing
-            .lines()
-            .find(|l| l.contains("comment \"over\""))
-            .with_context(|| format!("no limiting rule in:\n{listing}"))?;
-        let rest = line
-            .split_once("counter packets ")
-            .with_context(|| format!("no counter in: {line}"))?
-            .1;
-        let number = rest.split_whitespace().next().unwrap_or_default();
-        number
-            .parse()
-            .with_context(|| format!("parsing the counter of: {line}"))
+        tools::nft_rule_packets("netdev", &self.name, "over")
     }
 }
 
 impl Drop for NftTable {
     fn drop(&mut self) {
-        let _ = Command::new("nft")
-            .args(["delete", "table", "netdev", &self.name])
-            .output();
+        let _ = tools::nft(&["delete", "table", "netdev", &self.name], None);
     }
 }
 
@@ -90,31 +76,4 @@ fn script(name: &str, device: &str, dst: Ipv4Addr, limit: NftLimit) -> String {
          device \"{device}\" priority 0; policy accept;\n    {rule} counter drop comment \
          \"over\"\n  }}\n}}\n"
     )
-}
-
-/// Runs `nft args` (with `stdin` piped in); returns its stdout, fails with its stderr.
-fn nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
-    let mut child = Command::new("nft")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running `nft` (nftables missing? `cargo xtask setup` installs it)")?;
-    {
-        let mut pipe = child.stdin.take().context("nft has no stdin")?;
-        if let Some(text) = stdin {
-            pipe.write_all(text.as_bytes())
-                .context("writing the nft script")?;
-        }
-    }
-    let out = child.wait_with_output().context("waiting for nft")?;
-    if !out.status.success() {
-        bail!(
-            "nft {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    String::from_utf8(out.stdout).context("nft printed non-UTF-8")
 }

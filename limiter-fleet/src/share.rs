@@ -342,14 +342,14 @@ impl Share {
         self.rate == 0 && matches!(self.state(now), ShareState::Leased | ShareState::Sticky)
     }
 
-    /// Refusals (`denials` since the last report) on a closed share whose lease has
-    /// lapsed: the host sees demand for a rule it holds no share of, with no allocator
-    /// to ask — the position of a host that joins the rule mid-outage. Section 11 counts
-    /// each such host as adding quota ÷ fleet_size for at most the sticky period (STATIC
-    /// rules: until recovery), so it runs as a joiner does: BOOTSTRAP at quota ÷
-    /// fleet_size with a burst of 1 (the caller sets one token) and a grant request at
-    /// once. Its fail-open deadline stays (the outage's time box does not restart); a
-    /// grant takes over from BOOTSTRAP as usual. Returns whether it rejoined.
+    /// Refusals (`denials` since the last report) on a closed share whose lease has lapsed:
+    /// the host sees demand for a rule it holds no share of, with no allocator to ask — the
+    /// position of a host that joins the rule mid-outage. The design (docs/design.md, Fleet
+    /// state machine) counts each such host as adding quota ÷ fleet_size for at most the
+    /// sticky period (STATIC rules: until recovery), so it runs as a joiner does: BOOTSTRAP
+    /// at quota ÷ fleet_size with a burst of 1 (the caller sets one token) and a grant
+    /// request at once. Its fail-open deadline stays (the outage's time box does not
+    /// restart); a grant takes over from BOOTSTRAP as usual. Returns whether it rejoined.
     ///
     /// Keeping it closed instead (pure STICKY) would refuse all of the rule's traffic
     /// on this host until FAIL_OPEN — for the whole outage on a STATIC rule: a limiter

@@ -1,12 +1,14 @@
 //! The bootstrap bound: how much a joiner admits before its first grant, and so how many
-//! joins a second keep section 11's bootstrap figure. Scenarios size their join rates
-//! with it and claims check the runs against it.
+//! joins a second keep the design's bootstrap figure (docs/design.md, Fleet state machine).
+//! Scenarios size their join rates with it and claims check the runs against it.
 
 use limiter_fleet::share::Share;
 
 use crate::time::{NS_PER_S, STEP};
 
-/// Section 11's bootstrap figure, percent of a second of quota.
+/// The design's bootstrap figure, percent of a second of quota: a host granted within
+/// 50 ms of a rule's first frame adds at most about 0.9 % (docs/design.md, Fleet state
+/// machine).
 pub const BOOTSTRAP_CLAIM_PCT: f64 = 0.9;
 
 /// How long a joiner stays in BOOTSTRAP with the allocator up: the grant's round trip,

@@ -1,5 +1,6 @@
-//! The figures each scenario is run for, and section 11's (and issue 5's) claims
-//! checked against them.
+//! The figures each scenario is run for, and the design's claims (docs/design.md: the
+//! share states and their numbers under Fleet state machine, the allocator's guarantees
+//! under What the allocator guarantees) checked against them.
 
 use limiter_fleet::share::ShareState;
 
@@ -407,7 +408,7 @@ pub fn outage_figures(
     f
 }
 
-const WHY_BOOTSTRAP: &str = "Section 11's own rules bound what bootstrap adds: each joiner \
+const WHY_BOOTSTRAP: &str = "The share states' own rules bound what bootstrap adds: each joiner \
 admits its one token plus one frame per bootstrap interval until its grant arrives, \
 `1 + ⌊r_b × L⌋` frames (r_b = quota ÷ fleet_size, L = the grant latency), and a first grant \
 of 0 (the old leases hold the quota) takes over without a token. So J joiners within a \
@@ -417,15 +418,15 @@ allocator does (their single tokens alone are J ÷ quota). The ~0.9 % holds for 
 over time (rolling joins, as a key reaches new LBs) at up to the rate shown.";
 
 const WHY_REJOIN: &str = "A zero grant is a closed limit (nothing passes). When its lease lapses \
-the host holds no part of the quota, exactly like a host that has not seen the rule, and section \
-11 budgets such hosts: each may add quota ÷ fleet_size while the allocator is away (time-boxed \
-for open rules, until recovery for STATIC ones). So a lapsed closed share that refuses frames \
-rejoins as a joiner (BOOTSTRAP at quota ÷ fleet_size, burst 1, one token, its fail-open \
-deadline unchanged). Sticky shares still sum to at most the quota (closed ones count 0), and \
-the hosts that add quota ÷ fleet_size are at most the hosts holding no share, which is what \
-the +92 % worst case counts. Pure STICKY would refuse all of the rule's traffic on those \
-hosts until FAIL_OPEN, and for the whole outage on a STATIC rule: a limiter outage turned \
-into an outage of the service.";
+the host holds no part of the quota, exactly like a host that has not seen the rule, and the \
+design budgets such hosts: each may add quota ÷ fleet_size while the allocator is away \
+(time-boxed for open rules, until recovery for STATIC ones). So a lapsed closed share that \
+refuses frames rejoins as a joiner (BOOTSTRAP at quota ÷ fleet_size, burst 1, one token, its \
+fail-open deadline unchanged). Sticky shares still sum to at most the quota (closed ones count \
+0), and the hosts that add quota ÷ fleet_size are at most the hosts holding no share, which is \
+what the +92 % worst case counts. Pure STICKY would refuse all of the rule's traffic on those \
+hosts until FAIL_OPEN, and for the whole outage on a STATIC rule: a limiter outage turned into \
+an outage of the service.";
 
 const WHY_PARTITION: &str = "An allocator that expired every host while cut off would hand the \
 first reporters their full targets while the other hosts still enforce STICKY shares it no \
@@ -509,7 +510,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             format!("{} joiners at once", j.joiners)
         };
         v.push(Claim {
-            source: "§11 BOOTSTRAP (derived)",
+            source: "design: BOOTSTRAP (derived)",
             claim: format!(
                 "Bootstrap adds at most joiners × (1 + ⌊r_b × L⌋) frames ({how}, grant \
                  latency L = {rtt_ms} ms + 1 ms step)"
@@ -538,7 +539,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             let ok =
                 j.bootstrap_peak_s_pct <= BOOTSTRAP_CLAIM_PCT && j.peak_pct <= BOOTSTRAP_CLAIM_PCT;
             v.push(Claim {
-                source: "§11 BOOTSTRAP",
+                source: "design: BOOTSTRAP",
                 claim: if rolling {
                     format!(
                         "With a grant inside 50 ms, bootstrap adds at most ~0.9 % overshoot — \
@@ -575,7 +576,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
         let sticky_max = sc.params.sticky_max.as_secs_f64();
         let ttl = sc.params.lease_ttl.as_secs_f64();
         v.push(Claim {
-            source: "§11 STICKY",
+            source: "design: STICKY",
             claim: "Sticky shares alone sum to at most the quota".into(),
             scenario: sc.name.clone(),
             expected: "≤ 100 %".into(),
@@ -585,7 +586,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
         });
         let bound = 460.0 * 20.0 / r.quota as f64 * 100.0;
         v.push(Claim {
-            source: "§11 STICKY",
+            source: "design: STICKY",
             claim: "Outage worst case: 460 joiners × 20 = 9,200/s, +92 %".into(),
             scenario: sc.name.clone(),
             expected: format!("≤ +{bound:.0} % (9,200/s over)"),
@@ -597,7 +598,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             why: "",
         });
         v.push(Claim {
-            source: "§11 STICKY/FAIL_OPEN",
+            source: "design: STICKY/FAIL_OPEN",
             claim: "… for ≤ 5 min, then FAIL_OPEN (open rules)".into(),
             scenario: sc.name.clone(),
             expected: format!("STICKY ≤ {sticky_max:.0} s; joiners' BOOTSTRAP ≤ {:.0} s", sticky_max + ttl),
@@ -616,7 +617,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             let g = outage_figures(run, d, down, joiners, up);
             let bound = 100.0 * 50.0 / f64::from(sc.params.fleet_size);
             v.push(Claim {
-                source: "§11 FAIL_OPEN",
+                source: "design: FAIL_OPEN",
                 claim: "STATIC caps (Directory) keep their last shares for the whole outage".into(),
                 scenario: sc.name.clone(),
                 expected: format!("0 hosts FAIL_OPEN; ≤ +{bound:.0} % (50 joiners × 4,000/s)"),
@@ -629,7 +630,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             });
         }
         v.push(Claim {
-            source: "issue 5 §4",
+            source: "allocator",
             claim: "Allocator back → LEASED again without a burst over quota (restarted allocator)"
                 .into(),
             scenario: sc.name.clone(),
@@ -664,7 +665,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
         };
         let bound = 460.0 * 20.0 / 10_000.0 * 100.0;
         v.push(Claim {
-            source: "§11 (closed shares)",
+            source: "design: closed shares",
             claim: "A closed share that sees demand mid-outage adds at most what a joiner adds \
                     (quota ÷ fleet_size), instead of refusing everything until FAIL_OPEN \
                     (STATIC: until recovery)"
@@ -702,7 +703,11 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             let (down, up) = outages(sc).first().copied().unwrap_or((0, sc.duration));
             let f = outage_figures(run, r, down, None, up);
             v.push(Claim {
-                source: if name == "restart" { "issue 5 §1" } else { "issue 5 §4" },
+                source: if name == "restart" {
+                    "allocator: restart"
+                } else {
+                    "allocator: partition"
+                },
                 claim: format!("A {what} allocator does not over-grant when it is back"),
                 scenario: sc.name.clone(),
                 expected: format!("granted shares in force ≤ {:.0} % of quota", 100.0 + TOLERANCE_PCT),
@@ -735,7 +740,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
                 })
                 .collect();
             v.push(Claim {
-                source: "issue 5 §4",
+                source: "allocator",
                 claim: "Shares follow a demand shift within 3 report intervals".into(),
                 scenario: run.scenario.name.clone(),
                 expected: "shares settle in ≤ 3 intervals".into(),
@@ -765,7 +770,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
         let pct = f.saturated_admitted_pct.unwrap_or(f64::NAN);
         let hosts = run.scenario.hosts.max(1);
         v.push(Claim {
-            source: "issue 5 §4",
+            source: "allocator",
             claim: format!(
                 "Global admitted within 2 % of the quota when demand exceeds it — holds for \
                  {condition}"

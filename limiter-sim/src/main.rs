@@ -1,6 +1,6 @@
-//! `limiter-sim [--out DIR] [--only NAME,…] [--quick]`: runs the fleet scenarios, prints
-//! a summary and the section 11 checks, writes DIR/report.md (default target/sim) with
-//! SVG plots.
+//! `limiter-sim [--out DIR] [--only NAME,…] [--quick]`: runs the fleet scenarios, prints a
+//! summary and the checks of the design's claims, writes DIR/report.md (default target/sim)
+//! with SVG plots.
 
 use std::{
     path::PathBuf,

@@ -410,7 +410,7 @@ pub fn charts(run: &Run) -> Vec<(String, Chart)> {
                         quota_line(c.quota),
                         HLine {
                             y: q + 9_200.0,
-                            label: "quota + 460 × 20 (§11 worst case)".into(),
+                            label: "quota + 460 × 20 (design worst case)".into(),
                             color: ORANGE,
                         },
                     ],
@@ -461,7 +461,7 @@ pub fn charts(run: &Run) -> Vec<(String, Chart)> {
                         quota_line(c.quota),
                         HLine {
                             y: q + 9_200.0,
-                            label: "quota + 460 × 20 = 19.2k (§11 worst case)".into(),
+                            label: "quota + 460 × 20 = 19.2k (design worst case)".into(),
                             color: ORANGE,
                         },
                     ],
@@ -612,9 +612,9 @@ a dense stream and the admitted count per interval is computed in closed form \
 grant, report or demand change touches the pair and at every metrics tick (100 ms for \
 Contoso and Directory, 1 s for the background tenants).
 - **Shares start** at a rule's first frame on a host, which asks for a grant at once \
-claiming the bootstrap rate as demand (section 11's \"key this LB hasn't seen\") — except \
-in the `idle` scenario, which starts every configured rule when the daemon starts and \
-reports it on the timer, as limiter-user does.
+claiming the bootstrap rate as demand (the design's joiner: a rule this host has not seen \
+yet) — except in the `idle` scenario, which starts every configured rule when the daemon \
+starts and reports it on the timer, as limiter-user does.
 - **Outages.** A down allocator loses the reports that reach it; a restarted one is a new \
 `RuleAllocator` per rule (learning for one lease TTL); a partitioned one keeps its state, \
 and learns again at the first report after more than a lease TTL of silence. The \
@@ -707,7 +707,7 @@ fn derivations(o: &mut String, runs: &[Run]) {
             );
             let _ = writeln!(
                 o,
-                "So section 11's ~{} % with a 50 ms grant is the bound for up to {per_s} joins \
+                "So the design's ~{} % with a 50 ms grant is the bound for up to {per_s} joins \
                  a second (each joiner admits less than the bound on average: a second frame \
                  needs an arrival in the last millisecond of its bootstrap). Joiners arriving \
                  together add their count × (1 + ⌊r_b × L⌋) whatever the allocator does — \
@@ -772,7 +772,7 @@ pub fn write(dir: &Path, runs: &[Run], total_wall: Duration, command: &str) -> R
     let _ = writeln!(o, "## Summary\n");
     let rows: Vec<Vec<String>> = rows(runs).iter().map(|r| cells(r).to_vec()).collect();
     md_table(&mut o, &HEADER, &rows);
-    let _ = writeln!(o, "## Section 11 and issue 5 claims\n");
+    let _ = writeln!(o, "## The design's claims (docs/design.md)\n");
     let claims = claims::claims(runs);
     let rows: Vec<Vec<String>> = claims
         .iter()

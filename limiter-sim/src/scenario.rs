@@ -1,6 +1,6 @@
 //! What a simulation runs: the fleet, its tenants (rules), demand traces and allocator
-//! events. The built-in scenarios are section 11's situations; [`Knobs`] shrinks them for
-//! tests.
+//! events. The built-in scenarios are the design's failure situations (docs/design.md);
+//! [`Knobs`] shrinks them for tests.
 
 use std::{ops::Range, time::Duration};
 
@@ -51,8 +51,9 @@ pub struct Event {
 /// When a host's share of a rule starts (BOOTSTRAP with its deadlines).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShareStart {
-    /// Section 11's model ("a key this LB hasn't seen"): at the rule's first frame on the
-    /// host, which asks for a grant at once, claiming the bootstrap rate as demand.
+    /// The design's model of a joiner (a rule this host has not seen yet): at the rule's
+    /// first frame on the host, which asks for a grant at once, claiming the bootstrap rate
+    /// as demand.
     FirstFrame,
     /// The daemon as limiter-user implements it: every configured rule bootstraps when
     /// the daemon starts (here: at time 0 on every host of the rule's pool) and is
@@ -94,8 +95,9 @@ pub struct Scenario {
     pub seed: u64,
 }
 
-/// Scales the built-in scenarios: the defaults are section 11's; tests shrink the sticky
-/// period and durations and drop the background tenants.
+/// Scales the built-in scenarios: the defaults are the design's (docs/design.md, Fleet
+/// state machine); tests shrink the sticky period and durations and drop the background
+/// tenants.
 #[derive(Clone, Debug)]
 pub struct Knobs {
     pub params: ShareParams,
@@ -405,7 +407,7 @@ pub fn join_rolling(k: &Knobs, per_s: u32) -> Scenario {
         .finish(at + 460 * gap + k.tail.min(60 * S))
 }
 
-/// Section 11's worst case: the allocator dies, then 460 hosts that never saw Contoso
+/// The design's worst case: the allocator dies, then 460 hosts that never saw Contoso
 /// start receiving its traffic; Directory (static) gets 50 joiners too.
 pub fn outage(k: &Knobs) -> Scenario {
     let down = k.lead;
@@ -527,7 +529,7 @@ pub fn idle(k: &Knobs) -> Scenario {
     s.finish(at + k.tail.min(60 * S))
 }
 
-/// Section 11's outage worst case in the daemon model: Contoso and Directory are
+/// The design's outage worst case in the daemon model: Contoso and Directory are
 /// configured on all 500 hosts from time 0, so the hosts without traffic hold zero
 /// grants (closed shares) when the allocator dies; later the traffic reaches them (and,
 /// with `moves`, Contoso's leaves hosts 0–39). With `rejoin` (what limiter-user does)
@@ -632,7 +634,7 @@ pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scen
 /// Global bursts of the `steady` burst sweep (Contoso alone): 1 to 100 tokens per host.
 pub const BURST_SWEEP: [u64; 7] = [500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000];
 
-/// Rolling join rates run (joins per second): the most that keeps section 11's ~0.9 %
+/// Rolling join rates run (joins per second): the most that keeps the design's ~0.9 %
 /// by the bootstrap bound with a 50 ms grant ([`joins_per_s_for`]), and
 /// twice that.
 pub fn rolling_joins(k: &Knobs) -> [u32; 2] {

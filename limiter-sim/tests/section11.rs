@@ -1,5 +1,6 @@
-//! Section 11's numbers, computed by the simulator at 500 hosts with the sticky period
-//! shortened to 20 s (and Contoso/Directory only) so that the runs fit in CI.
+//! The design's numbers (docs/design.md, Fleet state machine), computed by the simulator at
+//! 500 hosts with the sticky period shortened to 20 s (and Contoso/Directory only) so that
+//! the runs fit in CI.
 
 use limiter_sim::{
     bootstrap::joins_per_s_for,
@@ -143,12 +144,12 @@ fn joiners_with_the_allocator_up() {
     assert!(j.granted_peak_pct <= 100.0 + 1e-9, "{j:?}");
     // Nothing but bootstrap comes on top of the quota.
     assert!(j.peak_pct <= j.bootstrap_peak_s_pct, "{j:?}");
-    // Section 11's ~0.9 % cannot hold for 460 at once: their tokens alone are 4.6 %.
+    // The design's ~0.9 % cannot hold for 460 at once: their tokens alone are 4.6 %.
     assert!(j.bootstrap_peak_s_pct > 0.9, "{j:?}");
 }
 
 #[test]
-fn rolling_joins_keep_section_11s_bootstrap_figure() {
+fn rolling_joins_keep_the_designs_bootstrap_figure() {
     let k = Knobs::quick();
     let q = 10_000;
     let per_s = joins_per_s_for(0.9, q, k.params.fleet_size, 50 * MS);

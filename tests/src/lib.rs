@@ -10,6 +10,7 @@ pub mod live;
 pub mod netns;
 pub mod rx;
 pub mod scenario;
+pub mod tools;
 pub mod traffic;
 pub mod xdp_tools;
 
@@ -27,4 +28,29 @@ pub fn guest_scale(rate: u64) -> u64 {
     } else {
         rate
     }
+}
+
+/// A table of tests, one `#[test]` per row: `name => expression;`, each row a test of its
+/// own, named by its row (so a failing row names itself and `cargo test NAME` runs one).
+/// The matrices of the suites (mode × unit, xdp mode × scenario) are written with it, so
+/// a new case is one row:
+///
+/// ```ignore
+/// limiter_tests::test_rows! {
+///     native_packets_1k => rate_matrix(XdpMode::Native, Unit::Packets, 1_000);
+///     /// Doc comments and attributes go on the row.
+///     tc_packets_100k => rate_matrix(XdpMode::Tc, Unit::Packets, 100_000);
+/// }
+/// ```
+#[macro_export]
+macro_rules! test_rows {
+    ($($(#[$meta:meta])* $name:ident => $body:expr;)*) => {
+        $(
+            $(#[$meta])*
+            #[test]
+            fn $name() {
+                $body;
+            }
+        )*
+    };
 }

@@ -30,7 +30,6 @@ use std::{
     collections::HashMap,
     net::Ipv4Addr,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
@@ -44,6 +43,7 @@ use limiter_tests::{
         for_each_frame, udp_to_host, with_retries, Checks, Limited, ModelBucket, PinDir, Premise,
         Run,
     },
+    tools,
     traffic::{SendPlan, BATCH},
 };
 use limiter_user::config::XdpMode;
@@ -147,37 +147,11 @@ fn with_src(template: &[u8], src: Ipv4Addr) -> Vec<u8> {
     f
 }
 
-/// `bytes_memlock` of a pinned map as `bpftool map show pinned … -j` reports it (the
+/// `bytes_memlock` of a pinned map as `bpftool -j map show pinned` reports it (the
 /// kernel's own accounting of the map's memory), and its `max_entries`.
 fn map_memory(path: &Path) -> (u64, u64) {
-    let out = Command::new("bpftool")
-        .args(["map", "show", "pinned"])
-        .arg(path)
-        .arg("-j")
-        .output()
-        .expect("running bpftool (`cargo xtask setup` installs it)");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bpftool map show {}: {}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let field = |name: &str| -> u64 {
-        let key = format!("\"{name}\":");
-        let at = text
-            .find(&key)
-            .unwrap_or_else(|| panic!("no {name} in bpftool output: {text}"))
-            + key.len();
-        text[at..]
-            .trim_start()
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .unwrap_or_else(|_| panic!("unreadable {name} in bpftool output: {text}"))
-    };
-    (field("bytes_memlock"), field("max_entries"))
+    let map = tools::bpftool_map_show_pinned(path).unwrap();
+    (map.bytes_memlock, map.max_entries)
 }
 
 /// Cells of the pinned per-source sketch holding state now.

@@ -298,47 +298,18 @@ fn rate_matrix(mode: XdpMode, unit: Unit, rate: u64) {
     }
 }
 
-#[test]
-fn native_packets_1k() {
-    rate_matrix(XdpMode::Native, Unit::Packets, 1_000);
-}
-
-#[test]
-fn native_packets_100k() {
-    rate_matrix(XdpMode::Native, Unit::Packets, 100_000);
-}
-
-/// 100 Mbit/s = 12.5 MB/s of frame bytes (L2 header included, as XDP sees them).
-#[test]
-fn native_bytes_100mbit() {
-    rate_matrix(XdpMode::Native, Unit::Bytes, 100_000_000 / 8);
-}
-
-#[test]
-fn generic_packets_1k() {
-    rate_matrix(XdpMode::Generic, Unit::Packets, 1_000);
-}
-
-#[test]
-fn generic_packets_100k() {
-    rate_matrix(XdpMode::Generic, Unit::Packets, 100_000);
-}
-
-#[test]
-fn generic_bytes_100mbit() {
-    rate_matrix(XdpMode::Generic, Unit::Bytes, 100_000_000 / 8);
-}
-
-/// The TC build at TC ingress meters frames that arrive as socket buffers.
-#[test]
-fn tc_packets_100k() {
-    rate_matrix(XdpMode::Tc, Unit::Packets, 100_000);
-}
-
-/// At TC ingress a frame's length includes its Ethernet header, as at XDP.
-#[test]
-fn tc_bytes_100mbit() {
-    rate_matrix(XdpMode::Tc, Unit::Bytes, 100_000_000 / 8);
+limiter_tests::test_rows! {
+    native_packets_1k => rate_matrix(XdpMode::Native, Unit::Packets, 1_000);
+    native_packets_100k => rate_matrix(XdpMode::Native, Unit::Packets, 100_000);
+    /// 100 Mbit/s = 12.5 MB/s of frame bytes (L2 header included, as XDP sees them).
+    native_bytes_100mbit => rate_matrix(XdpMode::Native, Unit::Bytes, 100_000_000 / 8);
+    generic_packets_1k => rate_matrix(XdpMode::Generic, Unit::Packets, 1_000);
+    generic_packets_100k => rate_matrix(XdpMode::Generic, Unit::Packets, 100_000);
+    generic_bytes_100mbit => rate_matrix(XdpMode::Generic, Unit::Bytes, 100_000_000 / 8);
+    /// The TC build at TC ingress meters frames that arrive as socket buffers.
+    tc_packets_100k => rate_matrix(XdpMode::Tc, Unit::Packets, 100_000);
+    /// At TC ingress a frame's length includes its Ethernet header, as at XDP.
+    tc_bytes_100mbit => rate_matrix(XdpMode::Tc, Unit::Bytes, 100_000_000 / 8);
 }
 
 // ---- one key from two CPUs at once ---------------------------------------------------
@@ -446,22 +417,15 @@ fn two_cpus(mode: XdpMode, rate: u64) -> (Checks, Premise) {
     (checks, premise)
 }
 
-/// Admits 300k/s: much CAS traffic on the one bucket.
-#[test]
-fn native_two_cpus_one_key() {
-    with_retries("[native] two CPUs", || two_cpus(XdpMode::Native, 300_000));
-}
-
-/// Generic mode costs an skb copy per frame here, so its two senders offer only
-/// ~0.4-0.6 M/s: the rule admits 150k/s.
-#[test]
-fn generic_two_cpus_one_key() {
-    with_retries("[generic] two CPUs", || two_cpus(XdpMode::Generic, 150_000));
-}
-
-#[test]
-fn tc_two_cpus_one_key() {
-    with_retries("[tc] two CPUs", || two_cpus(XdpMode::Tc, 300_000));
+limiter_tests::test_rows! {
+    /// Admits 300k/s: much CAS traffic on the one bucket.
+    native_two_cpus_one_key =>
+        with_retries("[native] two CPUs", || two_cpus(XdpMode::Native, 300_000));
+    /// Generic mode costs an skb copy per frame here, so its two senders offer only
+    /// ~0.4-0.6 M/s: the rule admits 150k/s.
+    generic_two_cpus_one_key =>
+        with_retries("[generic] two CPUs", || two_cpus(XdpMode::Generic, 150_000));
+    tc_two_cpus_one_key => with_retries("[tc] two CPUs", || two_cpus(XdpMode::Tc, 300_000));
 }
 
 // ---- 1,000 sources under a per-source limit -------------------------------------------
@@ -629,19 +593,12 @@ fn per_source(mode: XdpMode) -> (Checks, Premise) {
     (checks, premise)
 }
 
-#[test]
-fn native_per_source_1000_sources() {
-    with_retries("[native] per source", || per_source(XdpMode::Native));
-}
-
-#[test]
-fn generic_per_source_1000_sources() {
-    with_retries("[generic] per source", || per_source(XdpMode::Generic));
-}
-
-#[test]
-fn tc_per_source_1000_sources() {
-    with_retries("[tc] per source", || per_source(XdpMode::Tc));
+limiter_tests::test_rows! {
+    native_per_source_1000_sources =>
+        with_retries("[native] per source", || per_source(XdpMode::Native));
+    generic_per_source_1000_sources =>
+        with_retries("[generic] per source", || per_source(XdpMode::Generic));
+    tc_per_source_1000_sources => with_retries("[tc] per source", || per_source(XdpMode::Tc));
 }
 
 // ---- syn unit --------------------------------------------------------------------------
@@ -773,14 +730,9 @@ fn syn_flood(mode: XdpMode) -> (Checks, Premise) {
     (checks, premise)
 }
 
-#[test]
-fn native_syn_flood() {
-    with_retries("[native] syn", || syn_flood(XdpMode::Native));
-}
-
-#[test]
-fn generic_syn_flood() {
-    with_retries("[generic] syn", || syn_flood(XdpMode::Generic));
+limiter_tests::test_rows! {
+    native_syn_flood => with_retries("[native] syn", || syn_flood(XdpMode::Native));
+    generic_syn_flood => with_retries("[generic] syn", || syn_flood(XdpMode::Generic));
 }
 
 // ---- shadow mode -------------------------------------------------------------------------
@@ -893,14 +845,11 @@ fn shadow(mode: XdpMode) -> (Checks, Premise) {
     (checks, premise)
 }
 
-#[test]
-fn native_shadow_counts_what_enforce_drops() {
-    with_retries("[native] shadow", || shadow(XdpMode::Native));
-}
-
-#[test]
-fn generic_shadow_counts_what_enforce_drops() {
-    with_retries("[generic] shadow", || shadow(XdpMode::Generic));
+limiter_tests::test_rows! {
+    native_shadow_counts_what_enforce_drops =>
+        with_retries("[native] shadow", || shadow(XdpMode::Native));
+    generic_shadow_counts_what_enforce_drops =>
+        with_retries("[generic] shadow", || shadow(XdpMode::Generic));
 }
 
 // ---- malformed frames through the wire -----------------------------------------------
@@ -1059,12 +1008,7 @@ fn malformed(mode: XdpMode) {
     checks.finish();
 }
 
-#[test]
-fn native_malformed_frames_pass_and_are_counted() {
-    malformed(XdpMode::Native);
-}
-
-#[test]
-fn generic_malformed_frames_pass_and_are_counted() {
-    malformed(XdpMode::Generic);
+limiter_tests::test_rows! {
+    native_malformed_frames_pass_and_are_counted => malformed(XdpMode::Native);
+    generic_malformed_frames_pass_and_are_counted => malformed(XdpMode::Generic);
 }

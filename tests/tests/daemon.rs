@@ -19,6 +19,7 @@ use limiter_tests::{
     frame::{with_ipv4_src, FrameBuilder},
     rx::RxCounter,
     scenario::{udp_to_host, HOST_V4, PEER_V4},
+    tools,
     traffic::SendPlan,
 };
 use limiter_user::maps::Maps;
@@ -164,27 +165,12 @@ fn upgrade_through_the_pinned_link_loses_nothing() {
     assert_eq!(status["interfaces"][0]["link"], "adopted");
     assert_eq!(status["interfaces"][0]["program_id"], new_program);
     // The old program is gone: no second program, no second link.
-    let old_gone = Command::new("bpftool")
-        .args(["prog", "show", "id", &old_program.to_string()])
-        .output()
-        .unwrap();
     assert!(
-        !old_gone.status.success(),
+        !tools::bpftool_prog_loaded(old_program).unwrap(),
         "program {old_program} is still loaded"
     );
-    let links = Command::new("bpftool")
-        .args(["-j", "link", "show"])
-        .output()
-        .unwrap();
-    let links: serde_json::Value = serde_json::from_slice(&links.stdout).unwrap();
-    let running = |prog: u32| {
-        links
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|l| l["prog_id"] == prog)
-            .count()
-    };
+    let links = tools::bpftool_links().unwrap();
+    let running = |prog: u32| links.iter().filter(|l| l.prog_id == prog).count();
     assert_eq!(running(new_program), 1, "links running the new program");
     assert_eq!(
         running(old_program),

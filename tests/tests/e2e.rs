@@ -8,6 +8,7 @@ use std::{path::Path, time::Duration};
 use limiter_tests::{
     netns::{ip, VethPair},
     scenario::{flood, udp_to_host, PinDir},
+    tools,
     traffic::SendPlan,
 };
 use limiter_user::{
@@ -111,29 +112,18 @@ fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode, expected_variant
     program.detach(attachment).unwrap();
 }
 
-#[test]
-fn native_mode_enforces_the_rate() {
-    rate_is_enforced(XdpMode::Native, AttachedMode::Native, Variant::Linear);
-}
-
-#[test]
-fn generic_mode_enforces_the_rate() {
-    rate_is_enforced(
-        XdpMode::Generic,
-        AttachedMode::Generic,
-        Variant::MultiBuffer,
-    );
+limiter_tests::test_rows! {
+    native_mode_enforces_the_rate =>
+        rate_is_enforced(XdpMode::Native, AttachedMode::Native, Variant::Linear);
+    generic_mode_enforces_the_rate =>
+        rate_is_enforced(XdpMode::Generic, AttachedMode::Generic, Variant::MultiBuffer);
+    /// The TC build at TC ingress (`xdp_mode = "tc"`) enforces the same rule.
+    tc_mode_enforces_the_rate => rate_is_enforced(XdpMode::Tc, AttachedMode::Tc, Variant::Tc);
 }
 
 /// On an interface whose MTU needs several buffers per frame, the kernel refuses the
 /// linear build; native mode then runs the multi-buffer build, which meters whole frames
 /// (bytes rule, frames longer than a page).
-/// The TC build at TC ingress (`xdp_mode = "tc"`) enforces the same rule.
-#[test]
-fn tc_mode_enforces_the_rate() {
-    rate_is_enforced(XdpMode::Tc, AttachedMode::Tc, Variant::Tc);
-}
-
 #[test]
 fn jumbo_mtu_runs_the_multi_buffer_build() {
     const FRAME: u64 = 8000;
@@ -212,20 +202,14 @@ fn maps_are_pinned_with_btf() {
     for name in limiter_common::abi::map_name::ALL {
         assert!(pins.path.join(name).exists(), "{name} is not pinned");
     }
-    let out = std::process::Command::new("bpftool")
-        .args(["map", "dump", "pinned"])
-        .arg(pins.path.join("CONTROL"))
-        .output()
-        .expect("running bpftool (cargo xtask setup installs it)");
-    let text = String::from_utf8_lossy(&out.stdout);
+    // The map carries BTF: bpftool names the value's fields.
+    let entries = tools::bpftool_map_dump_pinned(&pins.path.join("CONTROL")).unwrap();
+    let value = &entries
+        .first()
+        .unwrap_or_else(|| panic!("CONTROL has no entry: {entries:?}"))["formatted"]["value"];
     assert!(
-        out.status.success(),
-        "bpftool failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.contains("\"generation\"") && text.contains("\"flags\""),
-        "bpftool shows no field names: {text}"
+        value.get("generation").is_some() && value.get("flags").is_some(),
+        "bpftool shows no field names: {entries:?}"
     );
     // The per-frame entries sit on cache-line boundaries: page-aligned values
     // (BPF_F_MMAPABLE) of whole cache lines.

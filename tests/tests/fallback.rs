@@ -17,6 +17,7 @@ use std::{process::Command, time::Duration};
 use common::{join, two_ports, Lab};
 use limiter_tests::{
     rx::RxCounter,
+    tools,
     xdp_tools::{libxdp_installs_a_dispatcher, LibxdpState, XdpFilter},
 };
 use serde_json::Value;
@@ -69,13 +70,10 @@ fn taken_pin(lab: &Lab) -> std::path::PathBuf {
 
 /// Whether an XDP bpf_link runs program `id` (bpftool's view).
 fn held_by_a_link(id: u32) -> bool {
-    let out = Command::new("bpftool")
-        .args(["link", "show"])
-        .output()
-        .expect("bpftool");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .any(|l| l.contains(" xdp ") && l.contains(&format!("prog {id}")))
+    tools::bpftool_links()
+        .unwrap()
+        .iter()
+        .any(|l| l.is_xdp() && l.prog_id == id)
 }
 
 /// The limiter takes xdp-filter's hook and tail-calls it: both enforce, `status` shows
@@ -194,12 +192,8 @@ fn the_limiter_takes_xdp_filters_hook_and_both_enforce_through_restarts() {
     assert_eq!(passed + limited, each, "frames the limiter did not meter");
     assert_eq!(dropped - dropped0, each, "frames xdp-filter did not see");
     assert_eq!(rx.totals().unwrap().packets - rx0, passed);
-    let gone = Command::new("bpftool")
-        .args(["prog", "show", "id", &ours.to_string()])
-        .output()
-        .unwrap();
     assert!(
-        !gone.status.success(),
+        !tools::bpftool_prog_loaded(ours).unwrap(),
         "the killed daemon's program is still loaded"
     );
 

@@ -18,6 +18,7 @@ use limiter_tests::{
     frame::FrameBuilder,
     netns::{ifindex, spawn_in_netns},
     scenario::PEER_V4,
+    tools,
     traffic::{PacketSocket, SendPlan, SendReport},
 };
 use limiter_user::maps::Maps;
@@ -451,31 +452,15 @@ impl Partition {
              add chain inet {table} out {{ type filter hook output priority 0; }}\n\
              add rule inet {table} out ip saddr {source} tcp dport {port} drop\n"
         );
-        let mut child = Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("running nft (cargo xtask setup installs nftables)");
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(script.as_bytes())
-            .unwrap();
-        assert!(
-            child.wait().unwrap().success(),
-            "nft refused the partition rules"
-        );
+        tools::nft(&["-f", "-"], Some(&script))
+            .unwrap_or_else(|e| panic!("nft refused the partition rules: {e:#}"));
         Partition(table)
     }
 }
 
 impl Drop for Partition {
     fn drop(&mut self) {
-        let _ = Command::new("nft")
-            .args(["delete", "table", "inet", &self.0])
-            .output();
+        let _ = tools::nft(&["delete", "table", "inet", &self.0], None);
     }
 }
 

@@ -157,22 +157,12 @@ fn honest_fragments_pass_at_the_rate(mode: XdpMode) {
     );
 }
 
-#[test]
-fn native_tiny_first_fragments_get_no_syn_past_a_syn_rule() {
-    tiny_first_fragments_get_no_syn_past(XdpMode::Native);
-}
-
-#[test]
-fn tc_tiny_first_fragments_get_no_syn_past_a_syn_rule() {
-    tiny_first_fragments_get_no_syn_past(XdpMode::Tc);
-}
-
-#[test]
-fn native_honest_fragmented_syns_pass_at_the_rate() {
-    honest_fragments_pass_at_the_rate(XdpMode::Native);
-}
-
-#[test]
-fn tc_honest_fragmented_syns_pass_at_the_rate() {
-    honest_fragments_pass_at_the_rate(XdpMode::Tc);
+limiter_tests::test_rows! {
+    native_tiny_first_fragments_get_no_syn_past_a_syn_rule =>
+        tiny_first_fragments_get_no_syn_past(XdpMode::Native);
+    tc_tiny_first_fragments_get_no_syn_past_a_syn_rule =>
+        tiny_first_fragments_get_no_syn_past(XdpMode::Tc);
+    native_honest_fragmented_syns_pass_at_the_rate =>
+        honest_fragments_pass_at_the_rate(XdpMode::Native);
+    tc_honest_fragmented_syns_pass_at_the_rate => honest_fragments_pass_at_the_rate(XdpMode::Tc);
 }

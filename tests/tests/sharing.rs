@@ -17,6 +17,7 @@ use std::{process::Command, time::Duration};
 use common::{join, two_ports, Lab};
 use limiter_tests::{
     rx::RxCounter,
+    tools,
     xdp_tools::{libxdp_installs_a_dispatcher, run, LibxdpState, XdpFilter},
 };
 use serde_json::Value;
@@ -336,11 +337,10 @@ fn kill_9_restart_and_upgrade_keep_both_enforcing() {
     let sent = join(sender);
     std::thread::sleep(Duration::from_millis(200));
     for old in [first, second] {
-        let gone = Command::new("bpftool")
-            .args(["prog", "show", "id", &old.to_string()])
-            .output()
-            .unwrap();
-        assert!(!gone.status.success(), "component {old} is still loaded");
+        assert!(
+            !tools::bpftool_prog_loaded(u32::try_from(old).unwrap()).unwrap(),
+            "component {old} is still loaded"
+        );
     }
     assert_eq!(components(&lab.pair.host).len(), 2);
 

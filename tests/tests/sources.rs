@@ -15,6 +15,7 @@ use std::{net::Ipv4Addr, time::Instant};
 use limiter_tests::{
     fixture::{self, Loaded},
     frame::{with_ipv4_src, FrameBuilder},
+    tools,
 };
 
 const XDP_DROP: u32 = 1;
@@ -210,31 +211,8 @@ fn the_aggregate_bucket_is_unchanged() {
 
 /// `bytes_memlock` of one map, as bpftool reports it.
 fn memlock_of_map(id: u32) -> (String, u64) {
-    let out = std::process::Command::new("bpftool")
-        .args(["map", "show", "id", &id.to_string(), "-j"])
-        .output()
-        .expect("running bpftool (apt-get install bpftool)");
-    assert!(out.status.success(), "bpftool map show id {id}: {out:?}");
-    // One flat JSON object: the two fields are read without a JSON dependency.
-    let text = String::from_utf8_lossy(&out.stdout);
-    let field = |name: &str| {
-        let at = text
-            .find(&format!("\"{name}\":"))
-            .unwrap_or_else(|| panic!("no {name} in bpftool's output: {text}"));
-        let rest = text[at + name.len() + 3..].trim_start();
-        rest.split([',', '}'])
-            .next()
-            .unwrap_or("")
-            .trim()
-            .trim_matches('"')
-            .to_string()
-    };
-    (
-        field("name"),
-        field("bytes_memlock")
-            .parse()
-            .expect("bytes_memlock is a number"),
-    )
+    let map = tools::bpftool_map_show_id(id).unwrap();
+    (map.name, map.bytes_memlock)
 }
 
 /// This process's memory cgroup usage (v1 or v2), for the kernel's own accounting.

@@ -35,7 +35,7 @@ pub fn guest_scale(rate: u64) -> u64 {
 /// The matrices of the suites (mode × unit, xdp mode × scenario) are written with it, so
 /// a new case is one row:
 ///
-/// ```ignore
+/// ```text
 /// limiter_tests::test_rows! {
 ///     native_packets_1k => rate_matrix(XdpMode::Native, Unit::Packets, 1_000);
 ///     /// Doc comments and attributes go on the row.

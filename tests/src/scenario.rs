@@ -291,6 +291,26 @@ impl ModelBucket {
     }
 }
 
+/// What one bucket of `rate` units/s and `burst` units, full at the first frame, admits
+/// of the frames in `reports` whose entry in their sender's list `metered` selects, at
+/// one unit each, in the order the batches went out: the count a single rule's aggregate
+/// should have passed of the offer that really happened, stalls included.
+pub fn model_admits(
+    reports: &[TimedReport],
+    rate: u64,
+    burst: u64,
+    metered: impl Fn(usize) -> bool,
+) -> u64 {
+    let mut bucket = ModelBucket::new(rate, burst);
+    let mut admitted = 0;
+    for_each_frame(reports, |at, _, entry| {
+        if metered(entry) && bucket.offer(at, 1.0) {
+            admitted += 1;
+        }
+    });
+    admitted
+}
+
 /// Frames sent of each entry of a frame list when `sent` frames went out cycling through
 /// a list of `len` entries from its start: entry `i` went out this many times.
 pub fn sent_of_entry(sent: u64, len: usize, i: usize) -> u64 {

@@ -408,7 +408,7 @@ fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
     let mut s = String::from(
         "#!/bin/sh\n# Written by `cargo xtask test --kernel`; runs inside the guest.\n",
     );
-    s.push_str("failed=0\nexport RUST_BACKTRACE=1 LIMITER_IN_GUEST=1\n");
+    s.push_str("failed=0\nexport RUST_BACKTRACE=0 LIMITER_IN_GUEST=1\n");
     s.push_str(&format!(
         "export LIMITER_GUEST_OUT={}\n",
         sh_quote(&out.display().to_string())

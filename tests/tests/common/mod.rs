@@ -13,7 +13,7 @@ use std::{
 pub use limiter_tests::binaries::LIMITER;
 use limiter_tests::{
     netns::{ifindex, spawn_in_netns, VethPair},
-    scenario::PinDir,
+    scenario::{send_recorded, PinDir, TimedReport},
     traffic::{send, PacketSocket, SendPlan, SendReport},
 };
 use serde_json::Value;
@@ -199,6 +199,31 @@ impl Lab {
         })
         .expect("starting the sender")
     }
+
+    /// [`Lab::send_in_background`], recording when each batch went out, so that a test
+    /// can model what the meter should have admitted of the arrivals that really
+    /// happened ([`limiter_tests::scenario::model_admits`]): a sender descheduled while
+    /// a restarted daemon loads its program (seconds in an emulated guest) offers
+    /// nothing in that time, and its bucket refills only up to its burst.
+    pub fn send_timed_in_background(
+        &self,
+        plan: SendPlan,
+    ) -> std::thread::JoinHandle<anyhow::Result<anyhow::Result<TimedReport>>> {
+        let peer = self.pair.peer.clone();
+        spawn_in_netns(&self.pair.ns, move || {
+            let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+            let started = Instant::now();
+            let (report, batches) = send_recorded(&socket, &plan)?;
+            Ok(TimedReport {
+                report,
+                batches,
+                list_len: plan.frames.len(),
+                started,
+                finished: Instant::now(),
+            })
+        })
+        .expect("starting the sender")
+    }
 }
 
 impl Drop for Lab {
@@ -231,6 +256,17 @@ pub fn two_ports(pair: &VethPair, other_port: u16, rate: u64, duration: Duration
 pub fn join(
     handle: std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>>,
 ) -> SendReport {
+    handle
+        .join()
+        .expect("sender thread")
+        .expect("sender in netns")
+        .expect("sending")
+}
+
+/// [`join`] for [`Lab::send_timed_in_background`].
+pub fn join_timed(
+    handle: std::thread::JoinHandle<anyhow::Result<anyhow::Result<TimedReport>>>,
+) -> TimedReport {
     handle
         .join()
         .expect("sender thread")

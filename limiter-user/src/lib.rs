@@ -10,7 +10,8 @@
 //! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
 //!    `tc_filter`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
 //!    `teardown`.
-//! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`.
+//! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`,
+//!    `top` (its rates and screen pure).
 //! 4. The daemon, synchronous: `daemon`.
 //! 5. The service loops on the async runtime: `control`, `metrics`, `reporter`,
 //!    `service`.
@@ -40,6 +41,7 @@ pub mod stats;
 pub mod takeover;
 pub mod tc_filter;
 pub mod teardown;
+pub mod top;
 pub mod verifier;
 
 pub use error::Error;

@@ -4,6 +4,10 @@
 //! namespace, and shows a live table of what passes and drops per rule until Ctrl-C
 //! (or `--duration SECONDS`). Everything it creates is removed on the way out.
 //!
+//! In a terminal the live view is `limiter top` on the lab's pins, in the foreground:
+//! `q`, Esc or Ctrl-C there ends the lab. Without one (a pipe, the tests) the lab prints
+//! its own plain table of totals every second instead.
+//!
 //! `--lb` (`cargo xtask run -- --lab-lb`): the limiter in front of a stand-in load
 //! balancer, as on an LB host whose hook the LB owns. The stand-in (a program that counts
 //! what it sees and answers XDP_TX) is pinned, the config names it in `next_program`, and
@@ -11,6 +15,7 @@
 //! it, what it drops does not.
 
 use std::{
+    io::IsTerminal as _,
     net::Ipv4Addr,
     path::{Path, PathBuf},
     process::{Child, Command},
@@ -190,6 +195,32 @@ impl Drop for DaemonProcess {
     }
 }
 
+/// Runs `limiter top` on the lab's pins with the terminal until it exits (`q`, Esc,
+/// Ctrl-C), the lab is signalled (SIGINT, SIGTERM) or `duration` is over; then the lab
+/// goes on to its final table and cleanup. SIGTERM lets top give the terminal back.
+fn top_in_the_foreground(binary: &Path, duration: Option<Duration>) -> Result<()> {
+    let mut top = Command::new(binary)
+        .args(["top", "--pin-dir", PIN_DIR])
+        .spawn()
+        .context("starting limiter top")?;
+    let started = Instant::now();
+    loop {
+        if let Some(status) = top.try_wait().context("waiting for limiter top")? {
+            if !status.success() {
+                println!("lab: limiter top exited with {status}");
+            }
+            return Ok(());
+        }
+        if STOP.load(Ordering::Relaxed) || duration.is_some_and(|d| started.elapsed() >= d) {
+            // SAFETY: signalling the child this lab started, by its id.
+            unsafe { libc::kill(top.id() as libc::pid_t, libc::SIGTERM) };
+            let _ = top.wait();
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn main() -> Result<()> {
     let duration = match std::env::args().skip_while(|a| a != "--duration").nth(1) {
         Some(s) => Some(Duration::from_secs(
@@ -272,7 +303,14 @@ fn main() -> Result<()> {
 
     let maps = Maps::from_pins(Path::new(PIN_DIR))?;
     let started = Instant::now();
-    while !STOP.load(Ordering::Relaxed) && duration.is_none_or(|d| started.elapsed() < d) {
+    let in_terminal = std::io::stdout().is_terminal();
+    if in_terminal {
+        top_in_the_foreground(&binary, duration)?;
+    }
+    while !in_terminal
+        && !STOP.load(Ordering::Relaxed)
+        && duration.is_none_or(|d| started.elapsed() < d)
+    {
         let report = stats::collect(&maps)?;
         print!("\x1b[2J\x1b[H");
         println!(

@@ -10,6 +10,7 @@ mod reload;
 mod run;
 mod stats;
 mod status;
+mod top;
 
 use std::path::PathBuf;
 
@@ -33,6 +34,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Print per-rule and global counters read from the pinned maps.
     Stats(stats::StatsArgs),
+    /// A live view of the pinned maps: per rule, passed/dropped/would-drop per second,
+    /// the rate in force and the share state; `t` shows totals, `q` quits.
+    Top(top::TopArgs),
     /// List or change rule quotas at runtime.
     #[command(subcommand)]
     Quota(quota::QuotaCommand),
@@ -69,6 +73,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run::execute(args),
         Command::Status(args) => status::execute(args),
         Command::Stats(args) => stats::execute(args),
+        Command::Top(args) => top::execute(args),
         Command::Quota(cmd) => quota::execute(cmd),
         Command::Reload(args) => reload::execute(args),
         Command::Explain(args) => explain::execute(args),

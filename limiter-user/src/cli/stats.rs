@@ -1,7 +1,7 @@
 use std::{io::Write as _, time::Duration};
 
 use anyhow::Context as _;
-use limiter_user::{maps::Maps, stats};
+use limiter_user::{maps::Maps, stats, top::rates::counter_rate};
 
 use super::PinDirArg;
 
@@ -39,10 +39,12 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         write!(out, "{}", stats::render_table(&report))?;
         if args.watch {
             let now = (std::time::Instant::now(), report.global.new_sources);
-            if let Some((at, seen)) = previous {
-                let per_second =
-                    now.1.wrapping_sub(seen) as f64 / now.0.duration_since(at).as_secs_f64();
-                writeln!(out, "new sources per second: {per_second:.0}")?;
+            // `limiter top`'s arithmetic: a counter that went backwards (maps recreated)
+            // counts from zero, never as a wrapped delta.
+            if let Some(rate) =
+                previous.and_then(|(at, seen)| counter_rate(seen, now.1, now.0.duration_since(at)))
+            {
+                writeln!(out, "new sources per second: {:.0}", rate.per_second)?;
             }
             previous = Some(now);
         }

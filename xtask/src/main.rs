@@ -2,6 +2,7 @@
 //! first, so a fresh machine needs nothing but this repository.
 
 mod bench;
+mod dist;
 mod guest;
 mod setup;
 mod sim;
@@ -80,6 +81,10 @@ enum Task {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// Build the release binaries (if not built), then the Debian packages `limiter` and
+    /// `limiter-allocator` into target/dist/ (dpkg-deb): binaries, systemd units, configs
+    /// under /etc/limiter/, man pages, shell completions, README.
+    Dist,
     /// Fleet simulator in virtual time (500 hosts, the fleet's failure cases in
     /// docs/design.md); writes
     /// target/sim/report.md. Needs no root or eBPF. `cargo xtask sim -- --help` for options.
@@ -162,6 +167,11 @@ fn main() -> Result<()> {
                     guest::bench(&kernel, accel, &parts)
                 }
             }
+        }
+        Task::Dist => {
+            setup::run()?;
+            build()?;
+            dist::run().map(drop)
         }
         Task::Sim { args } => sim::run(&args),
         Task::Fuzz { cases, seed } => {

@@ -8,13 +8,20 @@ use anyhow::{bail, Context as _, Result};
 use crate::run_cmd;
 
 /// Debian packages: LLVM 22 for bpf-linker, bpftool for inspecting maps, iproute2 for
-/// the tests' namespaces and veth pairs, nftables for the comparison benchmark.
+/// the tests' namespaces and veth pairs, nftables for the comparison benchmark;
+/// `cargo xtask dist` and its tests: dpkg-dev (dpkg-shlibdeps), binutils (strip),
+/// lintian, man-db (`man -l`), systemd (`systemd-analyze verify`).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
     "bpftool",
     "iproute2",
     "nftables",
+    "dpkg-dev",
+    "binutils",
+    "lintian",
+    "man-db",
+    "systemd",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

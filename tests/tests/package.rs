@@ -57,15 +57,15 @@ fn require_root() {
     );
 }
 
-/// The two .debs, built once per run by `cargo xtask dist` (which reuses the release
-/// build: cargo finds the binaries up to date).
+/// The two .debs, built once per run by `cargo xtask dist --no-build` from the release
+/// binaries the other end-to-end tests run (`cargo build --release` first).
 fn debs() -> &'static [PathBuf] {
     static DEBS: OnceLock<Vec<PathBuf>> = OnceLock::new();
     DEBS.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         run_ok(
             Command::new(cargo)
-                .args(["xtask", "dist"])
+                .args(["xtask", "dist", "--no-build"])
                 .current_dir(root()),
         );
         let version = run_ok(Command::new(root().join("target/release/limiter")).arg("--version"));

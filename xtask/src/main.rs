@@ -84,7 +84,13 @@ enum Task {
     /// Build the release binaries (if not built), then the Debian packages `limiter` and
     /// `limiter-allocator` into target/dist/ (dpkg-deb): binaries, systemd units, configs
     /// under /etc/limiter/, man pages, shell completions, README.
-    Dist,
+    Dist {
+        /// Package the binaries in target/release as they are, without asking cargo
+        /// (tests/package.rs: the suite built them, and a build with other packages
+        /// selected can unify features differently and relink them).
+        #[arg(long)]
+        no_build: bool,
+    },
     /// Fleet simulator in virtual time (500 hosts, the fleet's failure cases in
     /// docs/design.md); writes
     /// target/sim/report.md. Needs no root or eBPF. `cargo xtask sim -- --help` for options.
@@ -168,9 +174,11 @@ fn main() -> Result<()> {
                 }
             }
         }
-        Task::Dist => {
+        Task::Dist { no_build } => {
             setup::run()?;
-            build()?;
+            if !no_build {
+                build()?;
+            }
             dist::run().map(drop)
         }
         Task::Sim { args } => sim::run(&args),

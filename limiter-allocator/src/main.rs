@@ -14,11 +14,14 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use limiter_proto::{
     pb::allocator_server::AllocatorServer, server_tls, TlsFiles, MAX_MESSAGE_BYTES,
 };
-use limiter_service::control::Reply;
+use limiter_service::{
+    cli_docs::{self, CompletionsArgs, ManPagesArgs},
+    control::Reply,
+};
 use tokio::{
     net::{TcpListener, UnixListener},
     signal::unix::{signal, SignalKind},
@@ -61,6 +64,11 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Print a shell completion script, e.g. `limiter-allocator completions bash`.
+    Completions(CompletionsArgs),
+    /// Write the man pages into a directory (packaging: `cargo xtask dist`).
+    #[command(hide = true)]
+    ManPages(ManPagesArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -90,6 +98,12 @@ fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Run { config } => run(&config),
         Command::Check { config } => check(&config),
+        Command::Completions(args) => {
+            cli_docs::write_completions(Cli::command(), args.shell, &mut std::io::stdout());
+            Ok(())
+        }
+        Command::ManPages(args) => cli_docs::write_man_pages(Cli::command(), &args.dir)
+            .with_context(|| format!("writing man pages into {}", args.dir.display())),
         Command::Quota(QuotaCommand::List { socket }) => {
             control_call(&socket, &ControlRequest::List).map(|v| println!("{v}"))
         }

@@ -2,6 +2,7 @@
 //! first, so a fresh machine needs nothing but this repository.
 
 mod bench;
+mod dist;
 mod guest;
 mod setup;
 mod sim;
@@ -79,6 +80,16 @@ enum Task {
         /// Seed of the generator (default: a fresh one, printed).
         #[arg(long)]
         seed: Option<u64>,
+    },
+    /// Build the release binaries (if not built), then the Debian packages `limiter` and
+    /// `limiter-allocator` into target/dist/ (dpkg-deb): binaries, systemd units, configs
+    /// under /etc/limiter/, man pages, shell completions, README.
+    Dist {
+        /// Package the binaries in target/release as they are, without asking cargo
+        /// (tests/package.rs: the suite built them, and a build with other packages
+        /// selected can unify features differently and relink them).
+        #[arg(long)]
+        no_build: bool,
     },
     /// Fleet simulator in virtual time (500 hosts, the fleet's failure cases in
     /// docs/design.md); writes
@@ -162,6 +173,13 @@ fn main() -> Result<()> {
                     guest::bench(&kernel, accel, &parts)
                 }
             }
+        }
+        Task::Dist { no_build } => {
+            setup::run()?;
+            if !no_build {
+                build()?;
+            }
+            dist::run().map(drop)
         }
         Task::Sim { args } => sim::run(&args),
         Task::Fuzz { cases, seed } => {

@@ -9,7 +9,9 @@ use crate::run_cmd;
 
 /// Debian packages: LLVM 22 for bpf-linker, bpftool for inspecting maps, iproute2 for
 /// the tests' namespaces and veth pairs, nftables for the comparison benchmark, tmux for
-/// the tests that run `limiter top` in a terminal.
+/// the tests that run `limiter top` in a terminal; `cargo xtask dist` and its tests:
+/// dpkg-dev (dpkg-shlibdeps), binutils (strip), lintian, man-db (`man -l`), systemd
+/// (`systemd-analyze verify`).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -17,6 +19,11 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "nftables",
     "tmux",
+    "dpkg-dev",
+    "binutils",
+    "lintian",
+    "man-db",
+    "systemd",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

@@ -14,7 +14,9 @@ mod top;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use anyhow::Context as _;
+use clap::{CommandFactory as _, Parser, Subcommand};
+use limiter_service::cli_docs::{self, CompletionsArgs, ManPagesArgs};
 use limiter_user::config::{DEFAULT_CONTROL_SOCKET, DEFAULT_PIN_DIR};
 
 /// limiter: a kernel-path packet rate limiter for load-balancer fleets.
@@ -50,6 +52,11 @@ enum Command {
     /// Check a config file as `run` and `reload` would, changing nothing: exit status 0
     /// when it would be accepted, 1 with every problem (file, line, field) when not.
     Check(check::CheckArgs),
+    /// Print a shell completion script, e.g. `limiter completions bash`.
+    Completions(CompletionsArgs),
+    /// Write the man pages into a directory (packaging: `cargo xtask dist`).
+    #[command(hide = true)]
+    ManPages(ManPagesArgs),
 }
 
 /// `--socket`, shared by the commands that talk to the daemon.
@@ -79,6 +86,12 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Explain(args) => explain::execute(args),
         Command::Detach(args) => detach::execute(args),
         Command::Check(args) => check::execute(args),
+        Command::Completions(args) => {
+            cli_docs::write_completions(Cli::command(), args.shell, &mut std::io::stdout());
+            Ok(())
+        }
+        Command::ManPages(args) => cli_docs::write_man_pages(Cli::command(), &args.dir)
+            .with_context(|| format!("writing man pages into {}", args.dir.display())),
     }
 }
 

@@ -529,6 +529,25 @@ impl Daemon {
         self.control_listener.take()
     }
 
+    /// What systemd shows beside "active" (`STATUS=` of the readiness protocol): the
+    /// interfaces the program runs on now, each with its mode, and the rule count.
+    pub fn readiness_status(&self) -> String {
+        let ifaces = if self.attachments.is_empty() {
+            "no interface of its own (joined the LB's program)".to_string()
+        } else {
+            self.attachments
+                .iter()
+                .map(|a| format!("{} ({})", a.iface, a.mode.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "enforcing {} rules on {ifaces}; control socket {}",
+            self.table.rules.len(),
+            self.config.control_socket.display()
+        )
+    }
+
     pub fn config(&self) -> &Config {
         &self.config
     }

@@ -251,6 +251,9 @@ impl Daemon {
         ifaces: &[String],
         bpf_object: Option<&Path>,
     ) -> Result<Daemon, Error> {
+        // Before anything else: a daemon without the capabilities it needs says which,
+        // and changes nothing.
+        crate::privilege::check_daemon()?;
         // First, so a second daemon, or something in the socket's way, changes nothing.
         let claimed = limiter_instance::claim(&config.control_socket, OWNER)?;
         for dir in &claimed.report.created_dirs {

@@ -276,3 +276,80 @@ fn systemd_analyze_verify_accepts_both_units() {
         "systemd-analyze verify: {said}"
     );
 }
+
+/// Fleet mode with the same capabilities: the daemon reports to an allocator that runs
+/// with no capability at all (as dist/limiter-allocator.service has it) and gets a lease.
+#[test]
+fn fleet_mode_needs_nothing_more_and_the_allocator_nothing_at_all() {
+    let caps = unit_capabilities();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = common::pki::Pki::new(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let server = pki.pair("allocator");
+    let config = dir.path().join("allocator.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\nmetrics = \"\"\ncontrol_socket = \"{}\"\n\
+             lease_ttl_ms = 1500\nreport_interval_ms = 300\n\
+             [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+             [[quotas]]\nrule = \"web\"\nrate = 1000\nburst = 100\n",
+            dir.path().join("run/allocator.sock").display(),
+            pki.ca().display(),
+            server.cert.display(),
+            server.key.display()
+        ),
+    )
+    .unwrap();
+    let allocator = Daemon(
+        setpriv(&[])
+            .arg(limiter_tests::binaries::LIMITER_ALLOCATOR.path())
+            .args(["run", "--config"])
+            .arg(&config)
+            .spawn()
+            .expect("running setpriv (util-linux) with limiter-allocator run"),
+    );
+    // Serving (setpriv has exec'd it) before its capabilities are read.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the allocator did not listen without capabilities"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        effective_caps(allocator.pid()),
+        0,
+        "the allocator holds capabilities"
+    );
+    let host = pki.pair("lb-1");
+    let lab = Lab::new(&format!(
+        "fleet_size = 1\n\
+         [[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 1000\nburst = 100\n\
+         [fleet]\nallocator = \"127.0.0.1:{port}\"\nhost_id = \"lb-1\"\nca = \"{}\"\ncert = \"{}\"\n\
+         key = \"{}\"\nlease_ttl_ms = 1500\nreport_interval_ms = 300\n",
+        pki.ca().display(),
+        host.cert.display(),
+        host.key.display()
+    ));
+    let daemon = spawn_run(&lab, &caps);
+    lab.wait_ready();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let state = lab.rule_stats("web")["state"].clone();
+        if state == "leased" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no lease with the unit's capabilities: web is {state}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    daemon.stop();
+    allocator.stop();
+}

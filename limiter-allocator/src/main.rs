@@ -144,16 +144,18 @@ fn check(path: &Path) -> Result<()> {
 }
 
 fn run(path: &Path) -> Result<()> {
+    // First, while the process has one thread: the variable leaves the environment.
+    let notifier = limiter_service::notify::Notifier::from_env();
     let config = Config::load(path)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(config))
+    runtime.block_on(serve(config, notifier))
 }
 
-async fn serve(config: Config) -> Result<()> {
+async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> Result<()> {
     // First: a second allocator, or something in the socket's way, is refused before
     // anything else happens. Held to the end; dropping it removes the socket if ours.
     let (instance, control) = claim_control(&config.control_socket)?;
@@ -211,6 +213,14 @@ async fn serve(config: Config) -> Result<()> {
         "allocator serving (mutual TLS)"
     );
     let mut term = signal(SignalKind::terminate())?;
+    // The gRPC listener and the control socket are bound (connections queue until the
+    // server below accepts them): systemd's start returns from here.
+    notifier.ready(&format!(
+        "serving {} quotas on {}; control socket {}",
+        config.quotas.len(),
+        config.listen,
+        config.control_socket.display()
+    ));
     // Memory per connection is bounded by these: MAX_STREAMS decoded messages of at most
     // MAX_MESSAGE_BYTES, and the HTTP/2 windows.
     const MAX_STREAMS: u32 = 4;
@@ -237,6 +247,7 @@ async fn serve(config: Config) -> Result<()> {
                     _ = tokio::signal::ctrl_c() => {}
                 }
                 tracing::info!("shutting down");
+                notifier.stopping();
             },
         )
         .await

@@ -11,6 +11,7 @@ use std::{
 };
 
 pub use limiter_service::control::{ControlError, Reply};
+use limiter_service::notify::Notifier;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::{net::UnixListener, sync::broadcast};
@@ -61,6 +62,7 @@ pub async fn serve(
     listener: UnixListener,
     daemon: Arc<Mutex<Daemon>>,
     shutdown: broadcast::Sender<Shutdown>,
+    notifier: Arc<Notifier>,
 ) {
     let mut stop = shutdown.subscribe();
     loop {
@@ -68,7 +70,7 @@ pub async fn serve(
             _ = stop.recv() => return,
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
-                let reply = handle(stream, &daemon, &shutdown).await;
+                let reply = handle(stream, &daemon, &shutdown, &notifier).await;
                 if let Err(e) = reply {
                     tracing::debug!(error = %e, "control connection failed");
                 }
@@ -81,9 +83,21 @@ async fn handle(
     stream: tokio::net::UnixStream,
     daemon: &Arc<Mutex<Daemon>>,
     shutdown: &broadcast::Sender<Shutdown>,
+    notifier: &Notifier,
 ) -> std::io::Result<()> {
-    limiter_service::control::serve_connection(stream, |request| {
-        dispatch(request, daemon, shutdown)
+    limiter_service::control::serve_connection(stream, |request: Request| {
+        if request == Request::Reload {
+            notifier.reloading();
+        }
+        let reply = dispatch(request.clone(), daemon, shutdown);
+        if request == Request::Reload {
+            let status = daemon.lock().map_or_else(
+                |_| "daemon state poisoned".to_string(),
+                |d| d.readiness_status(),
+            );
+            notifier.ready(&status);
+        }
+        reply
     })
     .await
 }

@@ -251,6 +251,9 @@ impl Daemon {
         ifaces: &[String],
         bpf_object: Option<&Path>,
     ) -> Result<Daemon, Error> {
+        // Before anything else: a daemon without the capabilities it needs says which,
+        // and changes nothing.
+        crate::privilege::check_daemon()?;
         // First, so a second daemon, or something in the socket's way, changes nothing.
         let claimed = limiter_instance::claim(&config.control_socket, OWNER)?;
         for dir in &claimed.report.created_dirs {
@@ -527,6 +530,25 @@ impl Daemon {
     /// The bound control socket, once (the binary serves it).
     pub fn take_control_listener(&mut self) -> Option<UnixListener> {
         self.control_listener.take()
+    }
+
+    /// What systemd shows beside "active" (`STATUS=` of the readiness protocol): the
+    /// interfaces the program runs on now, each with its mode, and the rule count.
+    pub fn readiness_status(&self) -> String {
+        let ifaces = if self.attachments.is_empty() {
+            "no interface of its own (joined the LB's program)".to_string()
+        } else {
+            self.attachments
+                .iter()
+                .map(|a| format!("{} ({})", a.iface, a.mode.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "enforcing {} rules on {ifaces}; control socket {}",
+            self.table.rules.len(),
+            self.config.control_socket.display()
+        )
     }
 
     pub fn config(&self) -> &Config {

@@ -77,10 +77,25 @@ pub enum Error {
     NotBpffs(PathBuf),
     #[error("no pinned limiter maps under {0}: is the daemon running with this pin_dir?")]
     NotPinned(PathBuf),
+    /// The daemon lacks a capability, or a client is not root: which, and what for.
+    #[error(transparent)]
+    Permission(#[from] crate::privilege::PermissionError),
     #[error("{what}: {source}")]
     Io {
         what: String,
         #[source]
         source: std::io::Error,
     },
+}
+
+impl Error {
+    /// Whether this is a refusal for want of privilege (a capability, or root), whatever
+    /// layer found it: the binaries give it its own exit code.
+    pub fn is_permission_denied(&self) -> bool {
+        match self {
+            Error::Permission(_) => true,
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::PermissionDenied,
+            _ => false,
+        }
+    }
 }

@@ -254,11 +254,14 @@ impl HandoffControl {
     ) -> Result<HandoffControl, Error> {
         let [a, b] = own;
         let with_handle = |m: MapData, name: &str| -> Result<_, Error> {
-            let id = m.info().map_err(|source| Error::Map {
-                what: format!("reading {name}"),
-                source,
+            // A second descriptor of the same map, duplicated rather than looked up by
+            // id: BPF_MAP_GET_FD_BY_ID would need CAP_SYS_ADMIN, which the daemon does
+            // not otherwise need (README, "Running under systemd").
+            let fd = m.fd().as_fd().try_clone_to_owned().map_err(|e| Error::Io {
+                what: format!("duplicating the descriptor of {name}"),
+                source: e,
             })?;
-            let handle = MapData::from_id(id.id()).map_err(|source| Error::Map {
+            let handle = MapData::from_fd(fd).map_err(|source| Error::Map {
                 what: format!("reopening {name}"),
                 source,
             })?;

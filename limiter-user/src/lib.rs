@@ -6,7 +6,7 @@
 //! fails on an import that goes up or round, and on a module the list does not place.
 //!
 //! 1. Definitions, pure: `config`, `object`, `hook`, `shutdown`, `sketch_regions`,
-//!    `kernel`, `ruleset`, `verifier`, `error`.
+//!    `kernel`, `ruleset`, `verifier`, `privilege`, `error`.
 //! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
 //!    `tc_filter`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
 //!    `teardown`.
@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod object;
 pub mod pins;
+pub mod privilege;
 pub mod program;
 pub mod reporter;
 pub mod ruleset;

@@ -106,6 +106,18 @@ impl Maps {
 
     /// Opens the maps pinned under `pin_dir` by a running (or previous) daemon.
     pub fn from_pins(pin_dir: &Path) -> Result<Maps, Error> {
+        // A directory the caller may not search reads as "nothing pinned" to exists():
+        // say it is root's instead.
+        if let Err(e) = std::fs::metadata(pin_dir.join(map_name::CONTROL)) {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                return Err(Error::Permission(
+                    crate::privilege::PermissionError::NotRoot {
+                        doing: "reading the pinned maps".to_string(),
+                        path: pin_dir.to_path_buf(),
+                    },
+                ));
+            }
+        }
         if !pin_dir.join(map_name::CONTROL).exists() {
             return Err(Error::NotPinned(pin_dir.to_path_buf()));
         }

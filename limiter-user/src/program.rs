@@ -522,10 +522,19 @@ fn mount_bpffs(at: &Path) -> Result<(), Error> {
         )
     };
     if rc != 0 {
-        return Err(Error::Io {
-            what: format!("mounting bpffs at {}", at.display()),
-            source: std::io::Error::last_os_error(),
-        });
+        let source = std::io::Error::last_os_error();
+        let what = format!("mounting bpffs at {}", at.display());
+        if source.raw_os_error() == Some(libc::EPERM) {
+            return Err(Error::Permission(
+                crate::privilege::PermissionError::Refused {
+                    doing: format!(
+                        "{what} (mount it beforehand, as systemd does at boot, or grant it)"
+                    ),
+                    cap: crate::privilege::Capability::SysAdmin,
+                },
+            ));
+        }
+        return Err(Error::Io { what, source });
     }
     tracing::info!(path = %at.display(), "mounted bpffs");
     Ok(())

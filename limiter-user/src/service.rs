@@ -5,6 +5,10 @@
 //! ([`crate::reporter::report_loop`]). Every task subscribes to one [`Shutdown`]
 //! broadcast; when it fires they stop, and the daemon stops the way it says.
 //!
+//! systemd hears of it ([`Notifier`], `Type=notify`): `READY=1` once the control socket
+//! serves (every interface is attached before [`run`] is called), `RELOADING=1` then
+//! `READY=1` around a reload, `STOPPING=1` on the way out.
+//!
 //! A task that fails (the metrics port taken, the allocator's endpoint unusable) logs and
 //! ends alone: enforcement is the kernel's and carries on without it.
 
@@ -13,6 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use limiter_service::notify::Notifier;
 use tokio::{
     signal::unix::{signal, SignalKind},
     sync::broadcast,
@@ -33,8 +38,9 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 
 /// Serves `daemon` until a signal or `limiter detach`, then stops it: on SIGINT/SIGTERM
 /// enforcement stays in the kernel (unless `detach_on_exit`), on `limiter detach` every
-/// pin goes.
-pub async fn run(daemon: Daemon, detach_on_exit: bool) -> Result<(), Error> {
+/// pin goes. `notifier` hears `READY=1` once everything serves.
+pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Result<(), Error> {
+    let notifier = Arc::new(notifier);
     let socket_path = daemon.config().control_socket.clone();
     let metrics_addr = daemon.config().metrics;
     let fleet_spec = daemon.config().fleet.clone();
@@ -52,15 +58,17 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool) -> Result<(), Error> {
         });
     }
     let mut hangup = signal(SignalKind::hangup()).map_err(io("installing the SIGHUP handler"))?;
-    let d = Arc::clone(&daemon);
+    let (d, n) = (Arc::clone(&daemon), Arc::clone(&notifier));
     tasks.spawn(async move {
         while hangup.recv().await.is_some() {
+            n.reloading();
             let result = d.lock().map(|mut d| d.reload());
             match result {
                 Ok(Ok(r)) => tracing::info!(rules = r.rules, "SIGHUP: config reloaded"),
                 Ok(Err(e)) => tracing::error!("SIGHUP: reload refused, rules unchanged: {e}"),
                 Err(_) => tracing::error!("SIGHUP: daemon state poisoned"),
             }
+            n.ready(&ready_status(&d));
         }
     });
     let d = Arc::clone(&daemon);
@@ -89,6 +97,7 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool) -> Result<(), Error> {
         listener,
         Arc::clone(&daemon),
         shutdown.clone(),
+        Arc::clone(&notifier),
     ));
     if let Some(addr) = metrics_addr {
         let (d, tx) = (Arc::clone(&daemon), shutdown.clone());
@@ -110,7 +119,11 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool) -> Result<(), Error> {
             }
         });
     }
+    // The interfaces were attached by Daemon::start and the control socket's accept loop
+    // is spawned: a client that connects from now on is answered.
+    notifier.ready(&ready_status(&daemon));
     let reason = shutdown_rx.recv().await.unwrap_or(Shutdown::Exit);
+    notifier.stopping();
     let _ = shutdown.send(reason);
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
@@ -128,6 +141,14 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool) -> Result<(), Error> {
         }),
         Shutdown::Exit => daemon.stop(detach_on_exit),
     }
+}
+
+/// What `systemctl status` shows beside "active" ([`Daemon::readiness_status`]).
+pub(crate) fn ready_status(daemon: &Mutex<Daemon>) -> String {
+    daemon.lock().map_or_else(
+        |_| "daemon state poisoned".to_string(),
+        |d| d.readiness_status(),
+    )
 }
 
 /// The daemon back from the tasks that shared it. A metrics scrape may hold it for the

@@ -285,6 +285,26 @@ fn program_info(id: u32) -> Option<ProgramInfo> {
         .find(|p| p.id() == id)
 }
 
+/// Why [`program_info`] found no `program_id`: without CAP_SYS_ADMIN the kernel lists no
+/// program by id at all (BPF_PROG_GET_NEXT_ID / GET_FD_BY_ID), so say that rather than
+/// that the program went away.
+fn vanished(iface: &str, program_id: u32) -> Error {
+    let admin = crate::privilege::CapSet::effective()
+        .map(|caps| caps.has(crate::privilege::Capability::SysAdmin))
+        .unwrap_or(true);
+    if admin {
+        sharing(
+            iface,
+            format!("program {program_id} left the hook while the limiter was taking it"),
+        )
+    } else {
+        Error::Permission(crate::privilege::PermissionError::Refused {
+            doing: format!("{iface}: taking the hook over from program {program_id}"),
+            cap: crate::privilege::Capability::SysAdmin,
+        })
+    }
+}
+
 /// Whether an XDP bpf_link runs `program_id` (netlink cannot replace such a hook).
 fn held_by_link(program_id: u32) -> bool {
     loaded_links()
@@ -345,12 +365,7 @@ pub fn prepare(pin_dir: &Path, iface: &str, step: &Step) -> Result<(), Error> {
             source: e,
         })?;
     }
-    let info = program_info(*program_id).ok_or_else(|| {
-        sharing(
-            iface,
-            format!("program {program_id} left the hook while the limiter was taking it"),
-        )
-    })?;
+    let info = program_info(*program_id).ok_or_else(|| vanished(iface, *program_id))?;
     let fd = info.fd().map_err(|e| Error::Program {
         what: format!("opening program {program_id}"),
         source: Box::new(e),
@@ -433,12 +448,7 @@ pub fn attach(
         }
         let old = program_info(program_id)
             .and_then(|p| p.fd().ok())
-            .ok_or_else(|| {
-                sharing(
-                    iface,
-                    format!("program {program_id} left the hook while the limiter was taking it"),
-                )
-            })?;
+            .ok_or_else(|| vanished(iface, program_id))?;
         netlink::set_xdp(
             ifindex,
             ours.as_fd().as_raw_fd(),

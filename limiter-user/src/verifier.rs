@@ -96,7 +96,7 @@ fn errno_meaning(errno: i32) -> Option<(&'static str, &'static str)> {
         libc::E2BIG => ("E2BIG", "the program exceeds a size limit of this kernel"),
         libc::EPERM => (
             "EPERM",
-            "not permitted: the daemon needs CAP_BPF and CAP_NET_ADMIN (or root)",
+            "not permitted: the daemon needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON (or root)",
         ),
         libc::ENOMEM => (
             "ENOMEM",

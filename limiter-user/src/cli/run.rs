@@ -22,6 +22,8 @@ pub struct RunArgs {
 }
 
 pub fn execute(args: RunArgs) -> anyhow::Result<()> {
+    // First, while the process has one thread: the variable leaves the environment.
+    let notifier = limiter_service::notify::Notifier::from_env();
     let config = Config::load(&args.config)?;
     if let Some(spec) = &config.fleet {
         reporter::check_host_identity(spec)?;
@@ -47,5 +49,5 @@ pub fn execute(args: RunArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let daemon =
         Daemon::start_with_object(&args.config, config, &ifaces, args.bpf_object.as_deref())?;
-    Ok(runtime.block_on(service::run(daemon, args.detach_on_exit))?)
+    Ok(runtime.block_on(service::run(daemon, args.detach_on_exit, notifier))?)
 }

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use limiter_service::exit::Exit;
+
 use crate::{config::ConfigError, ruleset::RulesetError};
 
 #[derive(Debug, thiserror::Error)]
@@ -83,4 +85,40 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The exit status (limiter_service::exit) of the daemon's own error types, by type; the
+/// control socket's errors and I/O errors (a permission the kernel refused) are
+/// limiter_service's to classify. `None`: ask the next cause.
+pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
+    if e.is::<ConfigError>() || e.is::<RulesetError>() {
+        return Some(Exit::BadInput);
+    }
+    if e.is::<crate::kernel::MissingFeature>() {
+        return Some(Exit::KernelRefused);
+    }
+    let e = e.downcast_ref::<Error>()?;
+    match e {
+        Error::Config(_) | Error::Ruleset(_) | Error::UnknownRule(_) | Error::Quota(_) => {
+            Some(Exit::BadInput)
+        }
+        Error::Load(_)
+        | Error::Refused(_)
+        | Error::MissingFeature(_)
+        | Error::Program { .. }
+        | Error::Link { .. }
+        | Error::Sharing { .. } => Some(Exit::KernelRefused),
+        Error::NotPinned(_) => Some(Exit::NotRunning),
+        // Their sources (an I/O error, a map's) may say more: a permission, say.
+        Error::Map { .. } | Error::Io { .. } | Error::Instance(_) => None,
+        Error::NoObject
+        | Error::NoProgram
+        | Error::Fleet(_)
+        | Error::Service(_)
+        | Error::Handoff { .. }
+        | Error::MissingMap(_)
+        | Error::PinnedLayout { .. }
+        | Error::PinInTheWay { .. }
+        | Error::NotBpffs(_) => Some(Exit::Failure),
+    }
 }

@@ -42,4 +42,4 @@ pub mod tc_filter;
 pub mod teardown;
 pub mod verifier;
 
-pub use error::Error;
+pub use error::{exit_status, Error};

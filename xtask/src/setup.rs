@@ -8,13 +8,15 @@ use anyhow::{bail, Context as _, Result};
 use crate::run_cmd;
 
 /// Debian packages: LLVM 22 for bpf-linker, bpftool for inspecting maps, iproute2 for
-/// the tests' namespaces and veth pairs, nftables for the comparison benchmark.
+/// the tests' namespaces and veth pairs, nftables for the comparison benchmark,
+/// prometheus for `promtool check metrics` (the tests lint both metrics endpoints).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
     "bpftool",
     "iproute2",
     "nftables",
+    "prometheus",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

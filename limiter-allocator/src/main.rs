@@ -317,7 +317,10 @@ async fn serve_control(listener: UnixListener, state: Arc<Mutex<State>>) {
 
 fn control(request: ControlRequest, state: &Arc<Mutex<State>>) -> Reply {
     let Ok(mut state) = state.lock() else {
-        return Reply::refused("allocator state is poisoned; restart the allocator");
+        return Reply::refused_as(
+            "allocator state is poisoned; restart the allocator",
+            Exit::Failure,
+        );
     };
     match request {
         ControlRequest::List => Reply::data(state.quotas()),

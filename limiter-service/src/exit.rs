@@ -109,6 +109,7 @@ fn common(e: &(dyn Error + 'static)) -> Option<Exit> {
             ControlError::NotRunning { .. } => Some(Exit::NotRunning),
             ControlError::PermissionDenied(_) => Some(Exit::KernelRefused),
             ControlError::Refused(_) => Some(Exit::BadInput),
+            ControlError::RefusedAs { status, .. } => Some(*status),
             // Its I/O source may still say (a permission).
             ControlError::Io { .. } => None,
             ControlError::BadReply { .. } => Some(Exit::Failure),

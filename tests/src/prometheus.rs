@@ -13,7 +13,10 @@ use std::{
 /// # Panics
 /// When promtool is missing: the test cannot check what it means to, so it fails (never
 /// a skip), naming the package to install.
-#[allow(clippy::expect_used, reason = "a test helper: a failure fails the test")]
+#[allow(
+    clippy::expect_used,
+    reason = "a test helper: a failure fails the test"
+)]
 pub fn promtool_check(text: &str) -> (bool, String) {
     let mut child = Command::new("promtool")
         .args(["check", "metrics"])

@@ -131,9 +131,12 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// The exit status of the allocator's own error types (limiter_service::exit knows the
-/// control socket's and I/O errors).
+/// The exit status of the allocator's own error types and of the control socket's
+/// (limiter_service::control); limiter_service::exit knows I/O errors.
 fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
+    if let Some(status) = limiter_service::control::exit_status(e) {
+        return Some(status);
+    }
     if e.is::<limiter_config::ConfigError>() || e.is::<limiter_proto::TlsError>() {
         return Some(Exit::BadInput);
     }

@@ -90,6 +90,19 @@ pub enum ControlError {
     RefusedAs { reason: String, status: Exit },
 }
 
+/// The exit status (limiter_service::exit) of a control-socket failure, for the binaries'
+/// classifiers; `None` for other errors, and for an I/O failure (its source may say more).
+pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
+    match e.downcast_ref::<ControlError>()? {
+        ControlError::NotRunning { .. } => Some(Exit::NotRunning),
+        ControlError::PermissionDenied(_) => Some(Exit::KernelRefused),
+        ControlError::Refused(_) => Some(Exit::BadInput),
+        ControlError::RefusedAs { status, .. } => Some(*status),
+        ControlError::Io { .. } => None,
+        ControlError::BadReply { .. } => Some(Exit::Failure),
+    }
+}
+
 /// Sends `request` to the `owner` ("limiter daemon", "limiter-allocator") at `socket`
 /// and returns its data, or its refusal as [`ControlError::Refused`].
 pub fn call<R: Serialize>(
@@ -297,6 +310,20 @@ mod tests {
             "{e:?}"
         );
         server.join().unwrap();
+    }
+
+    #[test]
+    fn control_failures_have_their_exit_status() {
+        let not_running = ControlError::NotRunning {
+            path: PathBuf::from("/run/x.sock"),
+            owner: "limiter daemon",
+        };
+        assert_eq!(exit_status(&not_running), Some(Exit::NotRunning));
+        let refused = ControlError::Refused("no rule named \"x\"".into());
+        assert_eq!(exit_status(&refused), Some(Exit::BadInput));
+        let denied = ControlError::PermissionDenied(PathBuf::from("/run/x.sock"));
+        assert_eq!(exit_status(&denied), Some(Exit::KernelRefused));
+        assert_eq!(exit_status(&std::io::Error::other("x")), None);
     }
 
     #[test]

@@ -3,8 +3,6 @@
 
 use std::{error::Error, io};
 
-use crate::control::ControlError;
-
 /// Why a binary exits. `limiter check` and `limiter-allocator check` keep their own
 /// contract: 0 when the file would be accepted, 1 when not, whatever the reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +85,7 @@ Exit status:
      root, a capability missing)";
 
 /// The status for `error`: the first cause, outermost first, that `specific` (the binary's
-/// own error types) or the types known here classify; [`Exit::Failure`] when none does.
+/// own error types, and `control::exit_status`) or the types known here classify; [`Exit::Failure`] when none does.
 pub fn classify(
     error: &(dyn Error + 'static),
     specific: &dyn Fn(&(dyn Error + 'static)) -> Option<Exit>,
@@ -102,26 +100,15 @@ pub fn classify(
     Exit::Failure
 }
 
-/// The types both binaries meet: the control socket's errors and I/O errors.
+/// What every binary meets: I/O errors (a permission the kernel or a file refused). The
+/// control socket's errors are limiter_service::control's to classify
+/// (`control::exit_status`, which the binaries ask first).
 fn common(e: &(dyn Error + 'static)) -> Option<Exit> {
-    if let Some(e) = e.downcast_ref::<ControlError>() {
-        return match e {
-            ControlError::NotRunning { .. } => Some(Exit::NotRunning),
-            ControlError::PermissionDenied(_) => Some(Exit::KernelRefused),
-            ControlError::Refused(_) => Some(Exit::BadInput),
-            ControlError::RefusedAs { status, .. } => Some(*status),
-            // Its I/O source may still say (a permission).
-            ControlError::Io { .. } => None,
-            ControlError::BadReply { .. } => Some(Exit::Failure),
-        };
+    let e = e.downcast_ref::<io::Error>()?;
+    match e.kind() {
+        io::ErrorKind::PermissionDenied => Some(Exit::KernelRefused),
+        _ => None,
     }
-    if let Some(e) = e.downcast_ref::<io::Error>() {
-        return match e.kind() {
-            io::ErrorKind::PermissionDenied => Some(Exit::KernelRefused),
-            _ => None,
-        };
-    }
-    None
 }
 
 /// `error` and its causes on one line, `: ` between them, each said once: a cause whose
@@ -157,8 +144,6 @@ pub fn repeated_fragments(text: &str) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
-
-    use std::path::PathBuf;
 
     use super::*;
 
@@ -210,15 +195,6 @@ mod tests {
     #[test]
     fn the_status_follows_the_types_in_the_chain() {
         let none = |_: &(dyn Error + 'static)| None;
-        let not_running = ControlError::NotRunning {
-            path: PathBuf::from("/run/x.sock"),
-            owner: "limiter daemon",
-        };
-        assert_eq!(classify(&not_running, &none), Exit::NotRunning);
-        assert_eq!(
-            classify(&ControlError::Refused("no rule named \"x\"".into()), &none),
-            Exit::BadInput
-        );
         // A permission error deep in a chain: the kernel (or the socket's owner) refused.
         let denied = Outer(Repeats {
             what: "attaching",

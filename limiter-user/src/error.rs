@@ -87,10 +87,13 @@ pub enum Error {
     },
 }
 
-/// The exit status (limiter_service::exit) of the daemon's own error types, by type; the
-/// control socket's errors and I/O errors (a permission the kernel refused) are
-/// limiter_service's to classify. `None`: ask the next cause.
+/// The exit status (limiter_service::exit) of the daemon's own error types, by type, and
+/// of the control socket's (limiter_service::control); I/O errors (a permission the
+/// kernel refused) are limiter_service::exit's. `None`: ask the next cause.
 pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
+    if let Some(status) = limiter_service::control::exit_status(e) {
+        return Some(status);
+    }
     if e.is::<ConfigError>() || e.is::<RulesetError>() {
         return Some(Exit::BadInput);
     }

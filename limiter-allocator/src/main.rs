@@ -21,6 +21,7 @@ use limiter_proto::{
 use limiter_service::{
     cli_docs::{self, CompletionsArgs, ManPagesArgs},
     control::Reply,
+    exit::{self, Exit},
 };
 use tokio::{
     net::{TcpListener, UnixListener},
@@ -37,10 +38,17 @@ use crate::{
 
 /// limiter-allocator: the fleet's quota allocator.
 #[derive(Debug, Parser)]
-#[command(name = "limiter-allocator", version, about)]
+#[command(
+    name = "limiter-allocator",
+    version,
+    about,
+    after_help = limiter_service::exit::HELP
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: limiter_service::logging::LogArgs,
 }
 
 const DEFAULT_SOCKET: &str = config::DEFAULT_CONTROL_SOCKET;
@@ -94,8 +102,13 @@ enum QuotaCommand {
 pub use limiter_fleet::clock::monotonic_ns as now_ns;
 
 fn main() -> std::process::ExitCode {
-    limiter_service::logging::init();
-    let result = match Cli::parse().command {
+    limiter_service::metrics::record_start();
+    let cli = Cli::parse();
+    let format = cli.log.log_format;
+    limiter_service::logging::init(format);
+    // `check` keeps its contract: 0 accepted, 1 rejected, whatever the reason.
+    let checking = matches!(cli.command, Command::Check { .. });
+    let result = match cli.command {
         Command::Run { config } => run(&config),
         Command::Check { config } => check(&config),
         Command::Completions(args) => {
@@ -116,12 +129,30 @@ fn main() -> std::process::ExitCode {
             .map(|v| println!("{v}")),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => Exit::Success.into(),
         Err(e) => {
-            eprintln!("limiter-allocator: {e:#}");
-            std::process::ExitCode::FAILURE
+            let status = if checking {
+                Exit::Failure
+            } else {
+                exit::classify(e.as_ref(), &exit_status)
+            };
+            let message = exit::render(e.as_ref());
+            limiter_service::logging::failure(format, "limiter-allocator", &message, status.code());
+            status.into()
         }
     }
+}
+
+/// The exit status of the allocator's own error types and of the control socket's
+/// (limiter_service::control); limiter_service::exit knows I/O errors.
+fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
+    if let Some(status) = limiter_service::control::exit_status(e) {
+        return Some(status);
+    }
+    if e.is::<limiter_config::ConfigError>() || e.is::<limiter_proto::TlsError>() {
+        return Some(Exit::BadInput);
+    }
+    None
 }
 
 fn check(path: &Path) -> Result<()> {
@@ -312,7 +343,10 @@ async fn serve_control(listener: UnixListener, state: Arc<Mutex<State>>) {
 
 fn control(request: ControlRequest, state: &Arc<Mutex<State>>) -> Reply {
     let Ok(mut state) = state.lock() else {
-        return Reply::refused("allocator state is poisoned; restart the allocator");
+        return Reply::refused_as(
+            "allocator state is poisoned; restart the allocator",
+            Exit::Failure,
+        );
     };
     match request {
         ControlRequest::List => Reply::data(state.quotas()),
@@ -395,6 +429,11 @@ impl MetricSources {
             c.accepted.load(Relaxed),
             c.refused_total.load(Relaxed),
             c.refused_per_ip.load(Relaxed)
+        );
+        limiter_service::metrics::process_families(
+            &mut out,
+            "limiter_allocator_build_info",
+            env!("CARGO_PKG_VERSION"),
         );
         Ok(out)
     }

@@ -132,11 +132,11 @@ impl State {
         let mut out = String::new();
         let families = [
             (
-                "limiter_allocator_quota",
-                "Global quota of the rule, per second.",
+                "limiter_allocator_quota_per_second",
+                "Global quota of the rule, per second, in the rule's unit (the allocator does not know it).",
             ),
             (
-                "limiter_allocator_granted",
+                "limiter_allocator_granted_per_second",
                 "Sum of the shares granted and not lapsed, per second (never above the quota; a zero share is closed and counts 0).",
             ),
             (
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(s.handle(&req("c", 0, 0), t).grants[0].rate, 0);
         let m = s.metrics(t);
         assert!(
-            m.contains("limiter_allocator_granted{rule=\"web\"} 1000\n"),
+            m.contains("limiter_allocator_granted_per_second{rule=\"web\"} 1000\n"),
             "{m}"
         );
         assert!(
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(a.grants[0].ttl_ms, 3000);
         let m = s.metrics(t);
         assert!(
-            m.contains("limiter_allocator_granted{rule=\"web\"} 1000"),
+            m.contains("limiter_allocator_granted_per_second{rule=\"web\"} 1000"),
             "{m}"
         );
         assert!(m.contains("limiter_allocator_hosts{rule=\"web\"} 3"), "{m}");

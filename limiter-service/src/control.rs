@@ -15,6 +15,8 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::exit::Exit;
+
 /// Longest request accepted (a request is a few hundred bytes).
 pub const MAX_REQUEST: u64 = 64 * 1024;
 /// How long either side waits for the other.
@@ -28,6 +30,10 @@ pub struct Reply {
     pub data: Value,
     #[serde(default)]
     pub error: Option<String>,
+    /// A refusal's exit status for the client (limiter_service::exit), chosen by the
+    /// server from its error's type; absent: bad input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<u8>,
 }
 
 impl Reply {
@@ -37,6 +43,7 @@ impl Reply {
                 ok: true,
                 data,
                 error: None,
+                exit_status: None,
             },
             Err(e) => Reply::refused(format!("encoding the reply: {e}")),
         }
@@ -47,6 +54,15 @@ impl Reply {
             ok: false,
             data: Value::Null,
             error: Some(reason.into()),
+            exit_status: None,
+        }
+    }
+
+    /// A refusal the client exits with `status` for (the kernel refused a reload, say).
+    pub fn refused_as(reason: impl Into<String>, status: Exit) -> Reply {
+        Reply {
+            exit_status: Some(status.code()),
+            ..Reply::refused(reason)
         }
     }
 }
@@ -69,6 +85,22 @@ pub enum ControlError {
     BadReply { owner: &'static str, reply: String },
     #[error("{0}")]
     Refused(String),
+    /// A refusal whose exit status the server chose ([`Reply::refused_as`]).
+    #[error("{reason}")]
+    RefusedAs { reason: String, status: Exit },
+}
+
+/// The exit status (limiter_service::exit) of a control-socket failure, for the binaries'
+/// classifiers; `None` for other errors, and for an I/O failure (its source may say more).
+pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
+    match e.downcast_ref::<ControlError>()? {
+        ControlError::NotRunning { .. } => Some(Exit::NotRunning),
+        ControlError::PermissionDenied(_) => Some(Exit::KernelRefused),
+        ControlError::Refused(_) => Some(Exit::BadInput),
+        ControlError::RefusedAs { status, .. } => Some(*status),
+        ControlError::Io { .. } => None,
+        ControlError::BadReply { .. } => Some(Exit::Failure),
+    }
 }
 
 /// Sends `request` to the `owner` ("limiter daemon", "limiter-allocator") at `socket`
@@ -112,11 +144,16 @@ pub fn call<R: Serialize>(
     if reply.ok {
         Ok(reply.data)
     } else {
-        Err(ControlError::Refused(
-            reply
-                .error
-                .unwrap_or_else(|| "refused without a reason".into()),
-        ))
+        let reason = reply
+            .error
+            .unwrap_or_else(|| "refused without a reason".into());
+        let status = reply
+            .exit_status
+            .and_then(|code| Exit::ALL.into_iter().find(|e| e.code() == code));
+        Err(match status {
+            Some(status) => ControlError::RefusedAs { reason, status },
+            None => ControlError::Refused(reason),
+        })
     }
 }
 
@@ -133,7 +170,7 @@ pub async fn serve_connection<R: DeserializeOwned>(
     let mut reader = tokio::io::BufReader::new(read.take(MAX_REQUEST));
     let read = tokio::time::timeout(TIMEOUT, reader.read_line(&mut line)).await;
     let reply = match (root, read) {
-        (false, _) => Reply::refused("the control socket is for root only"),
+        (false, _) => Reply::refused_as("the control socket is for root only", Exit::KernelRefused),
         (true, Err(_)) => Reply::refused("timed out waiting for the request"),
         (true, Ok(Err(e))) => Reply::refused(format!("reading the request: {e}")),
         (true, Ok(Ok(_))) if !line.ends_with('\n') => Reply::refused(format!(
@@ -244,6 +281,49 @@ mod tests {
             "{reply:?}"
         );
         server.join().unwrap();
+    }
+
+    #[test]
+    fn a_refusal_carries_the_status_the_server_chose() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let server = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                listener.set_nonblocking(true).unwrap();
+                let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+                let (stream, _) = listener.accept().await.unwrap();
+                serve_connection(stream, |_: Ask| {
+                    Reply::refused_as("the verifier refused", Exit::KernelRefused)
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let e = call(&socket, "test server", &Ask::Echo { text: "x".into() }).unwrap_err();
+        assert!(
+            matches!(&e, ControlError::RefusedAs { reason, status: Exit::KernelRefused } if reason == "the verifier refused"),
+            "{e:?}"
+        );
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn control_failures_have_their_exit_status() {
+        let not_running = ControlError::NotRunning {
+            path: PathBuf::from("/run/x.sock"),
+            owner: "limiter daemon",
+        };
+        assert_eq!(exit_status(&not_running), Some(Exit::NotRunning));
+        let refused = ControlError::Refused("no rule named \"x\"".into());
+        assert_eq!(exit_status(&refused), Some(Exit::BadInput));
+        let denied = ControlError::PermissionDenied(PathBuf::from("/run/x.sock"));
+        assert_eq!(exit_status(&denied), Some(Exit::KernelRefused));
+        assert_eq!(exit_status(&std::io::Error::other("x")), None);
     }
 
     #[test]

@@ -7,8 +7,17 @@
 //! [`HEADER_TIMEOUT`] and be done within [`CONNECTION_TIMEOUT`], and at most
 //! [`MAX_CONNECTIONS`] are served at once (more are closed at accept). A renderer that
 //! fails answers 500 with its reason, never an empty 200.
+//!
+//! [`process_families`] writes what every Prometheus target exposes: `*_build_info` and
+//! `process_start_time_seconds`.
 
-use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
+use std::{
+    convert::Infallible,
+    fmt::Write as _,
+    future::Future,
+    sync::{Arc, LazyLock},
+    time::{Duration, SystemTime},
+};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -27,6 +36,34 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_CONNECTIONS: usize = 16;
 /// The exposition format's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// When the process started, as the first call to [`record_start`] saw it.
+static STARTED: LazyLock<SystemTime> = LazyLock::new(SystemTime::now);
+
+/// Notes the process's start time: call first thing in `main`.
+pub fn record_start() {
+    LazyLock::force(&STARTED);
+}
+
+/// `{build_info}{version="…"} 1` (the binary's version) and `process_start_time_seconds`
+/// (Unix time), each with HELP and TYPE.
+pub fn process_families(out: &mut String, build_info: &str, version: &str) {
+    let started = STARTED
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let version = version
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    let _ = writeln!(
+        out,
+        "# HELP {build_info} The running build: always 1, its labels say which.\n\
+         # TYPE {build_info} gauge\n{build_info}{{version=\"{version}\"}} 1\n\
+         # HELP process_start_time_seconds Start time of the process since the Unix epoch.\n\
+         # TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started:.3}"
+    );
+}
 
 /// Makes the exposition text, or says why it cannot.
 pub type Render = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;

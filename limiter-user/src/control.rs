@@ -105,7 +105,12 @@ async fn handle(
 fn to_reply<T: Serialize>(result: Result<T, crate::Error>) -> Reply {
     match result {
         Ok(value) => Reply::data(value),
-        Err(e) => Reply::refused(e.to_string()),
+        // The client exits with the status of the error's type (a kernel that refused a
+        // reload is not a bad request).
+        Err(e) => Reply::refused_as(
+            e.to_string(),
+            limiter_service::exit::classify(&e, &crate::exit_status),
+        ),
     }
 }
 
@@ -115,7 +120,10 @@ fn dispatch(
     shutdown: &broadcast::Sender<Shutdown>,
 ) -> Reply {
     let Ok(mut d) = daemon.lock() else {
-        return Reply::refused("daemon state is poisoned; restart the daemon");
+        return Reply::refused_as(
+            "daemon state is poisoned; restart the daemon",
+            limiter_service::exit::Exit::Failure,
+        );
     };
     match request {
         Request::Status => to_reply(d.status()),

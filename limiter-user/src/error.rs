@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use limiter_service::exit::Exit;
+
 use crate::{config::ConfigError, ruleset::RulesetError};
 
 #[derive(Debug, thiserror::Error)]
@@ -88,14 +90,42 @@ pub enum Error {
     },
 }
 
-impl Error {
-    /// Whether this is a refusal for want of privilege (a capability, or root), whatever
-    /// layer found it: the binaries give it its own exit code.
-    pub fn is_permission_denied(&self) -> bool {
-        match self {
-            Error::Permission(_) => true,
-            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::PermissionDenied,
-            _ => false,
+/// The exit status (limiter_service::exit) of the daemon's own error types, by type, and
+/// of the control socket's (limiter_service::control); I/O errors (a permission the
+/// kernel refused) are limiter_service::exit's. `None`: ask the next cause.
+pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
+    if let Some(status) = limiter_service::control::exit_status(e) {
+        return Some(status);
+    }
+    if e.is::<ConfigError>() || e.is::<RulesetError>() {
+        return Some(Exit::BadInput);
+    }
+    if e.is::<crate::kernel::MissingFeature>() {
+        return Some(Exit::KernelRefused);
+    }
+    let e = e.downcast_ref::<Error>()?;
+    match e {
+        Error::Config(_) | Error::Ruleset(_) | Error::UnknownRule(_) | Error::Quota(_) => {
+            Some(Exit::BadInput)
         }
+        Error::Load(_)
+        | Error::Refused(_)
+        | Error::MissingFeature(_)
+        | Error::Program { .. }
+        | Error::Link { .. }
+        | Error::Sharing { .. } => Some(Exit::KernelRefused),
+        Error::Permission(_) => Some(Exit::KernelRefused),
+        Error::NotPinned(_) => Some(Exit::NotRunning),
+        // Their sources (an I/O error, a map's) may say more: a permission, say.
+        Error::Map { .. } | Error::Io { .. } | Error::Instance(_) => None,
+        Error::NoObject
+        | Error::NoProgram
+        | Error::Fleet(_)
+        | Error::Service(_)
+        | Error::Handoff { .. }
+        | Error::MissingMap(_)
+        | Error::PinnedLayout { .. }
+        | Error::PinInTheWay { .. }
+        | Error::NotBpffs(_) => Some(Exit::Failure),
     }
 }

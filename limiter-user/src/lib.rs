@@ -45,4 +45,4 @@ pub mod teardown;
 pub mod top;
 pub mod verifier;
 
-pub use error::Error;
+pub use error::{exit_status, Error};

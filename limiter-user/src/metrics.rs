@@ -12,6 +12,7 @@ use limiter_common::share::ShareState;
 use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
+    config::Unit,
     daemon::{Daemon, QuotaEntry},
     object::Variant,
     shutdown::Shutdown,
@@ -36,6 +37,16 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// How metric names say a rule's unit: the name's suffix and the HELP's words. A match,
+/// so a new unit cannot be left without its own series.
+const fn unit_names(unit: Unit) -> (&'static str, &'static str) {
+    match unit {
+        Unit::Packets => ("packets", "packets"),
+        Unit::Bytes => ("bytes", "bytes"),
+        Unit::Syn => ("syn_packets", "TCP SYN packets"),
+    }
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -84,36 +95,39 @@ pub fn render(s: &Snapshot) -> String {
             let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", label(&r.name), field(r));
         }
     }
-    family(
-        &mut out,
-        "limiter_rule_rate",
-        "gauge",
-        "Aggregate rate in force, in the rule's unit per second (after quota changes).",
-    );
-    for q in &s.quotas {
-        if let Some(rate) = q.rate {
-            let _ = writeln!(
-                out,
-                "limiter_rule_rate{{rule=\"{}\",unit=\"{}\"}} {rate}",
-                label(&q.rule),
-                q.unit
-            );
+    // One series a unit: a rate in packets/s and one in bytes/s never share a name.
+    for &unit in Unit::ALL {
+        let (suffix, counts) = unit_names(unit);
+        let name = format!("limiter_rule_rate_{suffix}_per_second");
+        family(
+            &mut out,
+            &name,
+            "gauge",
+            &format!(
+                "Aggregate rate in force of the rules counting {}, per second (after quota \
+                 changes).",
+                counts
+            ),
+        );
+        for q in s.quotas.iter().filter(|q| q.unit == unit.as_str()) {
+            if let Some(rate) = q.rate {
+                let _ = writeln!(out, "{name}{{rule=\"{}\"}} {rate}", label(&q.rule));
+            }
         }
-    }
-    family(
-        &mut out,
-        "limiter_rule_burst",
-        "gauge",
-        "Aggregate burst in force, in the rule's unit.",
-    );
-    for q in &s.quotas {
-        if let Some(burst) = q.burst {
-            let _ = writeln!(
-                out,
-                "limiter_rule_burst{{rule=\"{}\",unit=\"{}\"}} {burst}",
-                label(&q.rule),
-                q.unit
-            );
+        let name = format!("limiter_rule_burst_{suffix}");
+        family(
+            &mut out,
+            &name,
+            "gauge",
+            &format!(
+                "Aggregate burst in force of the rules counting {} (after quota changes).",
+                counts
+            ),
+        );
+        for q in s.quotas.iter().filter(|q| q.unit == unit.as_str()) {
+            if let Some(burst) = q.burst {
+                let _ = writeln!(out, "{name}{{rule=\"{}\"}} {burst}", label(&q.rule));
+            }
         }
     }
     family(
@@ -260,6 +274,11 @@ pub fn render(s: &Snapshot) -> String {
         );
         let _ = writeln!(out, "limiter_program_runs_total {count}");
     }
+    limiter_service::metrics::process_families(
+        &mut out,
+        "limiter_build_info",
+        env!("CARGO_PKG_VERSION"),
+    );
     out
 }
 
@@ -357,13 +376,22 @@ mod tests {
                 },
                 bypass: true,
             },
-            quotas: vec![QuotaEntry {
-                rule: "we\"b".into(),
-                unit: "packets",
-                rate: Some(10),
-                burst: Some(5),
-                source: "config",
-            }],
+            quotas: vec![
+                QuotaEntry {
+                    rule: "we\"b".into(),
+                    unit: "packets",
+                    rate: Some(10),
+                    burst: Some(5),
+                    source: "config",
+                },
+                QuotaEntry {
+                    rule: "bulk".into(),
+                    unit: "bytes",
+                    rate: Some(1_000_000),
+                    burst: Some(90_000),
+                    source: "config",
+                },
+            ],
             sketch_width: 1024,
             program_runs: None,
             grants_refused: Some(6),
@@ -372,7 +400,18 @@ mod tests {
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
-        assert!(text.contains("limiter_rule_rate{rule=\"we\\\"b\",unit=\"packets\"} 10\n"));
+        assert!(text.contains("limiter_rule_rate_packets_per_second{rule=\"we\\\"b\"} 10\n"));
+        assert!(text.contains("limiter_rule_burst_packets{rule=\"we\\\"b\"} 5\n"));
+        assert!(text.contains("limiter_rule_rate_bytes_per_second{rule=\"bulk\"} 1000000\n"));
+        assert!(text.contains("limiter_rule_burst_bytes{rule=\"bulk\"} 90000\n"));
+        assert!(!text.contains("unit="), "a label mixes units");
+        assert!(text.contains(&format!(
+            "limiter_build_info{{version=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        )));
+        assert!(
+            text.contains("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ")
+        );
         assert!(
             text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"standalone\"} 1\n")
         );

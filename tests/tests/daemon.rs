@@ -524,7 +524,7 @@ fn metrics_endpoint_is_scraped_and_parsed() {
         web["dropped_packets"].as_f64().unwrap()
     );
     assert_eq!(
-        value("limiter_rule_rate", "rule=\"web\",unit=\"packets\""),
+        value("limiter_rule_rate_packets_per_second", "rule=\"web\""),
         100.0
     );
     assert_eq!(

@@ -603,14 +603,19 @@ fn the_allocator_refuses_bad_peers_and_bad_reports() {
     });
 }
 
-fn scrape(port: u16) -> BTreeMap<String, f64> {
+/// The body of one GET /metrics on the loopback `port`.
+fn scrape_text(port: u16) -> String {
     use std::io::{Read as _, Write as _};
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     stream.read_to_string(&mut text).unwrap();
-    let body = text.split_once("\r\n\r\n").unwrap().1;
-    body.lines()
+    text.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+fn scrape(port: u16) -> BTreeMap<String, f64> {
+    scrape_text(port)
+        .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {
             let (k, v) = l.rsplit_once(' ').unwrap();
@@ -634,9 +639,25 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
         .collect();
     wait_state(&all, "web", "leased", Duration::from_secs(8));
     std::thread::sleep(Duration::from_millis(1000));
+    // What operators' tools read: promtool finds nothing on the allocator's endpoint nor
+    // on a daemon's in fleet mode (its share state, grants refused).
+    limiter_tests::prometheus::assert_promtool_clean("the allocator", &scrape_text(metrics_port));
+    limiter_tests::prometheus::assert_promtool_clean(
+        "a daemon in fleet mode",
+        &scrape_text(labs[0].metrics_port),
+    );
     let m = scrape(metrics_port);
-    assert_eq!(m["limiter_allocator_quota{rule=\"web\"}"], QUOTA as f64);
-    let granted = m["limiter_allocator_granted{rule=\"web\"}"];
+    assert!(
+        m.iter()
+            .any(|(k, &v)| k.starts_with("limiter_allocator_build_info{version=\"") && v == 1.0),
+        "{m:?}"
+    );
+    assert!(m["process_start_time_seconds"] > 0.0);
+    assert_eq!(
+        m["limiter_allocator_quota_per_second{rule=\"web\"}"],
+        QUOTA as f64
+    );
+    let granted = m["limiter_allocator_granted_per_second{rule=\"web\"}"];
     assert!(
         granted <= QUOTA as f64 && granted >= QUOTA as f64 * 0.9,
         "granted {granted}"
@@ -663,7 +684,7 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
         "admitted {rate:.0}/s after the cut"
     );
     assert_eq!(
-        scrape(metrics_port)["limiter_allocator_quota{rule=\"web\"}"],
+        scrape(metrics_port)["limiter_allocator_quota_per_second{rule=\"web\"}"],
         1500.0
     );
     let bad = Command::new(Allocator::binary())
@@ -827,7 +848,7 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
         "{explain}"
     );
     let metric = |name: &str| scrape(metrics_port)[name];
-    let granted = || metric("limiter_allocator_granted{rule=\"web\"}");
+    let granted = || metric("limiter_allocator_granted_per_second{rule=\"web\"}");
     // The fairness index counts hosts with demand: 1 while only lb-1 has any.
     let fairness = || metric("limiter_allocator_fairness{rule=\"web\"}");
     assert_eq!(granted(), QUOTA as f64, "a zero share counts nothing");

@@ -11,7 +11,8 @@ use crate::run_cmd;
 /// the tests' namespaces and veth pairs, nftables for the comparison benchmark, tmux for
 /// the tests that run `limiter top` in a terminal; `cargo xtask dist` and its tests:
 /// dpkg-dev (dpkg-shlibdeps), binutils (strip), lintian, man-db (`man -l`), systemd
-/// (`systemd-analyze verify`).
+/// (`systemd-analyze verify`); prometheus for `promtool check metrics` (the tests lint
+/// both metrics endpoints).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -24,6 +25,7 @@ const APT_PACKAGES: &[&str] = &[
     "lintian",
     "man-db",
     "systemd",
+    "prometheus",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

@@ -21,10 +21,24 @@ use limiter_user::config::{DEFAULT_CONTROL_SOCKET, DEFAULT_PIN_DIR};
 
 /// limiter: a kernel-path packet rate limiter for load-balancer fleets.
 #[derive(Debug, Parser)]
-#[command(name = "limiter", version, about)]
+#[command(
+    name = "limiter",
+    version,
+    about,
+    after_help = limiter_service::exit::HELP
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    pub log: limiter_service::logging::LogArgs,
+}
+
+impl Cli {
+    /// `check` exits 0 or 1 only (see [`limiter_service::exit::Exit`]).
+    pub fn is_check(&self) -> bool {
+        matches!(self.command, Command::Check(_))
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -216,7 +216,8 @@ fn draw(frame: &mut Frame<'_>, s: &Screen<'_>) {
     let points = s.history.points();
     let now = s.t.as_secs_f64();
     let x0 = (now - History::SPAN.as_secs_f64()).max(0.0);
-    let top = (c.quota as f64 * 1.5).max(s.history.max() * 1.1).max(1.0);
+    // Twice the quota, so the quota is the middle label, unless more was admitted.
+    let top = (c.quota as f64 * 2.0).max(s.history.max() * 1.1).max(1.0);
     let quota_line = [(x0, c.quota as f64), (now.max(x0 + 1.0), c.quota as f64)];
     let datasets = vec![
         Dataset::default()
@@ -242,7 +243,7 @@ fn draw(frame: &mut Frame<'_>, s: &Screen<'_>) {
             )
             .y_axis(Axis::default().bounds([0.0, top]).labels([
                 "0".to_string(),
-                format!("{}", c.quota),
+                format!("{:.0}", top / 2.0),
                 format!("{top:.0}"),
             ])),
         chart,
@@ -250,16 +251,130 @@ fn draw(frame: &mut Frame<'_>, s: &Screen<'_>) {
 
     let lines: Vec<Line<'_>> = s.events.iter().map(|e| Line::raw(e.as_str())).collect();
     frame.render_widget(
-        Paragraph::new(lines).block(Block::bordered().title(" events ")),
+        Paragraph::new(lines).block(Block::bordered().title(format!(
+            " events — after a kill: LEASED → STICKY within a lease ({} ms), → FAIL_OPEN \
+             sticky_max ({} s) later ",
+            c.lease_ttl_ms, c.sticky_max_s
+        ))),
         events,
     );
     frame.render_widget(
         Paragraph::new(format!(
             "k kill the allocator (SIGKILL) · r restart it · 1–{} partition/heal that host · \
-             q or Ctrl-C quit — watch LEASED → STICKY after a lease, → FAIL_OPEN after sticky_max",
+             q or Ctrl-C quit",
             c.hosts
         ))
         .style(Style::new().fg(Color::Black).bg(Color::Gray)),
         help,
     );
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use ratatui::{backend::TestBackend, Terminal};
+
+    use super::*;
+    use crate::fleet_lab::HostReading;
+
+    fn host(name: &str, state: &'static str, partitioned: bool) -> HostSecond {
+        HostSecond {
+            name: name.into(),
+            reading: HostReading {
+                state,
+                share: 1000,
+                lease_age: Some(Duration::from_millis(1500)),
+                passed: 0,
+                dropped: 0,
+            },
+            passed_per_s: 1000.0,
+            dropped_per_s: 987.0,
+            partitioned,
+        }
+    }
+
+    /// The screen as text, one string per row.
+    fn render(allocator: &AllocatorReading, hosts: &[HostSecond]) -> Vec<String> {
+        let config = LabConfig::default();
+        let mut history = History::default();
+        for s in 0..70 {
+            history.push(Duration::from_secs(s), 2990.0);
+        }
+        let events: VecDeque<String> = ["t=8.0 lb-1: leased → sticky".to_string()].into();
+        let screen = Screen {
+            config: &config,
+            t: Duration::from_secs(70),
+            hosts,
+            allocator,
+            admitted: 2990.0,
+            history: &history,
+            events: &events,
+        };
+        let mut terminal = Terminal::new(TestBackend::new(150, 40)).unwrap();
+        terminal.draw(|f| draw(f, &screen)).unwrap();
+        let buffer = terminal.backend().buffer().clone();
+        (0..buffer.area.height)
+            .map(|y| {
+                (0..buffer.area.width)
+                    .map(|x| buffer[(x, y)].symbol().to_string())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_view_shows_every_host_the_fleet_the_allocator_and_the_keys() {
+        let up = AllocatorReading {
+            up: true,
+            pid: Some(4242),
+            granted: Some(3000),
+            hosts: Some(3),
+        };
+        let hosts = [
+            host("lb-1", "leased", false),
+            host("lb-2", "sticky", true),
+            host("lb-3", "fail_open", false),
+        ];
+        let rows = render(&up, &hosts);
+        let text = rows.join("\n");
+        let row = |needle: &str| {
+            rows.iter()
+                .find(|r| r.contains(needle))
+                .unwrap_or_else(|| panic!("no {needle:?} on\n{text}"))
+        };
+        let lb1 = row("lb-1 ");
+        assert!(
+            lb1.contains("LEASED") && lb1.contains("1000") && lb1.contains("1.5 s"),
+            "{lb1}"
+        );
+        assert!(lb1.contains("987"), "dropped/s: {lb1}");
+        assert!(row("lb-2 ").contains("STICKY") && row("lb-2 ").contains("PARTITIONED"));
+        assert!(row("lb-3 ").contains("FAIL_OPEN") && row("lb-3 ").contains("none"));
+        assert!(row("allocator: ").contains("UP (pid 4242)"));
+        assert!(row("allocator: ").contains("granted 3000/s of 3000/s, 3 hosts"));
+        assert!(row("fleet admits").contains("2990/s of a 3000/s quota (100 %)"));
+        assert!(text.contains("last minute"), "the chart:\n{text}");
+        assert!(row("events").contains("FAIL_OPEN") && text.contains("lb-1: leased → sticky"));
+        // The middle label of the chart is the quota, where the quota's line runs.
+        assert!(text.contains("│3000│"), "{text}");
+        let help = rows.last().unwrap();
+        assert!(
+            help.contains("k kill") && help.contains("r restart") && help.contains("q or Ctrl-C"),
+            "{help}"
+        );
+
+        let down = AllocatorReading {
+            up: false,
+            pid: None,
+            granted: None,
+            hosts: None,
+        };
+        let rows = render(&down, &hosts);
+        assert!(
+            rows.iter().any(|r| r.contains("allocator: DOWN")),
+            "{}",
+            rows.join("\n")
+        );
+        eprintln!("{text}");
+    }
 }

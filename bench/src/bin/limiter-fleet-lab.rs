@@ -162,10 +162,14 @@ impl Lab {
             },
             Action::Restart => {
                 let was = self.allocator.pid();
-                let pid = self.allocator.start()?;
-                match was {
-                    Some(_) => self.event(format!("action=restart: already running (pid {pid})")),
-                    None => self.event(format!("action=restart allocator_pid={pid}")),
+                // A restart that fails (its port taken meanwhile) is shown, not fatal:
+                // the fleet runs on without an allocator, as it would.
+                match (was, self.allocator.start()) {
+                    (Some(pid), _) => {
+                        self.event(format!("action=restart: already running (pid {pid})"))
+                    }
+                    (None, Ok(pid)) => self.event(format!("action=restart allocator_pid={pid}")),
+                    (None, Err(e)) => self.event(format!("action=restart failed: {e:#}")),
                 }
             }
             Action::Partition(n) | Action::Heal(n) | Action::Toggle(n) => {

@@ -1,6 +1,7 @@
 //! limiter-bench: the benchmark (`src/bin/limiter-bench.rs`, run by `cargo xtask bench`) and
 //! the self-contained lab (`src/bin/limiter-lab.rs`, run by `cargo xtask run`), both on the
-//! kernel test harness of limiter-tests.
+//! kernel test harness of limiter-tests; and the fleet lab ([`fleet_lab`], `src/bin/limiter-fleet-lab.rs`,
+//! run by `cargo xtask run -- --fleet`).
 //!
 //! This library is the end-to-end part of `cargo xtask bench`: real frames over a veth
 //! pair, the limiter attached in native mode to the host end, every figure a ratio to a
@@ -17,6 +18,7 @@ pub mod accuracy;
 pub mod cpu;
 pub mod cpu_cost;
 pub mod drop_rate;
+pub mod fleet_lab;
 pub mod flood;
 pub mod gen;
 pub mod host;

@@ -8,6 +8,7 @@ pub mod frame;
 pub mod handoff;
 pub mod live;
 pub mod netns;
+pub mod pki;
 pub mod prometheus;
 pub mod rx;
 pub mod scenario;

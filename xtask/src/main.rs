@@ -33,7 +33,10 @@ enum Task {
     /// Build, then run the daemon: `cargo xtask run -- --config F --iface IF`. With no
     /// arguments: a self-contained lab (namespace, veth pair, example config, traffic,
     /// live table) until Ctrl-C; `-- --lab-lb [--duration S]`: the same lab with the
-    /// limiter in front of a stand-in load balancer (tail-call handoff).
+    /// limiter in front of a stand-in load balancer (tail-call handoff); `-- --fleet
+    /// [--duration S] [--script "5:kill,20:restart"]`: the fleet lab (an allocator, three
+    /// daemons, a live view of their shares and states, keys to kill/restart the allocator
+    /// and partition a host).
     Run {
         /// Arguments for `limiter run`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -118,6 +121,10 @@ fn main() -> Result<()> {
             let release = workspace_root()?.join("target/release");
             if args.is_empty() {
                 return run_cmd(&mut Command::new(release.join("limiter-lab")));
+            }
+            // The fleet lab: an allocator and three daemons, a live view of their shares.
+            if args.first().is_some_and(|a| a == "--fleet") {
+                return run_cmd(Command::new(release.join("limiter-fleet-lab")).args(&args[1..]));
             }
             // The lab in front of a stand-in load balancer (tail-call handoff).
             if args.first().is_some_and(|a| a == "--lab-lb") {
@@ -247,6 +254,8 @@ fn build() -> Result<()> {
         "limiter",
         "--bin",
         "limiter-lab",
+        "--bin",
+        "limiter-fleet-lab",
         "--bin",
         "limiter-allocator",
     ]))

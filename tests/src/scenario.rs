@@ -130,6 +130,19 @@ pub struct TimedReport {
     pub finished: Instant,
 }
 
+/// [`send_recorded`], bracketed by the instants just before and just after it.
+pub fn send_timed(socket: &PacketSocket, plan: &SendPlan) -> Result<TimedReport> {
+    let started = Instant::now();
+    let (report, batches) = send_recorded(socket, plan)?;
+    Ok(TimedReport {
+        report,
+        batches,
+        list_len: plan.frames.len(),
+        started,
+        finished: Instant::now(),
+    })
+}
+
 /// Sends every plan at once, each from its own thread in the peer's namespace (pinned by
 /// its plan's `cpu`); all threads open their socket first and start together. Returns
 /// the reports in plan order.
@@ -143,16 +156,7 @@ pub fn send_together(pair: &VethPair, plans: Vec<SendPlan>) -> Result<Vec<TimedR
             let socket = ifindex(&peer).and_then(|i| PacketSocket::bind(i, false));
             // Wait even on error, or the other senders would wait forever.
             barrier.wait();
-            let socket = socket?;
-            let started = Instant::now();
-            let (report, batches) = send_recorded(&socket, &plan)?;
-            Ok(TimedReport {
-                report,
-                batches,
-                list_len: plan.frames.len(),
-                started,
-                finished: Instant::now(),
-            })
+            send_timed(&socket?, &plan)
         })?);
     }
     let mut reports = Vec::new();

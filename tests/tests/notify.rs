@@ -133,10 +133,7 @@ fn a_daemon_that_fails_to_start_never_says_ready() {
 fn the_allocator_is_ready_once_it_listens() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let server = pki.pair("allocator");
     let config = dir.path().join("allocator.toml");
     let socket = dir.path().join("run/allocator.sock");

@@ -284,10 +284,7 @@ fn fleet_mode_needs_nothing_more_and_the_allocator_nothing_at_all() {
     let caps = unit_capabilities();
     let dir = tempfile::tempdir().unwrap();
     let pki = common::pki::Pki::new(dir.path());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let server = pki.pair("allocator");
     let config = dir.path().join("allocator.toml");
     std::fs::write(

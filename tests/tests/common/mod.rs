@@ -13,7 +13,7 @@ use std::{
 pub use limiter_tests::binaries::LIMITER;
 use limiter_tests::{
     netns::{ifindex, spawn_in_netns, VethPair},
-    scenario::{send_recorded, PinDir, TimedReport},
+    scenario::{send_timed, PinDir, TimedReport},
     traffic::{send, PacketSocket, SendPlan, SendReport},
 };
 use serde_json::Value;
@@ -32,7 +32,8 @@ pub struct Lab {
     pub settings: String,
 }
 
-fn free_port() -> u16 {
+/// A loopback TCP port nobody listens on now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -212,15 +213,7 @@ impl Lab {
         let peer = self.pair.peer.clone();
         spawn_in_netns(&self.pair.ns, move || {
             let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
-            let started = Instant::now();
-            let (report, batches) = send_recorded(&socket, &plan)?;
-            Ok(TimedReport {
-                report,
-                batches,
-                list_len: plan.frames.len(),
-                started,
-                finished: Instant::now(),
-            })
+            send_timed(&socket, &plan)
         })
         .expect("starting the sender")
     }

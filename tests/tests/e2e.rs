@@ -96,10 +96,15 @@ fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode, expected_variant
         error * 100.0
     );
     assert!(c.passed_packets + c.dropped_packets <= sent.sent);
-    assert_eq!(
-        received.socket_drops, 0,
-        "the receiver lost frames: count is unreliable"
-    );
+    // The receiver's count stands in for the downstream one only without a TC counter;
+    // with one (tc mode) the packet socket, which sees frames before tc ingress, gets
+    // the whole flood and may overflow without making any figure here wrong.
+    if rx.is_none() {
+        assert_eq!(
+            received.socket_drops, 0,
+            "the receiver lost frames: count is unreliable"
+        );
+    }
     // Exact in every run on a quiet machine; once, while another process flooded other
     // veth pairs at over 1 M frames/s, the receiver saw one frame more than the counter
     // in both modes (cause not found yet, see the closing note of that session).

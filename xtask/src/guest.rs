@@ -570,9 +570,14 @@ fn choose_accel(requested: Accel, kernel: &Kernel) -> Result<Accel> {
 }
 
 fn probe_kvm(kernel: &Kernel, dir: &Path) -> Result<bool> {
+    use std::os::unix::process::CommandExt as _;
+    // A process group of its own: vng is a script that starts virtme-run, which starts
+    // qemu, so killing vng alone would leave a hung qemu spinning (it did, through a
+    // whole guest run) after the probe gave up on it.
     let mut child = vng(kernel, Accel::Kvm, dir, "echo limiter-kvm-probe-ok")?
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        .process_group(0)
         .spawn()
         .context("starting vng")?;
     let stdout = child.stdout.take().context("vng's stdout")?;
@@ -585,7 +590,11 @@ fn probe_kvm(kernel: &Kernel, dir: &Path) -> Result<bool> {
         let _ = tx.send(ok);
     });
     let ok = rx.recv_timeout(Duration::from_secs(30)).unwrap_or(false);
-    // The guest and qemu are ours; a hung one is ended by its pid.
+    // The guest and qemu are ours: the whole group goes, by its id (vng's pid).
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .stderr(Stdio::null())
+        .status();
     let _ = child.kill();
     let _ = child.wait();
     Ok(ok)

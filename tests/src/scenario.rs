@@ -83,6 +83,22 @@ pub fn flood(pair: &VethPair, plan: SendPlan) -> Result<(SendReport, ReceiveRepo
     Ok((sent, received))
 }
 
+/// [`flood`], with the sender's time line ([`send_timed`]), for a test that models what
+/// the meter should have admitted of the arrivals that really happened.
+pub fn flood_timed(pair: &VethPair, plan: SendPlan) -> Result<(TimedReport, ReceiveReport)> {
+    let receiver = Receiver::start(pair.host_ifindex()?, |f| is_ipv4_to(f, HOST_V4))?;
+    let peer = pair.peer.clone();
+    let sender = spawn_in_netns(&pair.ns, move || -> Result<TimedReport> {
+        let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+        send_timed(&socket, &plan)
+    })?;
+    let sent = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender thread panicked"))???;
+    let received = receiver.finish(Duration::from_millis(300))?;
+    Ok((sent, received))
+}
+
 /// Writes `text` to a config file in `dir`.
 pub fn write_config(dir: &Path, text: &str) -> Result<PathBuf> {
     let path = dir.join("limiter.toml");

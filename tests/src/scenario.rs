@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 use crate::{
     frame::FrameBuilder,
     netns::{ifindex, spawn_in_netns, VethPair},
-    traffic::{send, PacketSocket, ReceiveReport, Receiver, SendPlan, SendReport},
+    traffic::{PacketSocket, ReceiveReport, Receiver, SendPlan, SendReport},
 };
 
 /// Address of the sending (peer) end.
@@ -70,17 +70,8 @@ pub fn is_ipv4_to(frame: &[u8], dst: Ipv4Addr) -> bool {
 /// Sends `plan` from the peer's namespace while counting, on the host end, the frames
 /// to [`HOST_V4`] that arrive (i.e. that XDP passed).
 pub fn flood(pair: &VethPair, plan: SendPlan) -> Result<(SendReport, ReceiveReport)> {
-    let receiver = Receiver::start(pair.host_ifindex()?, |f| is_ipv4_to(f, HOST_V4))?;
-    let peer = pair.peer.clone();
-    let sender = spawn_in_netns(&pair.ns, move || -> Result<SendReport> {
-        let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
-        send(&socket, &plan)
-    })?;
-    let sent = sender
-        .join()
-        .map_err(|_| anyhow::anyhow!("sender thread panicked"))???;
-    let received = receiver.finish(Duration::from_millis(300))?;
-    Ok((sent, received))
+    let (sent, received) = flood_timed(pair, plan)?;
+    Ok((sent.report, received))
 }
 
 /// [`flood`], with the sender's time line ([`send_timed`]), for a test that models what

@@ -253,7 +253,7 @@ impl Daemon {
     ) -> Result<Daemon, Error> {
         // Before anything else: a daemon without the capabilities it needs says which,
         // and changes nothing.
-        crate::privilege::check_daemon()?;
+        crate::privilege::check_daemon(config.xdp_share == XdpShare::Libxdp)?;
         // First, so a second daemon, or something in the socket's way, changes nothing.
         let claimed = limiter_instance::claim(&config.control_socket, OWNER)?;
         for dir in &claimed.report.created_dirs {
@@ -426,6 +426,9 @@ impl Daemon {
             fleet = daemon.fleet.is_some(),
             "rules installed"
         );
+        // Pinned before any hook runs them: a daemon killed from here on leaves programs
+        // its successor recognises on the hooks without CAP_SYS_ADMIN.
+        let running = daemon.program.pin_programs(&daemon.config.pin_dir)?;
         for iface in ifaces {
             let a = match daemon.config.xdp_share {
                 XdpShare::Exclusive => daemon.program.attach_pinned(
@@ -482,6 +485,8 @@ impl Daemon {
             }
             tracing::info!(handoff = %spec, first_slot = handoff_plan.first, slots = handoff_plan.slots, "frames the limiter passes are handed over");
         }
+        // Every hook runs this daemon's programs now: an earlier daemon's pins go.
+        pins::prune_programs(&daemon.config.pin_dir, &running);
         if daemon.maps.control()?.flags & CONTROL_BYPASS != 0 {
             tracing::warn!(
                 "CONTROL bypass is set: every frame passes unclassified, unmetered and \

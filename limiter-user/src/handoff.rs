@@ -346,15 +346,15 @@ impl HandoffControl {
         }
         // The limiter itself (a build on this pin_dir's maps) would meter every frame
         // again, up to the kernel's 33 tail calls, and drop what the first pass admitted.
-        let info = match (info, crate::tc_filter::control_map_id(&self.pin_dir)) {
-            (Some(i), Some(control)) if crate::tc_filter::program_uses_map(i.id(), control) => {
+        let info = match info {
+            Some(i) if crate::tc_filter::program_is_ours(&self.pin_dir, i.id()) => {
                 if let Some(pin) = &target {
                     tracing::error!(pin = %pin.display(), id = i.id(), "next_program names the limiter itself: refused, frames pass to the stack (fail open)");
                 }
                 self.self_reference = Some(i.id());
                 None
             }
-            (info, _) => {
+            info => {
                 self.self_reference = None;
                 info
             }

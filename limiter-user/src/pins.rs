@@ -1,8 +1,13 @@
 //! What lives under `pin_dir`, and which of it is the limiter's.
 //!
 //! The limiter pins its maps under the names of `limiter_common::abi::map_name`, one
-//! bpf_link per interface as `link_<iface>`, and the program it took a hook from as
-//! `taken_<iface>` (`xdp_share_fallback`). Anything else in the directory (another
+//! bpf_link per interface as `link_<iface>`, the programs it runs as `prog_<id>`, and the
+//! program it took a hook from as `taken_<iface>` (`xdp_share_fallback`).
+//!
+//! Why the programs are pinned: a restarted daemon must recognise its own attachment (a
+//! link's program, a tc filter's) before it replaces it, and the kernel opens a program by
+//! its id only for CAP_SYS_ADMIN, which the daemon's unit does not grant. A program id
+//! found among the `prog_<id>` pins is the limiter's without asking the kernel by id. Anything else in the directory (another
 //! tool's pins, a subdirectory), and anything under one of those names that is not what
 //! the limiter would have put there (a map of another name, a link running another
 //! program), is someone else's: cleanup ([`crate::teardown`]) leaves it and says so, and
@@ -37,6 +42,14 @@ pub fn taken_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
     pin_dir.join(format!("{TAKEN_PIN_PREFIX}{iface}"))
 }
 
+/// The programs a daemon runs are pinned as `prog_<id>` under pin_dir.
+pub const PROGRAM_PIN_PREFIX: &str = "prog_";
+
+/// Where the program with kernel id `id` is pinned.
+pub fn program_pin_path(pin_dir: &Path, id: u32) -> PathBuf {
+    pin_dir.join(format!("{PROGRAM_PIN_PREFIX}{id}"))
+}
+
 /// A name the limiter pins under.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PinName<'a> {
@@ -47,6 +60,8 @@ pub enum PinName<'a> {
     /// The program the limiter took this interface's hook from
     /// (`xdp_share_fallback = "tail-call"`), which it tail-calls.
     Taken(&'a str),
+    /// One of the limiter's programs, by its kernel id: what its links and filters run.
+    Program(u32),
 }
 
 /// Whether `name` is one the limiter pins under (pure: by name only).
@@ -61,6 +76,14 @@ pub fn parse_name(name: &str) -> Option<PinName<'_>> {
     };
     if let Some(i) = iface(LINK_PIN_PREFIX) {
         return Some(PinName::Link(i));
+    }
+    if let Some(digits) = name.strip_prefix(PROGRAM_PIN_PREFIX) {
+        // Only the canonical spelling (no sign, no leading zero) is the limiter's.
+        return digits
+            .parse::<u32>()
+            .ok()
+            .filter(|id| *id != 0 && id.to_string() == digits)
+            .map(PinName::Program);
     }
     iface(TAKEN_PIN_PREFIX).map(PinName::Taken)
 }
@@ -159,6 +182,13 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
                 .info()
                 .map_err(|e| format!("unreadable link: {e}"))?
                 .program_id();
+            // A program the limiter pinned, recognised without opening it by id.
+            if path
+                .parent()
+                .is_some_and(|dir| pinned_program_ids(dir).contains(&prog_id))
+            {
+                return Ok(());
+            }
             let name = aya::programs::loaded_programs()
                 .filter_map(Result::ok)
                 .find(|p| p.id() == prog_id)
@@ -166,9 +196,30 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
             match name {
                 Some(n) if is_limiter_program(&n) => Ok(()),
                 Some(n) => Err(format!("a link running program {n:?}, not the limiter")),
+                None if !may_open_programs_by_id() => Err(format!(
+                    "a link running program id {prog_id}, which is none of the limiter's \
+                     pinned programs ({PROGRAM_PIN_PREFIX}<id>), and which only \
+                     CAP_SYS_ADMIN may look up by its id (a link pinned by a limiter \
+                     older than its program pins: start once as root to adopt it)"
+                )),
                 None => Err(format!(
                     "a link running program id {prog_id}, not the limiter"
                 )),
+            }
+        }
+        (PinName::Program(id), Object::Program) => {
+            let info = aya::programs::ProgramInfo::from_pin(path)
+                .map_err(|e| format!("unreadable program: {e}"))?;
+            let name = info.name_as_str().unwrap_or("?");
+            if info.id() != id {
+                Err(format!(
+                    "program {} ({name:?}) pinned under id {id}",
+                    info.id()
+                ))
+            } else if !is_limiter_program(name) {
+                Err(format!("a program named {name:?}, not the limiter's"))
+            } else {
+                Ok(())
             }
         }
         // Someone else's program, pinned by the limiter: any program is what it pins.
@@ -185,6 +236,7 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
                 PinName::Map(_) => "map",
                 PinName::Link(_) => "link",
                 PinName::Taken(_) => "pin of the program it took the hook from",
+                PinName::Program(_) => "program",
             }
         )),
     }
@@ -217,6 +269,95 @@ pub(crate) fn entries(pin_dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     Ok(out)
 }
 
+/// Whether this process may open programs by id (BPF_PROG_GET_FD_BY_ID and
+/// BPF_PROG_GET_NEXT_ID want CAP_SYS_ADMIN); an unreadable set counts as yes.
+pub fn may_open_programs_by_id() -> bool {
+    crate::privilege::CapSet::effective()
+        .map(|caps| caps.has(crate::privilege::Capability::SysAdmin))
+        .unwrap_or(true)
+}
+
+/// The kernel ids of the limiter's programs pinned under `pin_dir` (`prog_<id>`, each
+/// checked to be a limiter program of that id).
+pub fn pinned_program_ids(pin_dir: &Path) -> Vec<u32> {
+    entries(pin_dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(name, path)| match parse_name(&name) {
+            Some(pin @ PinName::Program(id)) if check_ours(&path, pin).is_ok() => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Pins the program `fd` (kernel id `id`) as `prog_<id>` under `pin_dir`, unless it is
+/// pinned there already.
+pub fn pin_program(pin_dir: &Path, id: u32, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), Error> {
+    let path = program_pin_path(pin_dir, id);
+    if fs::symlink_metadata(&path).is_ok() {
+        return Ok(());
+    }
+    pin_fd(fd, &path).map_err(|e| Error::Io {
+        what: format!("pinning the program at {}", path.display()),
+        source: e,
+    })
+}
+
+/// BPF_OBJ_PIN of `fd` at `path`.
+fn pin_fd(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    #[repr(C)]
+    #[derive(Default)]
+    struct ObjPinAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+        path_fd: i32,
+        _pad: u32,
+    }
+    const BPF_OBJ_PIN: libc::c_long = 6;
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let attr = ObjPinAttr {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: fd.as_raw_fd() as u32,
+        ..ObjPinAttr::default()
+    };
+    // SAFETY: a valid BPF_OBJ_PIN attribute naming a NUL-terminated path and an open fd.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_PIN,
+            &attr as *const ObjPinAttr,
+            std::mem::size_of::<ObjPinAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Removes the limiter's program pins under `pin_dir` other than `keep` (an earlier
+/// daemon's, once every hook runs this one's). A pin that cannot go is logged: it only
+/// keeps an unused program in memory until `limiter detach`.
+pub fn prune_programs(pin_dir: &Path, keep: &[u32]) {
+    for id in pinned_program_ids(pin_dir) {
+        if keep.contains(&id) {
+            continue;
+        }
+        let path = program_pin_path(pin_dir, id);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::debug!(path = %path.display(), "removed an earlier daemon's program pin")
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "an earlier daemon's program pin stays")
+            }
+        }
+    }
+}
+
 /// The interface link pins under `pin_dir` that are the limiter's: (iface, pin).
 pub fn limiter_links(pin_dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     Ok(entries(pin_dir)?
@@ -243,6 +384,7 @@ mod tests {
         }
         assert_eq!(parse_name("link_eth0"), Some(PinName::Link("eth0")));
         assert_eq!(parse_name("taken_eth0"), Some(PinName::Taken("eth0")));
+        assert_eq!(parse_name("prog_42"), Some(PinName::Program(42)));
         assert_eq!(
             parse_name("link_abcdefghijklmnop"),
             None,
@@ -256,6 +398,12 @@ mod tests {
             "CONTROL.bak",
             "cilium_calls",
             "SRC_BUCKETS2",
+            "prog_",
+            "prog_0",
+            "prog_042",
+            "prog_+42",
+            "prog_42x",
+            "prog_4294967296",
         ] {
             assert_eq!(parse_name(foreign), None, "{foreign}");
         }

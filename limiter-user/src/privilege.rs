@@ -2,11 +2,15 @@
 //! changes, so that a daemon started with too little says which capability it lacks
 //! instead of a raw EPERM (or, worse, a verifier refusal that reads like a bug).
 //!
-//! Measured on Linux 6.18 (README, "Running under systemd"): `limiter run` in every mode
-//! (native, generic, tc, fleet) needs exactly CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON;
-//! `limiter stats` needs none as root (the pins are root's files). CAP_SYS_ADMIN stands
-//! in for CAP_BPF and CAP_PERFMON (the kernel's bpf_capable/perfmon_capable accept it,
-//! and kernels before 5.8 know no other).
+//! Measured on Linux 6.18 and on Debian 12's 6.1 (README, "Running under systemd"):
+//! `limiter run` in every exclusive mode (native, generic, tc, fleet), its first start
+//! and its restarts over what an earlier daemon attached, needs exactly CAP_BPF,
+//! CAP_NET_ADMIN and CAP_PERFMON; `limiter stats` needs none as root (the pins are root's
+//! files). `xdp_share = "libxdp"` needs CAP_SYS_ADMIN as well: the dispatcher on the hook
+//! (the limiter's or another tool's) is read by its program id, which the kernel opens
+//! only for CAP_SYS_ADMIN, as libxdp itself does. CAP_SYS_ADMIN stands in for CAP_BPF and
+//! CAP_PERFMON (the kernel's bpf_capable/perfmon_capable accept it, and kernels before
+//! 5.8 know no other).
 
 use std::{fmt, path::PathBuf};
 
@@ -52,8 +56,9 @@ impl Capability {
                 "loading a network program (XDP, tc) and attaching it to the interfaces"
             }
             Capability::SysAdmin => {
-                "mounting bpffs, and opening another program by its id (taking over a \
-                 hook another program holds, xdp_share_fallback = \"tail-call\")"
+                "mounting bpffs, and opening a program by its id: the libxdp dispatcher on \
+                 the hook (xdp_share = \"libxdp\"), a hook another program holds \
+                 (xdp_share_fallback = \"tail-call\")"
             }
         }
     }
@@ -65,8 +70,18 @@ impl fmt::Display for Capability {
     }
 }
 
-/// The capabilities `limiter run` needs in every mode (measured, see the module doc).
+/// The capabilities `limiter run` needs in every exclusive mode (measured, see the
+/// module doc).
 pub const DAEMON: [Capability; 3] = [Capability::Bpf, Capability::NetAdmin, Capability::Perfmon];
+
+/// What `limiter run` with `xdp_share = "libxdp"` needs: CAP_SYS_ADMIN (which covers
+/// CAP_BPF and CAP_PERFMON) and CAP_NET_ADMIN.
+pub const DAEMON_LIBXDP: [Capability; 4] = [
+    Capability::Bpf,
+    Capability::NetAdmin,
+    Capability::Perfmon,
+    Capability::SysAdmin,
+];
 
 /// A capability set, as the kernel's bit mask (`CapEff:` in /proc/PID/status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,8 +113,18 @@ pub fn parse_effective(status: &str) -> Option<CapSet> {
 /// What of [`DAEMON`] `caps` lacks: CAP_SYS_ADMIN covers CAP_BPF and CAP_PERFMON, as the
 /// kernel's checks accept it for both.
 pub fn missing_for_daemon(caps: CapSet) -> Vec<Capability> {
-    DAEMON
-        .into_iter()
+    missing_of(caps, &DAEMON)
+}
+
+/// What of [`DAEMON_LIBXDP`] `caps` lacks (CAP_SYS_ADMIN covering the two it covers).
+pub fn missing_for_libxdp(caps: CapSet) -> Vec<Capability> {
+    missing_of(caps, &DAEMON_LIBXDP)
+}
+
+fn missing_of(caps: CapSet, needed: &[Capability]) -> Vec<Capability> {
+    needed
+        .iter()
+        .copied()
         .filter(|&cap| {
             let covered = matches!(cap, Capability::Bpf | Capability::Perfmon)
                 && caps.has(Capability::SysAdmin);
@@ -168,18 +193,25 @@ pub fn describe(caps: CapSet) -> String {
 }
 
 /// Refuses to start, before anything is claimed, loaded or attached, when the effective
-/// set lacks what the daemon needs. An unreadable set is not a refusal: the kernel's own
-/// errors then say what is missing.
-pub fn check_daemon() -> Result<(), PermissionError> {
+/// set lacks what the daemon needs (`libxdp`: with `xdp_share = "libxdp"`). An
+/// unreadable set is not a refusal: the kernel's own errors then say what is missing.
+pub fn check_daemon(libxdp: bool) -> Result<(), PermissionError> {
     let Ok(caps) = CapSet::effective() else {
         return Ok(());
     };
-    let missing = missing_for_daemon(caps);
+    let (missing, doing) = if libxdp {
+        (
+            missing_for_libxdp(caps),
+            "starting the daemon with xdp_share = \"libxdp\"",
+        )
+    } else {
+        (missing_for_daemon(caps), "starting the daemon")
+    };
     if missing.is_empty() {
         return Ok(());
     }
     Err(PermissionError::MissingCapabilities {
-        doing: "starting the daemon".to_string(),
+        doing: doing.to_string(),
         missing,
         have: describe(caps),
     })
@@ -237,6 +269,16 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("verifier"), "{text}");
+    }
+
+    #[test]
+    fn libxdp_needs_sys_admin_which_covers_bpf_and_perfmon() {
+        assert_eq!(missing_for_libxdp(set(&DAEMON)), vec![Capability::SysAdmin]);
+        assert!(missing_for_libxdp(set(&[Capability::SysAdmin, Capability::NetAdmin])).is_empty());
+        assert_eq!(
+            missing_for_libxdp(set(&[Capability::SysAdmin])),
+            vec![Capability::NetAdmin]
+        );
     }
 
     proptest! {

@@ -665,6 +665,30 @@ impl Program {
             .ok_or(Error::NoProgram)
     }
 
+    /// Pins every build loaded for the hooks as `prog_<id>` under `pin_dir`, so that a
+    /// restarted daemon recognises them on its links and filters without CAP_SYS_ADMIN
+    /// ([`crate::pins`]); returns their ids, which [`crate::pins::prune_programs`] keeps.
+    pub fn pin_programs(&self, pin_dir: &Path) -> Result<Vec<u32>, Error> {
+        use std::os::fd::AsFd as _;
+        let mut ids = Vec::new();
+        for variant in Variant::ALL {
+            let (info, fd) = match variant {
+                Variant::Tc => (self.tc()?.info(), self.tc()?.fd()),
+                v => match self.xdp_variant(v) {
+                    Ok(xdp) => (xdp.info(), xdp.fd()),
+                    Err(_) => continue,
+                },
+            };
+            // A build this kernel did not load (multi-buffer before 5.18) has no fd.
+            let (Ok(info), Ok(fd)) = (info, fd) else {
+                continue;
+            };
+            crate::pins::pin_program(pin_dir, info.id(), fd.as_fd())?;
+            ids.push(info.id());
+        }
+        Ok(ids)
+    }
+
     /// Kernel information on one build (run counts and time, verifier figures).
     pub fn info(&self, variant: Variant) -> Result<aya::programs::ProgramInfo, Error> {
         let info = match variant {
@@ -817,11 +841,9 @@ impl Program {
     /// clsact qdisc if it has none); a slot held by someone else's filter is refused.
     fn attach_filter(&mut self, iface: &str, pin_dir: &Path) -> Result<Attachment, Error> {
         let ifindex = ifindex_of(iface)?;
-        let control = tc_filter::control_map_id(pin_dir);
         let ours = |f: &tc_filter::Filter| {
             f.program_id
-                .zip(control)
-                .is_some_and(|(id, c)| tc_filter::program_uses_map(id, c))
+                .is_some_and(|id| tc_filter::program_is_ours(pin_dir, id))
         };
         // No clsact qdisc yet: no filters.
         let filters = tc_filter::ingress_filters(ifindex).unwrap_or_default();

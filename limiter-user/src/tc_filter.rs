@@ -151,14 +151,22 @@ pub fn interfaces() -> io::Result<Vec<(String, u32)>> {
     Ok(out)
 }
 
+/// Whether program `id` is this pin_dir's limiter: one of its pinned programs
+/// (`prog_<id>`, readable with any capabilities), or, where this process may open
+/// programs by id (CAP_SYS_ADMIN), any build on its CONTROL map.
+pub fn program_is_ours(pin_dir: &Path, id: u32) -> bool {
+    crate::pins::pinned_program_ids(pin_dir).contains(&id)
+        || control_map_id(pin_dir).is_some_and(|control| program_uses_map(id, control))
+}
+
 /// The limiter's filters (on this pin_dir's maps) at ingress of `ifindex`.
 pub fn limiter_filters_on(ifindex: u32, pin_dir: &Path) -> io::Result<Vec<Filter>> {
-    let Some(control) = control_map_id(pin_dir) else {
+    if control_map_id(pin_dir).is_none() {
         return Ok(Vec::new());
-    };
+    }
     Ok(ingress_filters(ifindex)?
         .into_iter()
-        .filter(|f| f.program_id.is_some_and(|id| program_uses_map(id, control)))
+        .filter(|f| f.program_id.is_some_and(|id| program_is_ours(pin_dir, id)))
         .collect())
 }
 

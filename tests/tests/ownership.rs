@@ -324,11 +324,15 @@ fn detach_removes_only_the_limiters_pins() {
     // Another tool's pins beside the limiter's, one under a name of the limiter's form.
     foreign_map(&lab.pins.path.join("other_tool_map"), "other_tool_map");
     foreign_map(&lab.pins.path.join("link_bogus0"), "not_a_link");
+    foreign_map(&lab.pins.path.join("prog_7"), "not_a_prog");
+    let foreign = ["link_bogus0", "other_tool_map", "prog_7"];
     let ours: BTreeSet<String> = names_in(&lab.pins.path)
         .into_iter()
-        .filter(|n| n != "other_tool_map" && n != "link_bogus0")
+        .filter(|n| !foreign.contains(&n.as_str()))
         .collect();
     assert!(ours.contains("CONTROL") && ours.contains(&format!("link_{}", lab.pair.host)));
+    // The programs the daemon runs are pinned, so a restart knows its own link.
+    assert!(ours.iter().any(|n| n.starts_with("prog_")), "{ours:?}");
 
     // Through the daemon.
     let out = lab.limiter(&["detach"]);
@@ -341,12 +345,16 @@ fn detach_removes_only_the_limiters_pins() {
     );
     assert_eq!(
         names_in(&lab.pins.path),
-        BTreeSet::from(["link_bogus0".to_string(), "other_tool_map".to_string()]),
+        foreign
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<BTreeSet<_>>(),
         "detach removed pins it did not create, or left its own"
     );
     assert!(
         err.contains("other_tool_map in place")
-            && err.contains("link_bogus0 in place: a pinned map, not the limiter's link"),
+            && err.contains("link_bogus0 in place: a pinned map, not the limiter's link")
+            && err.contains("prog_7 in place: a pinned map, not the limiter's program"),
         "{err}"
     );
 
@@ -363,7 +371,7 @@ fn detach_removes_only_the_limiters_pins() {
         "{text}"
     );
     assert!(err.contains("other_tool_map in place"), "{err}");
-    assert_eq!(names_in(&lab.pins.path).len(), 2, "{text}");
+    assert_eq!(names_in(&lab.pins.path).len(), foreign.len(), "{text}");
 }
 
 #[test]

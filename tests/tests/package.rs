@@ -1,7 +1,8 @@
 //! The Debian packages `cargo xtask dist` builds, checked with Debian's own tools: lintian
 //! finds no error or warning; `dpkg -i` installs both packages on this machine without
 //! enabling anything, `systemd-analyze verify` accepts the installed units, the man pages
-//! render, the completions load, an operator's edit of a conffile survives a reinstall,
+//! render, the completions load (bash registers them, zsh and fish parse them), an
+//! operator's edit of a conffile and the enable link survive a reinstall and an upgrade,
 //! and `dpkg --purge` leaves nothing behind (a guard purges even when the test fails).
 //! Root (dpkg). Each missing tool is a failure that names its Debian package.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
@@ -139,6 +140,8 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
         ("systemctl", "systemd"),
         ("man", "man-db"),
         ("bash", "bash"),
+        ("zsh", "zsh"),
+        ("fish", "fish"),
     ] {
         require(tool, package);
     }
@@ -279,6 +282,15 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
             let script = fs::read_to_string(&file).unwrap();
             assert!(script.contains(package), "{file}: {script}");
         }
+        // zsh and fish parse them (syntax only: -n / --no-execute run nothing).
+        run_ok(
+            Command::new("zsh")
+                .arg("-n")
+                .arg(format!("/usr/share/zsh/vendor-completions/_{package}")),
+        );
+        run_ok(Command::new("fish").arg("--no-execute").arg(format!(
+            "/usr/share/fish/vendor_completions.d/{package}.fish"
+        )));
         let readme = format!("/usr/share/doc/{package}/README.md");
         assert!(Path::new(&readme).is_file(), "{readme}");
     }
@@ -298,10 +310,34 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
         CONFFILES[0]
     );
 
-    // The operator enables the daemon (offline here: PID 1 is not systemd); purge
-    // removes that link too.
+    // The operator enables the daemon (offline here: PID 1 is not systemd); an upgrade
+    // keeps that and the edit, and purge removes the link too.
     run_ok(Command::new("systemctl").args(["enable", "limiter.service"]));
     assert!(Path::new(WANTS).join("limiter.service").exists());
+
+    // An upgrade: the same package under a later version, as `apt upgrade` installs it.
+    let scratch = tempfile::tempdir().unwrap();
+    let newer = repackage_with_later_version(&debs[0], scratch.path());
+    let before = package_version("limiter");
+    run_ok(Command::new("dpkg").arg("-i").arg(&newer.0));
+    assert_eq!(
+        package_version("limiter"),
+        newer.1,
+        "dpkg -i of {} did not upgrade from {before}",
+        newer.0.display()
+    );
+    assert!(
+        fs::read_to_string(CONFFILES[0])
+            .unwrap()
+            .starts_with(edited),
+        "upgrading overwrote the operator's {}",
+        CONFFILES[0]
+    );
+    assert!(
+        Path::new(WANTS).join("limiter.service").exists(),
+        "upgrading disabled limiter.service"
+    );
+    run_ok(Command::new("/usr/bin/limiter").arg("--version"));
 
     run_ok(Command::new("dpkg").arg("--purge").args(PACKAGES));
     drop(guard);
@@ -321,4 +357,40 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
     ] {
         assert!(!Path::new(dir).exists(), "purge left {dir}");
     }
+}
+
+/// The installed version of `package` (dpkg-query).
+fn package_version(package: &str) -> String {
+    run_ok(Command::new("dpkg-query").args(["-W", "-f=${Version}", package]))
+}
+
+/// `deb` unpacked and built again with `+upgrade1` appended to its version: a later
+/// version of the same package (path, version).
+fn repackage_with_later_version(deb: &Path, scratch: &Path) -> (PathBuf, String) {
+    let tree = scratch.join("tree");
+    run_ok(Command::new("dpkg-deb").arg("-R").arg(deb).arg(&tree));
+    let control_path = tree.join("DEBIAN/control");
+    let control = fs::read_to_string(&control_path).unwrap();
+    let old = control
+        .lines()
+        .find_map(|l| l.strip_prefix("Version: "))
+        .unwrap_or_else(|| panic!("no Version in {control}"))
+        .to_string();
+    let version = format!("{old}+upgrade1");
+    fs::write(
+        &control_path,
+        control.replace(
+            &format!("Version: {old}\n"),
+            &format!("Version: {version}\n"),
+        ),
+    )
+    .unwrap();
+    let out = scratch.join("upgraded.deb");
+    run_ok(
+        Command::new("dpkg-deb")
+            .args(["--root-owner-group", "--build"])
+            .arg(&tree)
+            .arg(&out),
+    );
+    (out, version)
 }

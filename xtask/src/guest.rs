@@ -92,6 +92,15 @@ pub const MATRIX: &[Suite] = &[
         filters: &[],
     },
     Suite {
+        file: "privilege",
+        filters: &[
+            "every_mode_starts_and_restarts_over_its_own_attachment_with_the_units_capabilities",
+            "libxdp_sharing_without_cap_sys_admin_is_refused_naming_it",
+            "libxdp_sharing_with_the_units_capabilities_and_cap_sys_admin",
+            "without_any_one_of_them_start_fails_naming_it_and_changes_nothing",
+        ],
+    },
+    Suite {
         file: "handoff_test_run",
         filters: &[],
     },

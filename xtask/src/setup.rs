@@ -11,7 +11,7 @@ use crate::run_cmd;
 /// the tests' namespaces and veth pairs, nftables for the comparison benchmark, tmux for
 /// the tests that run `limiter top` in a terminal; `cargo xtask dist` and its tests:
 /// dpkg-dev (dpkg-shlibdeps), binutils (strip), lintian, man-db (`man -l`), systemd
-/// (`systemd-analyze verify`); prometheus for `promtool check metrics` (the tests lint
+/// (`systemd-analyze verify`), zsh and fish (the completions parse); prometheus for `promtool check metrics` (the tests lint
 /// both metrics endpoints).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
@@ -25,6 +25,8 @@ const APT_PACKAGES: &[&str] = &[
     "lintian",
     "man-db",
     "systemd",
+    "zsh",
+    "fish",
     "prometheus",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -22,6 +22,8 @@ pub struct State {
     /// report rate.
     pub refused_fleet_full: u64,
     pub refused_host_rate: u64,
+    /// The term the grants carry: the election's, 0 without one.
+    pub term: u64,
 }
 
 impl State {
@@ -50,6 +52,7 @@ impl State {
             reports: 0,
             refused_fleet_full: 0,
             refused_host_rate: 0,
+            term: 0,
         }
     }
 
@@ -96,6 +99,7 @@ impl State {
         ReportReply {
             grants,
             report_interval_ms: self.report_interval.as_millis() as u64,
+            term: self.term,
         }
     }
 

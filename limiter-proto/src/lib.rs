@@ -26,6 +26,8 @@ pub const MIN_REPORT_SPACING_MS: u64 = 200;
 /// Longest host id and rule name.
 pub const MAX_HOST_LEN: usize = 253;
 pub const MAX_RULE_LEN: usize = 63;
+/// The response metadata key in which a follower replica names the leader's address.
+pub const LEADER_METADATA: &str = "limiter-leader";
 
 /// Why a report is refused (sent back as INVALID_ARGUMENT with this text).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -497,6 +497,7 @@ mod tests {
                 saturated,
             }],
             report_interval_ms: 1_000,
+            term: 0,
         }
     }
 
@@ -637,6 +638,7 @@ mod tests {
                 saturated: false,
             }],
             report_interval_ms: 1_000,
+            term: 0,
         }
     }
 

@@ -4,4 +4,5 @@
 
 pub mod alloc;
 pub mod clock;
+pub mod failover;
 pub mod share;

@@ -902,7 +902,14 @@ impl Daemon {
         Ok(Status {
             shares,
             fleet: self.fleet_counters(),
-            allocator: self.fleet.as_ref().map(|f| f.spec.allocator.to_string()),
+            allocator: self.fleet.as_ref().map(|f| {
+                f.spec
+                    .allocators
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }),
             bypass: self.maps.control()?.flags & CONTROL_BYPASS != 0,
             detached_unconfigured: self.detached_unconfigured.clone(),
             joined: match self.handoff.spec() {

@@ -473,7 +473,7 @@ mod tests {
 
     fn spec() -> FleetSpec {
         FleetSpec {
-            allocator: "127.0.0.1:1".parse().unwrap(),
+            allocators: vec!["127.0.0.1:1".parse().unwrap()],
             server_name: "allocator".into(),
             host_id: "lb001".into(),
             ca: "ca.pem".into(),

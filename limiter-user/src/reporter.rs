@@ -1,13 +1,18 @@
 //! The fleet report loop: this host's reports to the allocator and its grants back,
 //! over mutual TLS (limiter_proto). What a report holds and what a grant does is the
 //! fleet state's ([`crate::fleet`]); this module only carries them, on deadlines, and
-//! checks at start that the allocator will know this host by its name.
+//! checks at start that the allocator will know this host by its name. With replicated
+//! allocators it reports to one replica of `[fleet] allocator` at a time, follows a
+//! follower's redirect only within that list, and applies no reply of an older term
+//! than one it applied ([`limiter_fleet::failover`]).
 
 use std::{
+    net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
+use limiter_fleet::failover::{Redirect, Replicas, TermFence};
 use limiter_proto::pb::allocator_client::AllocatorClient;
 use tokio::sync::broadcast;
 use tonic::transport::Endpoint;
@@ -58,15 +63,23 @@ pub async fn report_loop(
     )
     .map_err(|e| Error::Fleet(e.to_string()))?;
     let deadline = Duration::from_millis(spec.report_interval_ms.clamp(100, 2000) / 2);
-    let endpoint = Endpoint::from_shared(format!("https://{}", spec.allocator))
-        .and_then(|e| e.tls_config(tls))
-        .map_err(|e| Error::Fleet(format!("allocator endpoint {}: {e}", spec.allocator)))?
-        .connect_timeout(deadline)
-        .timeout(deadline)
-        .local_address(spec.bind);
-    let mut client = AllocatorClient::new(endpoint.connect_lazy())
-        .max_decoding_message_size(limiter_proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(limiter_proto::MAX_MESSAGE_BYTES);
+    // One lazy channel per replica: a switch costs no reconnect to one used before.
+    let mut clients = Vec::with_capacity(spec.allocators.len());
+    for address in &spec.allocators {
+        let endpoint = Endpoint::from_shared(format!("https://{address}"))
+            .and_then(|e| e.tls_config(tls.clone()))
+            .map_err(|e| Error::Fleet(format!("allocator endpoint {address}: {e}")))?
+            .connect_timeout(deadline)
+            .timeout(deadline)
+            .local_address(spec.bind);
+        clients.push(
+            AllocatorClient::new(endpoint.connect_lazy())
+                .max_decoding_message_size(limiter_proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(limiter_proto::MAX_MESSAGE_BYTES),
+        );
+    }
+    let mut replicas = Replicas::new(spec.allocators.clone());
+    let mut fence = TermFence::default();
     let mut interval = Duration::from_millis(spec.report_interval_ms);
     let mut next = Instant::now();
     let mut last_sent = Instant::now() - interval;
@@ -87,32 +100,81 @@ pub async fn report_loop(
             };
             last_sent = Instant::now();
             next = last_sent + interval;
+            let at = replicas.current();
+            let Some(client) = clients.get_mut(at) else {
+                return Err(Error::Fleet("no allocator address configured".into()));
+            };
             match client.report(report).await {
                 Ok(reply) => {
                     let reply = reply.into_inner();
-                    if reply.report_interval_ms > 0 {
-                        interval = Duration::from_millis(reply.report_interval_ms);
-                    }
                     if failures > 0 {
-                        tracing::info!(after = failures, "allocator reachable again");
+                        tracing::info!(after = failures, allocator = %spec.allocators[at], "allocator reachable again");
                     }
                     failures = 0;
-                    // A failure to install the shares is this host's problem, not the
-                    // allocator's: log it and keep reporting (the shares in force stay,
-                    // and move to STICKY on their deadlines).
-                    if let Err(e) = lock(&daemon)?.fleet_apply(&reply) {
-                        tracing::warn!("installing the allocator's grants failed: {e}");
+                    // A deposed leader's late reply must not override its successor's.
+                    if !fence.admit(reply.term) {
+                        tracing::warn!(
+                            term = reply.term,
+                            highest = fence.highest(),
+                            allocator = %spec.allocators[at],
+                            "ignored grants of an older leader's term"
+                        );
+                        replicas.failed();
+                    } else {
+                        if reply.report_interval_ms > 0 {
+                            interval = Duration::from_millis(reply.report_interval_ms);
+                        }
+                        // A failure to install the shares is this host's problem, not the
+                        // allocator's: log it and keep reporting (the shares in force
+                        // stay, and move to STICKY on their deadlines).
+                        if let Err(e) = lock(&daemon)?.fleet_apply(&reply) {
+                            tracing::warn!("installing the allocator's grants failed: {e}");
+                        }
                     }
                 }
                 Err(status) => {
-                    failures += 1;
+                    let leader = status
+                        .metadata()
+                        .get(limiter_proto::LEADER_METADATA)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<SocketAddr>().ok());
+                    let from = spec.allocators[at];
+                    let followed = match leader.map(|l| (l, replicas.redirected(&l))) {
+                        Some((leader, Redirect::Followed(_))) => {
+                            tracing::info!(%from, %leader, "following the allocators' leader");
+                            true
+                        }
+                        Some((leader, Redirect::Unlisted(_))) => {
+                            tracing::warn!(%from, %leader, "a replica named a leader that is not in [fleet] allocator: ignored");
+                            false
+                        }
+                        Some((_, Redirect::Next(_))) => false,
+                        None => {
+                            replicas.failed();
+                            false
+                        }
+                    };
+                    // A follower named the leader: asked again at once, not after an
+                    // interval, so a failover costs one round trip, and no failure.
+                    if followed {
+                        next = Instant::now();
+                    } else {
+                        failures += 1;
+                    }
                     // The first failure and then one in 30: an outage must not flood logs.
-                    if failures == 1 || failures.is_multiple_of(30) {
+                    if !followed && (failures == 1 || failures.is_multiple_of(30)) {
                         tracing::warn!(
                             failures,
+                            allocator = %from,
                             "report to the allocator failed: {}",
                             status.message()
                         );
+                    }
+                    // With replicas, the next one is tried soon rather than an interval
+                    // later: the shares in force keep their deadlines meanwhile.
+                    if !followed && spec.allocators.len() > 1 {
+                        next = Instant::now()
+                            + Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS);
                     }
                 }
             }

@@ -109,7 +109,7 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Re
         });
     }
     if let Some(spec) = fleet_spec {
-        tracing::info!(allocator = %spec.allocator, host = %spec.host_id, "fleet mode: reporting to the allocator");
+        tracing::info!(allocator = ?spec.allocators, host = %spec.host_id, "fleet mode: reporting to the allocator");
         let (d, tx) = (Arc::clone(&daemon), shutdown.clone());
         tasks.spawn(async move {
             // The report loop ends only on a local fault; enforcement carries on, and the

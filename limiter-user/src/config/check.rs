@@ -299,23 +299,8 @@ impl Walk<'_> {
         let ca = required_path(self, "ca", "fleet.ca");
         let cert = required_path(self, "cert", "fleet.cert");
         let key = required_path(self, "key", "fleet.key");
-        let allocator = match table.get("allocator") {
-            Some(v) => {
-                self.string(v, top("fleet.allocator"))
-                    .and_then(|s| match s.parse::<SocketAddr>() {
-                        Ok(a) => Some(a),
-                        Err(_) => {
-                            self.report(
-                                v.span(),
-                                top("fleet.allocator"),
-                                format!(
-                                    "\"{s}\" is not an address:port such as \"198.18.0.1:7443\""
-                                ),
-                            );
-                            None
-                        }
-                    })
-            }
+        let allocators = match table.get("allocator") {
+            Some(v) => self.allocator_addresses(v),
             None => {
                 self.report(
                     value.span(),
@@ -376,7 +361,7 @@ impl Walk<'_> {
             return None;
         }
         Some(FleetSpec {
-            allocator: allocator?,
+            allocators: allocators?,
             server_name: server_name?,
             host_id: host_id?,
             ca: ca?,
@@ -387,6 +372,56 @@ impl Walk<'_> {
             sticky_max_s: sticky_max_s?,
             report_interval_ms: report_interval_ms?,
         })
+    }
+
+    /// `[fleet] allocator`: one address, or the replicas' addresses in the order they
+    /// are tried (replicated allocators). Each is checked; one listed twice is refused.
+    fn allocator_addresses(&mut self, value: &Value<'_>) -> Option<Vec<SocketAddr>> {
+        let (items, array): (Vec<&Value<'_>>, bool) = match value.get_ref() {
+            DeValue::Array(items) => (items.iter().collect(), true),
+            _ => (vec![value], false),
+        };
+        if array && items.is_empty() {
+            self.report(
+                value.span(),
+                At::top("fleet.allocator"),
+                "allocator is an empty list: name at least one address:port",
+            );
+            return None;
+        }
+        let mut out: Vec<SocketAddr> = Vec::new();
+        let mut valid = true;
+        for (i, item) in items.iter().enumerate() {
+            let path = if array {
+                format!("fleet.allocator[{i}]")
+            } else {
+                "fleet.allocator".to_string()
+            };
+            let Some(text) = self.string(item, At::top(&path)) else {
+                valid = false;
+                continue;
+            };
+            match text.parse::<SocketAddr>() {
+                Ok(a) if out.contains(&a) => {
+                    self.report(
+                        item.span(),
+                        At::top(&path),
+                        format!("\"{text}\" is listed twice"),
+                    );
+                    valid = false;
+                }
+                Ok(a) => out.push(a),
+                Err(_) => {
+                    self.report(
+                        item.span(),
+                        At::top(&path),
+                        format!("\"{text}\" is not an address:port such as \"198.18.0.1:7443\""),
+                    );
+                    valid = false;
+                }
+            }
+        }
+        valid.then_some(out)
     }
 
     fn interfaces(&mut self, value: &Value<'_>) -> Vec<String> {

@@ -69,7 +69,8 @@ section! {
 section! {
     /// `[fleet]`.
     FLEET_KEYS = "[fleet]" {
-        FLEET_ALLOCATOR = "allocator", Required, SocketAddr, "the allocator's gRPC address";
+        FLEET_ALLOCATOR = "allocator", Required, Other("address:port, or a list of them"),
+            "the allocator's gRPC address (replicas: every replica's, tried in order)";
         FLEET_SERVER_NAME = "server_name", Str("limiter-allocator"), Kind::String,
             "the name in the allocator's certificate";
         FLEET_HOST_ID = "host_id", Unset("the hostname"), Kind::String,

@@ -949,6 +949,10 @@ fn fleet_cases() {
     run(&[
         top("allocator missing", "^[fleet]\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n", "fleet.allocator", "allocator is required in [fleet]"),
         top("allocator not an address", "[fleet]\nallocator = ^\"lb\"\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n", "fleet.allocator", "is not an address:port"),
+        top("allocator an empty list", "[fleet]\nallocator = ^[]\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n", "fleet.allocator", "allocator is an empty list"),
+        top("allocator replica not an address", "[fleet]\nallocator = [\"127.0.0.1:1\", ^\"lb\"]\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n", "fleet.allocator[1]", "is not an address:port"),
+        top("allocator replica listed twice", "[fleet]\nallocator = [\"127.0.0.1:1\", ^\"127.0.0.1:1\"]\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n", "fleet.allocator[1]", "is listed twice"),
+        top("allocator replica not a string", "[fleet]\nallocator = [^7]\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n", "fleet.allocator[0]", "string"),
         top("empty ca", "[fleet]\nallocator = \"198.18.0.1:7443\"\nca = ^\"\"\ncert = \"/c\"\nkey = \"/k\"\n", "fleet.ca", "must not be empty"),
         top("bad host id", &fleet("host_id = ^\"lb 17\""), "fleet.host_id", "only letters, digits"),
         top("bad bind", &fleet("bind = ^\"lb\""), "fleet.bind", "is not an IP address"),

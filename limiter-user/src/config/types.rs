@@ -107,8 +107,9 @@ impl fmt::Display for HandoffSpec {
 /// and `burst` are its *global* quota, split across hosts by the allocator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetSpec {
-    /// The allocator's gRPC address, `address:port`.
-    pub allocator: SocketAddr,
+    /// The allocator's gRPC address, `address:port`; with replicated allocators every
+    /// replica's, in the order they are tried (never empty).
+    pub allocators: Vec<SocketAddr>,
     /// The name in the allocator's certificate.
     pub server_name: String,
     /// This host's fleet-unique id (default: the hostname); `limiter run` refuses to start

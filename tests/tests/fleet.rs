@@ -1355,3 +1355,53 @@ fn a_bytes_share_with_a_grant_below_a_frame_passes_frames_leased_and_sticky() {
     join(sender);
     daemon.stop();
 }
+
+/// `[fleet] allocator` lists two allocators: the host reports to the first; when that one
+/// dies, to the next, within one lease TTL, so no share of the host leaves `leased`
+/// (the second, new to the host, renews what the host says it holds).
+#[test]
+fn a_host_fails_over_to_the_next_listed_allocator_without_leaving_leased() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let (first_dir, second_dir) = (dir.path().join("first"), dir.path().join("second"));
+    std::fs::create_dir(&first_dir).unwrap();
+    std::fs::create_dir(&second_dir).unwrap();
+    let mut first = Allocator::new(&first_dir, &pki);
+    let second = Allocator::new(&second_dir, &pki);
+    let one = format!("allocator = \"127.0.0.1:{}\"", first.port);
+    let config = daemon_config("lb-1", &pki, first.port, "lb-1");
+    assert!(config.contains(&one), "{config}");
+    let config = config.replace(
+        &one,
+        &format!(
+            "allocator = [\"127.0.0.1:{}\", \"127.0.0.1:{}\"]",
+            first.port, second.port
+        ),
+    );
+    let lab = Lab::new(&config);
+    let daemon = lab.start();
+    wait_state(&[&lab], "web", "leased", Duration::from_secs(10));
+    let status = lab.json(&["status", "--json"]);
+    let listed = status["allocator"].to_string();
+    assert!(
+        listed.contains(&first.port.to_string()) && listed.contains(&second.port.to_string()),
+        "status does not list both allocators: {status:#}"
+    );
+
+    first.kill();
+    // Three lease TTLs without the first allocator: every sample leased.
+    let until = Instant::now() + Duration::from_millis(3 * LEASE_MS);
+    let mut samples = 0;
+    while Instant::now() < until {
+        let now = states(&lab);
+        assert!(
+            now.values().all(|s| s == "leased"),
+            "a share left leased after the first allocator died: {now:?}"
+        );
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(samples > 10, "only {samples} samples");
+    drop(second);
+    daemon.stop();
+}

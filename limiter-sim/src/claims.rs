@@ -724,6 +724,54 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             });
         }
     }
+    if let Some((run, r)) = find(runs, "failover") {
+        let sc = &run.scenario;
+        let (down, up) = outages(sc).first().copied().unwrap_or((0, sc.duration));
+        let f = outage_figures(run, r, down, None, up);
+        let before = r
+            .seconds
+            .get(secs(down).saturating_sub(10)..secs(down))
+            .unwrap_or_default();
+        let steady =
+            before.iter().map(|c| c.admitted as f64).sum::<f64>() / before.len().max(1) as f64;
+        // Every whole second from the crash until a lease TTL past the new leader's
+        // learning period, against the admitted rate before the crash.
+        let window = r
+            .seconds
+            .get(
+                secs(down)
+                    ..(secs(up + sc.params.lease_ttl.as_nanos() as u64) + 3).min(r.seconds.len()),
+            )
+            .unwrap_or_default();
+        let pct = |c: &crate::bucket::Counts| (c.admitted as f64 / steady - 1.0) * 100.0;
+        let lo = window.iter().map(pct).fold(f64::INFINITY, f64::min);
+        let hi = window.iter().map(pct).fold(f64::NEG_INFINITY, f64::max);
+        v.push(Claim {
+            source: "allocator: replicas",
+            claim: "A leader crash costs nothing: no host leaves LEASED, admitted stays \
+                    within 2 % of its rate before the crash, no over-grant"
+                .into(),
+            scenario: sc.name.clone(),
+            expected: format!(
+                "no STICKY host; admitted within ±{TOLERANCE_PCT:.0} % of before; granted ≤ {:.0} % of quota",
+                100.0 + TOLERANCE_PCT
+            ),
+            simulated: format!(
+                "STICKY for {:.1} s; admitted {lo:+.1} % to {hi:+.1} % of its rate before the \
+                 crash ({:.1} % of quota); granted shares in force peak at {:.0} % of quota",
+                f.sticky_secs,
+                steady / r.quota as f64 * 100.0,
+                f.after_granted_pct
+            ),
+            verdict: verdict(
+                f.sticky_secs == 0.0
+                    && lo >= -TOLERANCE_PCT
+                    && hi <= TOLERANCE_PCT
+                    && f.after_granted_pct <= 100.0 + TOLERANCE_PCT,
+            ),
+            why: "",
+        });
+    }
     for name in ["shift", "flash"] {
         if let Some((run, r)) = find(runs, name) {
             let c = convergence_intervals(run, r);

@@ -507,14 +507,14 @@ pub fn charts(run: &Run) -> Vec<(String, Chart)> {
                 ));
             }
         }
-        "partition" | "restart" => {
+        "partition" | "restart" | "failover" => {
             let up = claims::outages(&run.scenario)
                 .first()
                 .map_or(0.0, |o| o.1 as f64 / NS_PER_S as f64);
             let down = claims::outages(&run.scenario)
                 .first()
                 .map_or(0.0, |o| o.0 as f64 / NS_PER_S as f64);
-            let (from, to) = if name == "restart" {
+            let (from, to) = if name != "partition" {
                 (down - 3.0, up + 8.0)
             } else {
                 (up - 5.0, up + 5.0)

@@ -503,6 +503,34 @@ pub fn restart(k: &Knobs) -> Scenario {
     s.with_background(k, 0..500, 3_200.0).finish(up + k.tail)
 }
 
+/// Replicated allocators: the leader crashes and a follower takes over once the dead
+/// leader's election lease lapses in etcd (2 s, shorter than the hosts' lease TTL). The
+/// new leader starts empty and learns for one lease TTL, as a restarted allocator does.
+pub const FAILOVER_GAP_S: u64 = 2;
+
+pub fn failover(k: &Knobs) -> Scenario {
+    let down = k.lead;
+    let up = down + FAILOVER_GAP_S * S;
+    let mut s = Scenario::new(
+        k,
+        "failover",
+        "Allocator leader crash (replicas)",
+        "Contoso on hosts 0–449 (≈ 11,700/s offered); the leader of three replicated \
+         allocators crashes; its election lease lapses in etcd after 2 s, a follower wins, \
+         starts without state and learns for one lease TTL while hosts move to it.",
+    );
+    s.events.push(demand(0, CONTOSO, 0..450, 26.0));
+    s.events
+        .push(allocator(down, Action::AllocatorDown, "leader crashes"));
+    s.events.push(allocator(
+        up,
+        Action::AllocatorUp { restart: true },
+        "a follower leads",
+    ));
+    s.shifts = vec![up];
+    s.with_background(k, 0..500, 3_200.0).finish(up + k.tail)
+}
+
 /// The daemon as implemented: Contoso configured on all 500 hosts from time 0, traffic
 /// on 40 of them (saturated, so the idle hosts' share is 0); after longer than
 /// lease TTL + sticky period the traffic spreads to the other 460.
@@ -667,6 +695,7 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
         outage_idle(k, false, true),
         partition(k),
         restart(k),
+        failover(k),
         idle(k),
     ]);
     let short = 600 * S;

@@ -304,7 +304,7 @@ pub fn pin_program(pin_dir: &Path, id: u32, fd: std::os::fd::BorrowedFd<'_>) -> 
 }
 
 /// BPF_OBJ_PIN of `fd` at `path`.
-fn pin_fd(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> std::io::Result<()> {
+pub(crate) fn pin_fd(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
     #[repr(C)]
     #[derive(Default)]

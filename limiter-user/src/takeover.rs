@@ -374,41 +374,10 @@ pub fn prepare(pin_dir: &Path, iface: &str, step: &Step) -> Result<(), Error> {
 }
 
 fn pin_program(fd: &ProgramFd, pin: &Path) -> Result<(), Error> {
-    let path =
-        std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).map_err(|_| Error::Link {
-            what: format!("pinning {}", pin.display()),
-            reason: "the path contains a NUL byte".into(),
-        })?;
-    #[repr(C)]
-    #[derive(Default)]
-    struct ObjPinAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-    }
-    let attr = ObjPinAttr {
-        pathname: path.as_ptr() as u64,
-        bpf_fd: fd.as_fd().as_raw_fd() as u32,
-        file_flags: 0,
-    };
-    const BPF_OBJ_PIN: libc::c_long = 6;
-    // SAFETY: bpf(BPF_OBJ_PIN) reads `attr` (valid for its size) and the NUL-terminated
-    // path it points to, which outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_PIN,
-            &attr as *const ObjPinAttr,
-            std::mem::size_of::<ObjPinAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(Error::Link {
-            what: format!("pinning the taken program at {}", pin.display()),
-            reason: std::io::Error::last_os_error().to_string(),
-        });
-    }
-    Ok(())
+    crate::pins::pin_fd(fd.as_fd(), pin).map_err(|e| Error::Link {
+        what: format!("pinning the taken program at {}", pin.display()),
+        reason: e.to_string(),
+    })
 }
 
 /// Removes the pin [`prepare`] made, when the takeover did not happen.

@@ -131,20 +131,7 @@ fn the_units_capabilities_are_enough_to_enforce() {
 
     // `stats` reads the pins with the unit's capabilities, and with none at all (root).
     for with in [caps.clone(), Vec::new()] {
-        let out = stats_with(&lab, &with);
-        assert!(
-            out.status.success(),
-            "limiter stats with {with:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let web = stats["rules"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["name"] == "web"))
-            .cloned()
-            .unwrap_or_else(|| panic!("no rule web in {stats}"));
-        let dropped = web["dropped_packets"].as_u64().unwrap_or(0);
-        let passed = web["passed_packets"].as_u64().unwrap_or(0);
+        let (passed, dropped) = rule_counters(&lab, &with);
         assert!(
             dropped > 0 && passed < sent.sent,
             "nothing dropped over the limit: passed {passed}, dropped {dropped} of {}",

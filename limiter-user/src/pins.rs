@@ -2,16 +2,16 @@
 //!
 //! The limiter pins its maps under the names of `limiter_common::abi::map_name`, one
 //! bpf_link per interface as `link_<iface>`, the programs it runs as `prog_<id>`, and the
-//! program it took a hook from as `taken_<iface>` (`xdp_share_fallback`).
+//! program it took a hook from as `taken_<iface>` (`xdp_share_fallback`). Anything else
+//! in the directory (another tool's pins, a subdirectory), and anything under one of
+//! those names that is not what the limiter would have put there (a map of another name,
+//! a link running another program), is someone else's: cleanup ([`crate::teardown`])
+//! leaves it and says so, and nothing replaces it.
 //!
 //! Why the programs are pinned: a restarted daemon must recognise its own attachment (a
 //! link's program, a tc filter's) before it replaces it, and the kernel opens a program by
 //! its id only for CAP_SYS_ADMIN, which the daemon's unit does not grant. A program id
-//! found among the `prog_<id>` pins is the limiter's without asking the kernel by id. Anything else in the directory (another
-//! tool's pins, a subdirectory), and anything under one of those names that is not what
-//! the limiter would have put there (a map of another name, a link running another
-//! program), is someone else's: cleanup ([`crate::teardown`]) leaves it and says so, and
-//! nothing replaces it.
+//! found among the `prog_<id>` pins is the limiter's without asking the kernel by id.
 
 use std::{
     ffi::CString,
@@ -291,11 +291,13 @@ pub fn pinned_program_ids(pin_dir: &Path) -> Vec<u32> {
 }
 
 /// Pins the program `fd` (kernel id `id`) as `prog_<id>` under `pin_dir`, unless it is
-/// pinned there already.
+/// pinned there already. Someone else's object under that name is refused, not
+/// replaced.
 pub fn pin_program(pin_dir: &Path, id: u32, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), Error> {
     let path = program_pin_path(pin_dir, id);
     if fs::symlink_metadata(&path).is_ok() {
-        return Ok(());
+        return check_ours(&path, PinName::Program(id))
+            .map_err(|why| Error::PinInTheWay { path, why });
     }
     pin_fd(fd, &path).map_err(|e| Error::Io {
         what: format!("pinning the program at {}", path.display()),

@@ -10,20 +10,41 @@
 //!   own list, so a replica cannot steer hosts to an allocator the operator never named.
 
 /// The highest term applied so far; replies from lower terms are refused.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+///
+/// Unless none was applied for `reset_after` (one lease TTL): a deposed leader steps down
+/// within its election TTL, which is shorter, so a lower term that is all the host hears
+/// for that long comes from a term space that started over (an etcd cluster rebuilt from
+/// nothing restarts its revisions), not from a leader that missed its deposition. Without
+/// this, such a rebuild would leave every host refusing every grant until restarted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TermFence {
     highest: u64,
+    /// When a reply was last admitted (caller's clock, ns); `None`: never.
+    admitted_at: Option<u64>,
+    reset_after: u64,
 }
 
 impl TermFence {
-    /// Whether a reply of `term` may take effect; if so, `term` becomes the floor.
-    /// Term 0 (an allocator without election) is admitted only while no elected leader
-    /// has been heard from.
-    pub fn admit(&mut self, term: u64) -> bool {
-        if term < self.highest {
+    pub fn new(reset_after_ns: u64) -> TermFence {
+        TermFence {
+            highest: 0,
+            admitted_at: None,
+            reset_after: reset_after_ns,
+        }
+    }
+
+    /// Whether a reply of `term` arriving at `now` may take effect; if so, `term`
+    /// becomes the floor. Term 0 (an allocator without election) is admitted only while
+    /// no elected leader has been heard from (or after a reset).
+    pub fn admit(&mut self, term: u64, now: u64) -> bool {
+        let stale = self
+            .admitted_at
+            .is_some_and(|at| now.saturating_sub(at) >= self.reset_after);
+        if term < self.highest && !stale {
             return false;
         }
         self.highest = term;
+        self.admitted_at = Some(now);
         true
     }
 
@@ -93,19 +114,33 @@ mod tests {
 
     use super::*;
 
+    const TTL: u64 = 3_000_000_000;
+
     #[test]
     fn a_lower_term_is_refused_an_equal_or_higher_one_admitted() {
-        let mut fence = TermFence::default();
-        assert!(fence.admit(0));
-        assert!(fence.admit(7));
-        assert!(fence.admit(7));
-        assert!(!fence.admit(6));
+        let mut fence = TermFence::new(TTL);
+        assert!(fence.admit(0, 0));
+        assert!(fence.admit(7, 1));
+        assert!(fence.admit(7, 2));
+        assert!(!fence.admit(6, 3));
         assert!(
-            !fence.admit(0),
+            !fence.admit(0, 4),
             "an unelected allocator after an elected leader"
         );
-        assert!(fence.admit(9));
+        assert!(fence.admit(9, 5));
         assert_eq!(fence.highest(), 9);
+    }
+
+    #[test]
+    fn a_term_space_that_started_over_is_accepted_after_a_lease_ttl() {
+        let mut fence = TermFence::new(TTL);
+        assert!(fence.admit(900, 0));
+        assert!(!fence.admit(3, TTL - 1));
+        assert!(
+            fence.admit(3, TTL),
+            "a lower term heard alone for a lease TTL"
+        );
+        assert!(!fence.admit(2, TTL + 1), "the new floor holds again");
     }
 
     #[test]
@@ -120,21 +155,29 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever order replies arrive in, the admitted terms never decrease, and
-        /// every reply at or above the running maximum is admitted.
+        /// Whatever order replies arrive in, within a lease TTL of each other the
+        /// admitted terms never decrease, and every reply at or above the running
+        /// maximum is admitted.
         #[test]
-        fn admitted_terms_never_decrease(terms in proptest::collection::vec(0u64..20, 0..60)) {
-            let mut fence = TermFence::default();
+        fn admitted_terms_never_decrease(
+            replies in proptest::collection::vec((0u64..20, 0u64..TTL / 2), 0..60),
+        ) {
+            let mut fence = TermFence::new(TTL);
             let mut max = 0u64;
             let mut last_admitted = 0u64;
-            for t in terms {
-                let admitted = fence.admit(t);
-                prop_assert_eq!(admitted, t >= max);
+            let mut now = 0u64;
+            let mut last_at = 0u64;
+            for (t, gap) in replies {
+                now += gap;
+                let stale = now - last_at >= TTL && last_admitted > 0;
+                let admitted = fence.admit(t, now);
+                prop_assert_eq!(admitted, t >= max || stale);
                 if admitted {
-                    prop_assert!(t >= last_admitted);
+                    prop_assert!(t >= last_admitted || stale);
                     last_admitted = t;
+                    last_at = now;
+                    max = t;
                 }
-                max = max.max(t);
             }
         }
 

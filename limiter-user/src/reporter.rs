@@ -79,7 +79,7 @@ pub async fn report_loop(
         );
     }
     let mut replicas = Replicas::new(spec.allocators.clone());
-    let mut fence = TermFence::default();
+    let mut fence = TermFence::new(spec.lease_ttl_ms.saturating_mul(1_000_000));
     let mut interval = Duration::from_millis(spec.report_interval_ms);
     let mut next = Instant::now();
     let mut last_sent = Instant::now() - interval;
@@ -112,7 +112,7 @@ pub async fn report_loop(
                     }
                     failures = 0;
                     // A deposed leader's late reply must not override its successor's.
-                    if !fence.admit(reply.term) {
+                    if !fence.admit(reply.term, limiter_fleet::clock::monotonic_ns()) {
                         tracing::warn!(
                             term = reply.term,
                             highest = fence.highest(),

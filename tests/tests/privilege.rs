@@ -83,6 +83,17 @@ fn spawn_run(lab: &Lab, caps: &[String]) -> Daemon {
     Daemon(child)
 }
 
+/// `limiter run` with `caps`, waited for: for starts that must be refused.
+fn run_to_the_end(lab: &Lab, caps: &[String]) -> Output {
+    setpriv(caps)
+        .arg(LIMITER.path())
+        .args(["run", "--config"])
+        .arg(&lab.config)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("running setpriv (util-linux) with limiter run")
+}
+
 fn stats_with(lab: &Lab, caps: &[String]) -> Output {
     setpriv(caps)
         .arg(LIMITER.path())
@@ -262,13 +273,7 @@ fn every_mode_starts_and_restarts_over_its_own_attachment_with_the_units_capabil
 fn libxdp_sharing_without_cap_sys_admin_is_refused_naming_it() {
     let caps = unit_capabilities();
     let lab = Lab::with_settings(RULES, "native", "xdp_share = \"libxdp\"");
-    let out = setpriv(&caps)
-        .arg(LIMITER.path())
-        .args(["run", "--config"])
-        .arg(&lab.config)
-        .stderr(Stdio::piped())
-        .output()
-        .expect("running setpriv (util-linux) with limiter run");
+    let out = run_to_the_end(&lab, &caps);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -323,13 +328,7 @@ fn without_any_one_of_them_start_fails_naming_it_and_changes_nothing() {
     for missing in &caps {
         let lab = Lab::new(RULES);
         let rest: Vec<String> = caps.iter().filter(|c| *c != missing).cloned().collect();
-        let out = setpriv(&rest)
-            .arg(LIMITER.path())
-            .args(["run", "--config"])
-            .arg(&lab.config)
-            .stderr(Stdio::piped())
-            .output()
-            .expect("running setpriv (util-linux) with limiter run");
+        let out = run_to_the_end(&lab, &rest);
         let err = String::from_utf8_lossy(&out.stderr);
         let name = format!("CAP_{}", missing.to_ascii_uppercase());
         assert!(!out.status.success(), "started without {name}");

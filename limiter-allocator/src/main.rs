@@ -1,12 +1,5 @@
 //! `limiter-allocator`: splits each rule's global quota across LB hosts by demand.
 
-mod config;
-mod hosts;
-mod limits;
-mod listener;
-mod service;
-mod state;
-
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -15,6 +8,13 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{CommandFactory as _, Parser, Subcommand};
+use limiter_allocator::{
+    config::{self, Config, Quota},
+    hosts::HostLimits,
+    listener::{self, ConnStats},
+    service::{Refused, Service},
+    state::State,
+};
 use limiter_proto::{
     pb::allocator_server::AllocatorServer, server_tls, TlsFiles, MAX_MESSAGE_BYTES,
 };
@@ -26,14 +26,6 @@ use limiter_service::{
 use tokio::{
     net::{TcpListener, UnixListener},
     signal::unix::{signal, SignalKind},
-};
-
-use crate::{
-    config::{Config, Quota},
-    hosts::HostLimits,
-    listener::ConnStats,
-    service::{Refused, Service},
-    state::State,
 };
 
 /// limiter-allocator: the fleet's quota allocator.
@@ -99,7 +91,7 @@ enum QuotaCommand {
     },
 }
 
-pub use limiter_fleet::clock::monotonic_ns as now_ns;
+use limiter_allocator::now_ns;
 
 fn main() -> std::process::ExitCode {
     limiter_service::metrics::record_start();

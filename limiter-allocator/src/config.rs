@@ -50,6 +50,12 @@ pub const DEFAULT_CONTROL_SOCKET: &str = "/run/limiter-allocator/allocator.sock"
 /// About twice the daemon's default `fleet_size`: set it to your fleet's size with a margin.
 pub const DEFAULT_MAX_HOSTS: u64 = 1024;
 const _: () = assert!(DEFAULT_MAX_HOSTS >= 2 * DEFAULT_FLEET_SIZE as u64);
+/// Default `[election] name`.
+pub const DEFAULT_ELECTION_NAME: &str = "limiter-allocator";
+/// Default `[election] ttl_ms`: etcd's shortest lease at its default heartbeat (it
+/// raises shorter ones to 2 s).
+pub const DEFAULT_ELECTION_TTL_MS: u64 = 2000;
+pub const MIN_ELECTION_TTL_MS: u64 = 1000;
 /// The bound of each connection and host count.
 const MAX_COUNT: u64 = 1_000_000;
 /// A rate or a burst: any count here, then held to the limit arithmetic's bounds.
@@ -73,6 +79,17 @@ section! {
         MAX_REPORTS_PER_S = "max_reports_per_s", Unset("2 × a daemon's most"), COUNT, "reports per second per host and per connection";
         TLS = "tls", Required, Table(&TLS_KEYS), "the allocator's certificate and the CA of the hosts'";
         QUOTAS = "quotas", Unset("no quotas"), Tables(&QUOTA_KEYS), "global quotas by rule name";
+        ELECTION = "election", Unset("one allocator, no etcd"), Table(&ELECTION_KEYS), "replicas: the etcd cluster they elect a leader in";
+    }
+}
+
+section! {
+    /// `[election]`: replicas elect their leader in etcd and keep the quotas there.
+    ELECTION_KEYS = "[election]" {
+        ELECTION_ETCD = "etcd", Required, Kind::Other("a list of \"host:port\" or \"http://host:port\""), "the etcd cluster's client endpoints";
+        ELECTION_ADVERTISE = "advertise", Unset("listen, unless it is a wildcard"), Address, "the address hosts reach this replica at (followers name it in redirects)";
+        ELECTION_NAME = "name", Str(DEFAULT_ELECTION_NAME), Kind::String, "the allocator group: its election and its keys in etcd";
+        ELECTION_TTL_MS = "ttl_ms", Int(DEFAULT_ELECTION_TTL_MS), Integer { min: MIN_ELECTION_TTL_MS, max: 60_000 }, "the leader's etcd lease (whole seconds)";
     }
 }
 
@@ -127,6 +144,20 @@ pub struct Config {
     pub limits: PeerLimits,
     pub tls: TlsConfig,
     pub quotas: Vec<Quota>,
+    /// Replicas: `None` runs one allocator on its own, as before etcd.
+    pub election: Option<Election>,
+}
+
+/// `[election]`: this replica's part in its group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Election {
+    /// etcd client endpoints, each `http://host:port`.
+    pub etcd: Vec<String>,
+    /// What followers name in redirects: a `[fleet] allocator` entry of the hosts.
+    pub advertise: SocketAddr,
+    /// The group: the election is `<name>/leader`, the quotas `<name>/quotas/<rule>`.
+    pub name: String,
+    pub ttl_ms: u64,
 }
 
 /// What one peer may cost the allocator (README, "Fleet mode": what a rogue or broken
@@ -153,6 +184,13 @@ pub struct PeerLimits {
 /// host a share that compiles in any unit: a share's rate is at most the quota and its
 /// burst the same fraction of the global burst.
 pub fn check_quota(q: &Quota) -> Result<()> {
+    if !limiter_proto::valid_rule_name(&q.rule) {
+        bail!(
+            "quota {:?}: a rule name must be 1-{} bytes of [A-Za-z0-9._-]",
+            q.rule,
+            limiter_proto::MAX_RULE_LEN
+        );
+    }
     if let Err(e) = Limit::new(Granularity::Event, q.rate, q.burst) {
         bail!(
             "quota {:?} (rate {}, burst {}): {e}",
@@ -249,6 +287,10 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
         Some(value) => quotas(c, value),
         None => Some(Vec::new()),
     };
+    let election = match root.get(ELECTION.name) {
+        Some(value) => election(c, value, listen, lease_ttl_ms, report_interval_ms).map(Some),
+        None => Some(None),
+    };
     Some(Config {
         listen: listen?,
         metrics: metrics?,
@@ -258,7 +300,185 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
         limits: limits?,
         tls: tls?,
         quotas: quotas?,
+        election: election?,
     })
+}
+
+fn election(
+    c: &mut Checker<'_>,
+    value: &Value<'_>,
+    listen: Option<SocketAddr>,
+    lease_ttl_ms: Option<u64>,
+    report_interval_ms: Option<u64>,
+) -> Option<Election> {
+    let table = c.table(value, At::top("election"))?;
+    c.unknown_keys(table, &ELECTION_KEYS, At::top("election"));
+    let field = |key: &limiter_config::Key| format!("election.{}", key.name);
+    let etcd = match table.get(ELECTION_ETCD.name) {
+        Some(v) => etcd_endpoints(c, v),
+        None => {
+            c.report(
+                value.span(),
+                At::top(&field(&ELECTION_ETCD)),
+                "etcd is required in [election] (the etcd cluster's client endpoints, such as \
+                 [\"10.0.0.1:2379\", \"10.0.0.2:2379\", \"10.0.0.3:2379\"])",
+            );
+            None
+        }
+    };
+    let advertise = match table.get(ELECTION_ADVERTISE.name) {
+        Some(v) => socket_addr(c, v, At::top(&field(&ELECTION_ADVERTISE))),
+        None => match listen {
+            Some(l) if l.ip().is_unspecified() => {
+                c.report(
+                    value.span(),
+                    At::top(&field(&ELECTION_ADVERTISE)),
+                    format!(
+                        "advertise is required in [election] when listen ({l}) is a wildcard: \
+                         the address hosts reach this replica at, as listed in their \
+                         [fleet] allocator"
+                    ),
+                );
+                None
+            }
+            other => other,
+        },
+    };
+    let name_path = field(&ELECTION_NAME);
+    let name = c
+        .string_key(table, &ELECTION_NAME, At::top(&name_path))
+        .map(str::to_string);
+    let name = match name {
+        Some(n)
+            if n.is_empty()
+                || !n
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) =>
+        {
+            let span = table
+                .get(ELECTION_NAME.name)
+                .map_or(value.span(), |v| v.span());
+            c.report(
+                span,
+                At::top(&name_path),
+                format!("name {n:?} must be 1 or more of [A-Za-z0-9._-] (it prefixes the group's keys in etcd)"),
+            );
+            None
+        }
+        other => other,
+    };
+    let ttl_path = field(&ELECTION_TTL_MS);
+    let ttl_ms = c.integer_key(table, &ELECTION_TTL_MS, At::top(&ttl_path));
+    let ttl_span = table
+        .get(ELECTION_TTL_MS.name)
+        .map_or(value.span(), |v| v.span());
+    let ttl_ms = match ttl_ms {
+        Some(t) if !t.is_multiple_of(1000) => {
+            c.report(
+                ttl_span.clone(),
+                At::top(&ttl_path),
+                format!("ttl_ms = {t} is not whole seconds: etcd leases are granted in seconds"),
+            );
+            None
+        }
+        other => other,
+    };
+    if let (Some(ttl), Some(lease), Some(interval)) = (ttl_ms, lease_ttl_ms, report_interval_ms) {
+        if ttl + interval >= lease {
+            c.report(
+                ttl_span,
+                At::top(&ttl_path),
+                format!(
+                    "ttl_ms ({ttl}) + report_interval_ms ({interval}) must be below lease_ttl_ms \
+                     ({lease}): a leader that crashes is replaced up to ttl_ms later, and a \
+                     host's grant can be report_interval_ms old by then, so the hosts' \
+                     shares would lapse before the next leader renews them; raise \
+                     lease_ttl_ms to at least {}",
+                    ttl + interval + 1
+                ),
+            );
+        }
+    }
+    Some(Election {
+        etcd: etcd?,
+        advertise: advertise?,
+        name: name?,
+        ttl_ms: ttl_ms?,
+    })
+}
+
+/// `[election] etcd`: a non-empty list of `host:port` or `http://host:port`, none twice.
+fn etcd_endpoints(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<String>> {
+    let at = At::top("election.etcd");
+    let DeValue::Array(items) = value.get_ref() else {
+        c.report(
+            value.span(),
+            at,
+            format!(
+                "expected a list of endpoints such as [\"10.0.0.1:2379\"], found {}",
+                value.get_ref().type_str()
+            ),
+        );
+        return None;
+    };
+    if items.is_empty() {
+        c.report(
+            value.span(),
+            at,
+            "etcd is an empty list: name at least one endpoint",
+        );
+        return None;
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut valid = true;
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("election.etcd[{i}]");
+        let Some(text) = c.string(item, At::top(&path)) else {
+            valid = false;
+            continue;
+        };
+        match etcd_endpoint(text) {
+            Ok(url) if out.contains(&url) => {
+                c.report(
+                    item.span(),
+                    At::top(&path),
+                    format!("{text:?} is listed twice"),
+                );
+                valid = false;
+            }
+            Ok(url) => out.push(url),
+            Err(why) => {
+                c.report(item.span(), At::top(&path), format!("{text:?}: {why}"));
+                valid = false;
+            }
+        }
+    }
+    valid.then_some(out)
+}
+
+/// One etcd endpoint as etcd-client takes it: `http://host:port`.
+pub fn etcd_endpoint(text: &str) -> Result<String, String> {
+    if text.starts_with("https://") {
+        return Err(
+            "TLS to etcd is not supported: give an http:// endpoint (etcd on a \
+                    private network, or a local TLS proxy)"
+                .into(),
+        );
+    }
+    let rest = text.strip_prefix("http://").unwrap_or(text);
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or("not host:port, such as \"10.0.0.1:2379\"")?;
+    let host_ok = !host.is_empty()
+        && host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b));
+    if !host_ok || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err("not host:port, such as \"10.0.0.1:2379\"".into());
+    }
+    Ok(format!("http://{rest}"))
 }
 
 fn socket_addr(c: &mut Checker<'_>, value: &Value<'_>, at: At<'_>) -> Option<SocketAddr> {
@@ -619,6 +839,72 @@ mod tests {
                 "quotas[0].burst",
                 "year",
             ),
+            (
+                "election without etcd",
+                "lease_ttl_ms = 4000\n[election]\nttl_ms = 2000\n",
+                "election.etcd",
+                "etcd is required in [election]",
+            ),
+            (
+                "election etcd empty",
+                "lease_ttl_ms = 4000\n[election]\netcd = []\n",
+                "election.etcd",
+                "empty list",
+            ),
+            (
+                "election etcd a string",
+                "lease_ttl_ms = 4000\n[election]\netcd = \"127.0.0.1:2379\"\n",
+                "election.etcd",
+                "expected a list of endpoints",
+            ),
+            (
+                "election etcd not host:port",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\", \"etcd\"]\n",
+                "election.etcd[1]",
+                "\"etcd\": not host:port",
+            ),
+            (
+                "election etcd twice",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\", \"http://127.0.0.1:2379\"]\n",
+                "election.etcd[1]",
+                "listed twice",
+            ),
+            (
+                "election etcd over tls",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"https://127.0.0.1:2379\"]\n",
+                "election.etcd[0]",
+                "TLS to etcd is not supported",
+            ),
+            (
+                "election ttl not seconds",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nttl_ms = 1500\n",
+                "election.ttl_ms",
+                "not whole seconds",
+            ),
+            (
+                "election ttl too long for the lease",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nttl_ms = 3000\n",
+                "election.ttl_ms",
+                "raise lease_ttl_ms to at least 4001",
+            ),
+            (
+                "election name with a slash",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nname = \"a/b\"\n",
+                "election.name",
+                "must be 1 or more of",
+            ),
+            (
+                "election advertise not an address",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nadvertise = \"alloc-a\"\n",
+                "election.advertise",
+                "is not address:port",
+            ),
+            (
+                "election unknown key",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nleader = true\n",
+                "election.leader",
+                "unknown key",
+            ),
         ];
         let mut failed = Vec::new();
         for (name, extra, field, message) in cases {
@@ -651,6 +937,45 @@ mod tests {
             failed.len(),
             cases.len(),
             failed.join("\n")
+        );
+    }
+
+    /// `[election]` with its defaults: advertise is listen, the name and TTL defaults; a
+    /// wildcard listen needs advertise.
+    #[test]
+    fn an_election_table_with_its_defaults() {
+        let text = format!(
+            "listen = \"127.0.0.1:7443\"\nlease_ttl_ms = 4000\n{TLS}\
+             [election]\netcd = [\"10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\n"
+        );
+        let c = Config::parse(&text, Path::new("a.toml")).unwrap();
+        assert_eq!(
+            c.election,
+            Some(Election {
+                etcd: vec!["http://10.0.0.1:2379".into(), "http://10.0.0.2:2379".into()],
+                advertise: "127.0.0.1:7443".parse().unwrap(),
+                name: DEFAULT_ELECTION_NAME.into(),
+                ttl_ms: DEFAULT_ELECTION_TTL_MS,
+            })
+        );
+        let wildcard = text.replace("127.0.0.1:7443", "0.0.0.0:7443");
+        let e = Config::parse(&wildcard, Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("election.advertise: advertise is required"),
+            "{e}"
+        );
+        let given = format!("{wildcard}advertise = \"198.18.0.1:7443\"\n");
+        let c = Config::parse(&given, Path::new("a.toml")).unwrap();
+        assert_eq!(
+            c.election.map(|e| e.advertise),
+            Some("198.18.0.1:7443".parse().unwrap())
+        );
+        let plain = format!("listen = \"127.0.0.1:7443\"\n{TLS}");
+        assert_eq!(
+            Config::parse(&plain, Path::new("a.toml")).unwrap().election,
+            None
         );
     }
 

@@ -4,6 +4,8 @@
 //! directly.
 
 pub mod config;
+pub mod coordination;
+pub mod election;
 pub mod hosts;
 pub mod limits;
 pub mod listener;

@@ -9,7 +9,9 @@ use std::{
 use anyhow::{Context as _, Result};
 use clap::{CommandFactory as _, Parser, Subcommand};
 use limiter_allocator::{
-    config::{self, Config, Quota},
+    config::{self, Config, Election, Quota},
+    coordination::{self, Replica},
+    election::{Leadership, Role},
     hosts::HostLimits,
     listener::{self, ConnStats},
     service::{Refused, Service},
@@ -53,9 +55,14 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// List or change global quotas at runtime.
+    /// List or change global quotas at runtime (with replicas: in etcd, from any replica).
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// This allocator's role (alone, leader or follower), term, leader and etcd state.
+    Status {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
     /// Check a configuration file as `run` would (its TLS files read too), changing
     /// nothing: exit status 0 when it would be accepted, 1 with every problem (by file,
     /// line, column and field) when not.
@@ -111,6 +118,9 @@ fn main() -> std::process::ExitCode {
             .with_context(|| format!("writing man pages into {}", args.dir.display())),
         Command::Quota(QuotaCommand::List { socket }) => {
             control_call(&socket, &ControlRequest::List).map(|v| println!("{v}"))
+        }
+        Command::Status { socket } => {
+            control_call(&socket, &ControlRequest::Status).map(|v| println!("{v}"))
         }
         Command::Quota(QuotaCommand::Set {
             rule,
@@ -204,9 +214,38 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         },
         now_ns(),
     )));
+    let leadership = Arc::new(Mutex::new(match &config.election {
+        Some(e) => Leadership::replica(e.ttl_ms.saturating_mul(1_000_000), e.advertise),
+        None => Leadership::alone(),
+    }));
+    let (stop_replica, stopped) = tokio::sync::watch::channel(false);
+    let replica = config.election.clone().map(|election| {
+        tracing::info!(
+            etcd = %election.etcd.join(", "),
+            group = %election.name,
+            advertise = %election.advertise,
+            "replica: electing the leader in etcd (a follower until it wins)"
+        );
+        tokio::spawn(
+            Replica {
+                election,
+                seed: config.quotas.clone(),
+                state: Arc::clone(&state),
+                leadership: Arc::clone(&leadership),
+            }
+            .run(stopped),
+        )
+    });
     let refused = Arc::new(Refused::default());
     let conns = Arc::new(ConnStats::default());
-    tokio::spawn(serve_control(control, Arc::clone(&state)));
+    tokio::spawn(serve_control(
+        control,
+        Controls {
+            state: Arc::clone(&state),
+            leadership: Arc::clone(&leadership),
+            election: config.election.clone(),
+        },
+    ));
     if let Some(addr) = config.metrics {
         let listener = TcpListener::bind(addr)
             .await
@@ -215,6 +254,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             state: Arc::clone(&state),
             refused: Arc::clone(&refused),
             conns: Arc::clone(&conns),
+            leadership: Arc::clone(&leadership),
         };
         tokio::spawn(serve_metrics(listener, sources));
     }
@@ -222,6 +262,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         Arc::clone(&state),
         Arc::clone(&refused),
         limits.max_reports_per_s,
+        Arc::clone(&leadership),
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -275,6 +316,11 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         )
         .await
         .context("serving gRPC")?;
+    // A leader gives its lease up: its successor wins at once, not a TTL later.
+    let _ = stop_replica.send(true);
+    if let Some(task) = replica {
+        let _ = tokio::time::timeout(2 * coordination::REQUEST_TIMEOUT, task).await;
+    }
     drop(instance);
     Ok(())
 }
@@ -299,8 +345,8 @@ fn claim_control(path: &Path) -> Result<(limiter_instance::Instance, UnixListene
     Ok((claimed.instance, listener))
 }
 
-/// What the allocator's control socket takes (`limiter-allocator quota …`), on
-/// limiter_service::control's transport (root peers only, size limit, timeouts).
+/// What the allocator's control socket takes (`limiter-allocator quota …`, `status`),
+/// on limiter_service::control's transport (root peers only, size limit, timeouts).
 #[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 enum ControlRequest {
@@ -312,38 +358,62 @@ enum ControlRequest {
         rate: u64,
         burst: Option<u64>,
     },
+    /// The replica's role.
+    Status,
 }
 
 /// Who answers on the allocator's socket, for the client's errors.
 const OWNER: &str = "limiter-allocator";
 
-/// Serves the control socket, one connection at a time (each is one quota change or a
-/// listing; a client that sends nothing is dropped after the transport's timeout).
-async fn serve_control(listener: UnixListener, state: Arc<Mutex<State>>) {
+/// What the control socket acts on.
+#[derive(Clone)]
+struct Controls {
+    state: Arc<Mutex<State>>,
+    leadership: Arc<Mutex<Leadership>>,
+    election: Option<Election>,
+}
+
+/// Serves the control socket, one connection at a time (each is one quota change, a
+/// listing or the status; a client that sends nothing is dropped after the transport's
+/// timeout).
+async fn serve_control(listener: UnixListener, controls: Controls) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let served =
-            limiter_service::control::serve_connection(stream, |request| control(request, &state))
-                .await;
+        let served = limiter_service::control::serve_connection_async(stream, async |request| {
+            control(request, &controls).await
+        })
+        .await;
         if let Err(e) = served {
             tracing::debug!(error = %e, "control connection failed");
         }
     }
 }
 
-fn control(request: ControlRequest, state: &Arc<Mutex<State>>) -> Reply {
-    let Ok(mut state) = state.lock() else {
-        return Reply::refused_as(
-            "allocator state is poisoned; restart the allocator",
-            Exit::Failure,
-        );
-    };
+const POISONED: &str = "allocator state is poisoned; restart the allocator";
+
+async fn control(request: ControlRequest, controls: &Controls) -> Reply {
     match request {
-        ControlRequest::List => Reply::data(state.quotas()),
+        ControlRequest::Status => status(controls),
+        ControlRequest::List => match &controls.election {
+            None => match controls.state.lock() {
+                Ok(state) => Reply::data(state.quotas()),
+                Err(_) => Reply::refused_as(POISONED, Exit::Failure),
+            },
+            Some(election) => match coordination::list_quotas(election).await {
+                Ok(quotas) => Reply::data(quotas),
+                Err(e) => Reply::refused_as(
+                    format!("the quotas are kept in etcd, which did not answer: {e:#}"),
+                    Exit::Failure,
+                ),
+            },
+        },
         ControlRequest::Set { rule, rate, burst } => {
-            let current = state.quotas().into_iter().find(|q| q.rule == rule);
+            let current = match controls.state.lock() {
+                Ok(state) => state.quotas().into_iter().find(|q| q.rule == rule),
+                Err(_) => return Reply::refused_as(POISONED, Exit::Failure),
+            };
             let Some(burst) = burst.or(current.map(|q| q.burst)) else {
                 return Reply::refused(format!("rule {rule:?} is new: give --burst"));
             };
@@ -351,11 +421,49 @@ fn control(request: ControlRequest, state: &Arc<Mutex<State>>) -> Reply {
             if let Err(e) = config::check_quota(&quota) {
                 return Reply::refused(e.to_string());
             }
-            state.set_quota(&quota, now_ns());
+            if let Some(election) = &controls.election {
+                // etcd first: a change that did not reach it reaches no replica, and
+                // this one must not hold a quota the others do not.
+                if let Err(e) = coordination::put_quota(election, &quota).await {
+                    return Reply::refused_as(
+                        format!(
+                            "quota not changed: the quotas are kept in etcd, which did not \
+                             take the change: {e:#}"
+                        ),
+                        Exit::Failure,
+                    );
+                }
+            }
+            match controls.state.lock() {
+                Ok(mut state) => state.set_quota(&quota, now_ns()),
+                Err(_) => return Reply::refused_as(POISONED, Exit::Failure),
+            }
             tracing::info!(rule = %quota.rule, rate = quota.rate, burst = quota.burst, "quota set");
             Reply::data(quota)
         }
     }
+}
+
+fn status(controls: &Controls) -> Reply {
+    let Ok(l) = controls.leadership.lock() else {
+        return Reply::refused_as(POISONED, Exit::Failure);
+    };
+    let role = l.role(now_ns());
+    let (term, leader) = match role {
+        Role::Alone => (0, None),
+        Role::Leader { term } => (term, controls.election.as_ref().map(|e| e.advertise)),
+        Role::Follower { leader } => (0, leader),
+    };
+    Reply::data(serde_json::json!({
+        "role": role.as_str(),
+        "term": term,
+        "leader": leader.map(|l| l.to_string()),
+        "etcd": controls.election.as_ref().map(|e| e.etcd.clone()),
+        "etcd_reachable": controls.election.as_ref().map(|_| l.etcd_reachable),
+        "group": controls.election.as_ref().map(|e| e.name.clone()),
+        "elections_won": l.elections_won,
+        "step_downs": l.step_downs,
+    }))
 }
 
 fn control_call(socket: &Path, request: &ControlRequest) -> Result<serde_json::Value> {
@@ -367,6 +475,7 @@ struct MetricSources {
     state: Arc<Mutex<State>>,
     refused: Arc<Refused>,
     conns: Arc<ConnStats>,
+    leadership: Arc<Mutex<Leadership>>,
 }
 
 impl MetricSources {
@@ -392,17 +501,46 @@ impl MetricSources {
             out,
             "# HELP limiter_allocator_refused_reports_total Reports refused by a peer bound: identity \
              (host id not the certificate's), connection_rate and host_rate (max_reports_per_s), \
-             fleet_full (max_hosts).\n# TYPE limiter_allocator_refused_reports_total counter"
+             fleet_full (max_hosts), not_leader (a replica that redirects).\n# TYPE limiter_allocator_refused_reports_total counter"
         );
         for (reason, v) in [
             ("identity", r.identity.load(Relaxed)),
             ("connection_rate", r.connection_rate.load(Relaxed)),
             ("host_rate", host_rate),
             ("fleet_full", fleet_full),
+            ("not_leader", r.not_leader.load(Relaxed)),
         ] {
             let _ = writeln!(
                 out,
                 "limiter_allocator_refused_reports_total{{reason=\"{reason}\"}} {v}"
+            );
+        }
+        {
+            let l = self
+                .leadership
+                .lock()
+                .map_err(|_| "allocator leadership is poisoned".to_string())?;
+            let role = l.role(now);
+            let term = match role {
+                Role::Leader { term } => term,
+                _ => 0,
+            };
+            let _ = writeln!(
+                out,
+                "# HELP limiter_allocator_leader 1 while this allocator grants: the elected leader, or the only allocator.\n\
+                 # TYPE limiter_allocator_leader gauge\nlimiter_allocator_leader {}\n\
+                 # HELP limiter_allocator_term The term this replica leads in (the etcd revision it won at); 0 when not leading or alone.\n\
+                 # TYPE limiter_allocator_term gauge\nlimiter_allocator_term {term}\n\
+                 # HELP limiter_allocator_etcd_reachable 1 while the replica's last etcd session works; 0 alone.\n\
+                 # TYPE limiter_allocator_etcd_reachable gauge\nlimiter_allocator_etcd_reachable {}\n\
+                 # HELP limiter_allocator_elections_won_total Elections this replica won.\n\
+                 # TYPE limiter_allocator_elections_won_total counter\nlimiter_allocator_elections_won_total {}\n\
+                 # HELP limiter_allocator_step_downs_total Times this replica stopped leading (etcd lost, its lease gone).\n\
+                 # TYPE limiter_allocator_step_downs_total counter\nlimiter_allocator_step_downs_total {}",
+                u8::from(!matches!(role, Role::Follower { .. })),
+                u8::from(l.etcd_reachable),
+                l.elections_won,
+                l.step_downs
             );
         }
         let c = &self.conns;

@@ -5,6 +5,13 @@
 //! table (fleet full, or the host's own report rate: RESOURCE_EXHAUSTED) and only then the
 //! allocation, the one step that costs O(hosts log hosts). So a flood costs a bucket
 //! check per report, and real hosts' reports wait for nothing but other real reports.
+//!
+//! With replicas, the role is checked under the state lock, just before the allocation:
+//! a follower (or a leader past its lease's margin) refuses with UNAVAILABLE and names
+//! the leader it knows in the `limiter-leader` metadata; the host follows it if it is
+//! one of its own listed addresses. Followers redirect rather than forward: a follower
+//! is never on a report's path, so its failure delays nobody, and no report takes two
+//! hops.
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
@@ -17,7 +24,14 @@ use limiter_proto::{
 };
 use tonic::{transport::server::TlsConnectInfo, Request, Response, Status};
 
-use crate::{hosts::Refusal, limits::LogBudget, listener::ConnInfo, now_ns, state::State};
+use crate::{
+    election::{Leadership, Role},
+    hosts::Refusal,
+    limits::LogBudget,
+    listener::ConnInfo,
+    now_ns,
+    state::State,
+};
 
 /// Reports refused before they reach the state, by reason (the metrics).
 #[derive(Debug, Default)]
@@ -25,6 +39,8 @@ pub struct Refused {
     pub identity: AtomicU64,
     pub connection_rate: AtomicU64,
     pub invalid: AtomicU64,
+    /// Reports to a replica that is not the leader (redirected).
+    pub not_leader: AtomicU64,
 }
 
 /// Why a report is refused, for the log budget.
@@ -34,22 +50,30 @@ enum Kind {
     Rate,
     Invalid,
     FleetFull,
+    NotLeader,
 }
 
 pub struct Service {
     pub state: Arc<Mutex<State>>,
     pub refused: Arc<Refused>,
     pub max_reports_per_s: u64,
+    pub leadership: Arc<Mutex<Leadership>>,
     /// One budget per kind: a flood of one kind does not hide the others.
-    logs: Mutex<[LogBudget; 4]>,
+    logs: Mutex<[LogBudget; 5]>,
 }
 
 impl Service {
-    pub fn new(state: Arc<Mutex<State>>, refused: Arc<Refused>, max_reports_per_s: u64) -> Self {
+    pub fn new(
+        state: Arc<Mutex<State>>,
+        refused: Arc<Refused>,
+        max_reports_per_s: u64,
+        leadership: Arc<Mutex<Leadership>>,
+    ) -> Self {
         Service {
             state,
             refused,
             max_reports_per_s,
+            leadership,
             logs: Mutex::new(std::array::from_fn(|_| LogBudget::new(10_000_000_000, 5))),
         }
     }
@@ -66,6 +90,27 @@ impl Service {
             let host: String = host.chars().take(64).collect();
             tracing::warn!(%peer, %host, held_back, "report refused: {message}");
         }
+    }
+}
+
+impl Service {
+    /// UNAVAILABLE, naming the leader when one is known.
+    fn not_leader(&self, leader: Option<std::net::SocketAddr>, peer: &str, host: &str) -> Status {
+        self.refused.not_leader.fetch_add(1, Ordering::Relaxed);
+        let message = match leader {
+            Some(l) => format!("this allocator replica is not the leader; the leader is {l}"),
+            None => "this allocator replica is not the leader, and no leader is known \
+                     (an election is under way, or etcd is unreachable)"
+                .to_string(),
+        };
+        self.log(Kind::NotLeader, peer, host, &message);
+        let mut status = Status::unavailable(message);
+        if let Some(value) = leader.and_then(|l| l.to_string().parse().ok()) {
+            status
+                .metadata_mut()
+                .insert(limiter_proto::LEADER_METADATA, value);
+        }
+        status
     }
 }
 
@@ -133,6 +178,15 @@ impl Allocator for Service {
                 .state
                 .lock()
                 .map_err(|_| Status::internal("allocator state poisoned"))?;
+            let role = self
+                .leadership
+                .lock()
+                .map_err(|_| Status::internal("allocator leadership poisoned"))?
+                .role(now);
+            if let Role::Follower { leader } = role {
+                drop(state);
+                return Err(self.not_leader(leader, &peer, &report.host));
+            }
             state
                 .admit(&report.host, now)
                 .map(|()| state.handle(&report, now))

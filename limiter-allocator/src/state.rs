@@ -17,6 +17,8 @@ pub struct State {
     lease_ttl: Duration,
     report_interval: Duration,
     started: u64,
+    /// When this state began learning what hosts hold: the start, or the election won.
+    learning_from: u64,
     pub reports: u64,
     /// Reports refused by the host table: a newcomer to a full fleet, a host over its
     /// report rate.
@@ -49,6 +51,7 @@ impl State {
             lease_ttl,
             report_interval,
             started: now,
+            learning_from: now,
             reports: 0,
             refused_fleet_full: 0,
             refused_host_rate: 0,
@@ -103,6 +106,31 @@ impl State {
         }
     }
 
+    /// The state a newly elected leader starts from: the same quotas and bounds, every
+    /// rule learning for one lease TTL from `now` (hosts may hold the previous leader's
+    /// grants), no host known; the counters carry on (Prometheus counters never go down).
+    pub fn restarted(&self, now: u64) -> State {
+        let mut fresh = State::new(
+            &self.quotas(),
+            self.lease_ttl,
+            self.report_interval,
+            self.hosts.limits(),
+            now,
+        );
+        fresh.started = self.started;
+        fresh.learning_from = now;
+        fresh.reports = self.reports;
+        fresh.refused_fleet_full = self.refused_fleet_full;
+        fresh.refused_host_rate = self.refused_host_rate;
+        fresh
+    }
+
+    /// Removes a rule's quota (deleted in etcd): its hosts get no grant for it, as for a
+    /// rule never given a quota.
+    pub fn remove_quota(&mut self, rule: &str) {
+        self.rules.remove(rule);
+    }
+
     /// Changes (or adds) a rule's global quota; hosts see it in their next grants.
     pub fn set_quota(&mut self, q: &Quota, now: u64) {
         match self.rules.get_mut(&q.rule) {
@@ -113,7 +141,8 @@ impl State {
             None => {
                 // A new rule needs no learning: no host holds a share of it from this
                 // process (unless the process is in its own start-up learning period).
-                let r = RuleAllocator::added(q.rate, q.burst, self.lease_ttl, self.started, now);
+                let r =
+                    RuleAllocator::added(q.rate, q.burst, self.lease_ttl, self.learning_from, now);
                 self.rules.insert(q.rule.clone(), r);
             }
         }

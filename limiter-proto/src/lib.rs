@@ -44,6 +44,11 @@ pub enum ReportError {
     DuplicateRule(String),
 }
 
+/// Whether `s` may name a rule: 1-[`MAX_RULE_LEN`] bytes of `[A-Za-z0-9._-]`.
+pub fn valid_rule_name(s: &str) -> bool {
+    valid_name(s, MAX_RULE_LEN)
+}
+
 fn valid_name(s: &str, max: usize) -> bool {
     !s.is_empty()
         && s.len() <= max

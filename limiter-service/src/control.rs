@@ -164,6 +164,14 @@ pub async fn serve_connection<R: DeserializeOwned>(
     stream: tokio::net::UnixStream,
     handle: impl FnOnce(R) -> Reply,
 ) -> std::io::Result<()> {
+    serve_connection_async(stream, async |request| handle(request)).await
+}
+
+/// [`serve_connection`] with a handler that awaits (the allocator's, which asks etcd).
+pub async fn serve_connection_async<R: DeserializeOwned>(
+    stream: tokio::net::UnixStream,
+    handle: impl AsyncFnOnce(R) -> Reply,
+) -> std::io::Result<()> {
     let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
@@ -178,7 +186,7 @@ pub async fn serve_connection<R: DeserializeOwned>(
         )),
         (true, Ok(Ok(_))) => match serde_json::from_str::<R>(&line) {
             Err(e) => Reply::refused(format!("malformed request: {e}")),
-            Ok(request) => handle(request),
+            Ok(request) => handle(request).await,
         },
     };
     let mut bytes = serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());

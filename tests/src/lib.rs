@@ -2,6 +2,7 @@
 //! benchmark and lab (the limiter-bench crate).
 
 pub mod binaries;
+pub mod etcd;
 pub mod evasion;
 pub mod fixture;
 pub mod frame;

@@ -6,220 +6,18 @@
 mod common;
 
 use std::{
-    collections::BTreeMap,
-    net::{Ipv4Addr, TcpListener, TcpStream},
-    path::{Path, PathBuf},
-    process::{Child, Command},
+    net::Ipv4Addr,
+    process::Command,
     time::{Duration, Instant},
 };
 
-use common::{join, pki::Pki, Lab, LIMITER};
+use common::{fleet::*, join, pki::Pki, Lab};
 use limiter_tests::{
     frame::FrameBuilder,
     netns::{ifindex, spawn_in_netns},
     scenario::PEER_V4,
-    tools,
     traffic::{PacketSocket, SendPlan, SendReport},
 };
-use limiter_user::maps::Maps;
-
-const QUOTA: u64 = 3000;
-const LEASE_MS: u64 = 1500;
-const REPORT_MS: u64 = 300;
-const STICKY_S: u64 = 3;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Allocator {
-    child: Option<Child>,
-    config: PathBuf,
-    port: u16,
-}
-
-impl Allocator {
-    fn binary() -> PathBuf {
-        let path = Path::new(LIMITER).with_file_name("limiter-allocator");
-        assert!(
-            path.exists(),
-            "{} is missing: `cargo xtask test` builds it (cargo build --release -p limiter-allocator)",
-            path.display()
-        );
-        path
-    }
-
-    fn new(dir: &Path, pki: &Pki) -> Allocator {
-        Self::with_metrics(dir, pki, None)
-    }
-
-    fn with_metrics(dir: &Path, pki: &Pki, metrics: Option<u16>) -> Allocator {
-        Self::timed(dir, pki, metrics, LEASE_MS, REPORT_MS)
-    }
-
-    fn timed(
-        dir: &Path,
-        pki: &Pki,
-        metrics: Option<u16>,
-        lease_ms: u64,
-        report_ms: u64,
-    ) -> Allocator {
-        let port = free_port();
-        let metrics = metrics.map_or(String::new(), |p| format!("127.0.0.1:{p}"));
-        let server = pki.pair("allocator");
-        let config = dir.join("allocator.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
-                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\n\
-                 [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-                 [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
-                 [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n",
-                dir.join("allocator.sock").display(),
-                pki.ca().display(),
-                server.cert.display(),
-                server.key.display()
-            ),
-        )
-        .unwrap();
-        let mut a = Allocator {
-            child: None,
-            config,
-            port,
-        };
-        a.start();
-        a
-    }
-
-    fn start(&mut self) {
-        let child = Command::new(Self::binary())
-            .args(["run", "--config"])
-            .arg(&self.config)
-            .spawn()
-            .expect("starting limiter-allocator");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "allocator did not listen");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Allocator {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn daemon_config(host: &str, pki: &Pki, port: u16, cert: &str) -> String {
-    daemon_config_timed(host, pki, port, cert, LEASE_MS, REPORT_MS)
-}
-
-fn daemon_config_timed(
-    host: &str,
-    pki: &Pki,
-    port: u16,
-    cert: &str,
-    lease_ms: u64,
-    report_ms: u64,
-) -> String {
-    let pair = pki.pair(cert);
-    format!(
-        "fleet_size = 3\n\
-         [[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"open\"\n\
-         [[rules]]\nname = \"cap\"\ndst = \"198.18.0.3/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"static\"\n\
-         [fleet]\nallocator = \"127.0.0.1:{port}\"\nhost_id = \"{host}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-         lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nsticky_max_s = {STICKY_S}\n",
-        pki.ca().display(),
-        pair.cert.display(),
-        pair.key.display()
-    )
-}
-
-/// Frames to both rules' destinations, from the lab's peer.
-fn traffic(lab: &Lab, rate_per_rule: u64, duration: Duration) -> SendPlan {
-    let frame = |dst: Ipv4Addr| {
-        FrameBuilder::ipv4(PEER_V4, dst)
-            .macs(lab.pair.peer_mac, lab.pair.host_mac)
-            .udp(1, 9)
-            .frame_len(64)
-            .build()
-    };
-    SendPlan {
-        frames: vec![
-            frame(Ipv4Addr::new(198, 18, 0, 2)),
-            frame(Ipv4Addr::new(198, 18, 0, 3)),
-        ],
-        rate: Some(2 * rate_per_rule),
-        count: 2 * rate_per_rule * duration.as_secs(),
-        duration: duration + Duration::from_secs(2),
-        cpu: None,
-    }
-}
-
-/// (passed, dropped) of `rule` on each lab, read from the pins.
-fn counters(labs: &[&Lab], rule: &str) -> Vec<(u64, u64)> {
-    labs.iter()
-        .map(|lab| {
-            let maps = Maps::from_pins(&lab.pins.path).unwrap();
-            let slot = maps.live_slots().unwrap()[rule];
-            let c = maps.rule_counters(slot).unwrap();
-            (c.passed_packets, c.dropped_packets)
-        })
-        .collect()
-}
-
-fn states(lab: &Lab) -> BTreeMap<String, String> {
-    let stats = lab.json(&["stats", "--json"]);
-    stats["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["name"].as_str().unwrap().to_string(),
-                r["state"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
-
-fn wait_state(labs: &[&Lab], rule: &str, state: &str, within: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        if labs.iter().all(|l| states(l)[rule] == state) {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "{rule} not {state} after {within:?}: {:?}",
-            labs.iter().map(|l| states(l)).collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Global admitted rate of `rule` over `window`.
-fn admitted_rate(labs: &[&Lab], rule: &str, window: Duration) -> f64 {
-    let before: u64 = counters(labs, rule).iter().map(|c| c.0).sum();
-    let start = Instant::now();
-    std::thread::sleep(window);
-    let after: u64 = counters(labs, rule).iter().map(|c| c.0).sum();
-    (after - before) as f64 / start.elapsed().as_secs_f64()
-}
 
 #[test]
 fn the_fleet_shares_the_quota_and_degrades_on_schedule() {
@@ -339,28 +137,6 @@ fn a_client_certificate_from_another_ca_is_refused() {
     r.stop();
 }
 
-/// `n` hosts lb-1…lb-n, each with its own veth pair, pins and socket, and its own
-/// client certificate.
-fn hosts(n: usize, pki: &Pki, port: u16) -> Vec<Lab> {
-    (1..=n)
-        .map(|i| {
-            Lab::new(&daemon_config(
-                &format!("lb-{i}"),
-                pki,
-                port,
-                &format!("lb-{i}"),
-            ))
-        })
-        .collect()
-}
-
-fn daemon_config_bound(host: &str, pki: &Pki, port: u16, bind: &str) -> String {
-    format!(
-        "{}bind = \"{bind}\"\n",
-        daemon_config(host, pki, port, host)
-    )
-}
-
 /// The host whose share is more than twice every other's, if any.
 fn dominant(shares: &[u64]) -> Option<usize> {
     (0..shares.len()).find(|&i| {
@@ -369,11 +145,6 @@ fn dominant(shares: &[u64]) -> Option<usize> {
             .enumerate()
             .all(|(j, s)| j == i || shares[i] > 2 * s)
     })
-}
-
-/// The `web` share (rate in force) on `lab`.
-fn web_share(lab: &Lab) -> u64 {
-    lab.rule_stats("web")["rate"].as_u64().unwrap()
 }
 
 #[test]
@@ -438,29 +209,6 @@ fn shares_follow_a_demand_shift() {
     }
     for d in daemons {
         d.stop();
-    }
-}
-
-/// An nftables table that drops one host's traffic to the allocator; removed on drop.
-struct Partition(String);
-
-impl Partition {
-    fn new(source: &str, port: u16) -> Partition {
-        let table = format!("limtest_part_{}", std::process::id());
-        let script = format!(
-            "add table inet {table}\n\
-             add chain inet {table} out {{ type filter hook output priority 0; }}\n\
-             add rule inet {table} out ip saddr {source} tcp dport {port} drop\n"
-        );
-        tools::nft(&["-f", "-"], Some(&script))
-            .unwrap_or_else(|e| panic!("nft refused the partition rules: {e:#}"));
-        Partition(table)
-    }
-}
-
-impl Drop for Partition {
-    fn drop(&mut self) {
-        let _ = tools::nft(&["delete", "table", "inet", &self.0], None);
     }
 }
 
@@ -601,27 +349,6 @@ fn the_allocator_refuses_bad_peers_and_bad_reports() {
         // And the allocator is still serving.
         assert!(client.report(report(1, 1)).await.is_ok());
     });
-}
-
-/// The body of one GET /metrics on the loopback `port`.
-fn scrape_text(port: u16) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text.split_once("\r\n\r\n").unwrap().1.to_string()
-}
-
-fn scrape(port: u16) -> BTreeMap<String, f64> {
-    scrape_text(port)
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (k, v) = l.rsplit_once(' ').unwrap();
-            (k.to_string(), v.parse().unwrap())
-        })
-        .collect()
 }
 
 #[test]

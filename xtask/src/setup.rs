@@ -28,6 +28,9 @@ const APT_PACKAGES: &[&str] = &[
     "zsh",
     "fish",
     "prometheus",
+    // The allocator replicas: etcd-client's build runs protoc; the replica tests run etcd.
+    "protobuf-compiler",
+    "etcd-server",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

@@ -1,6 +1,7 @@
 //! Running the `limiter` binary as an operator would, against a veth pair the test owns.
 #![allow(dead_code, reason = "each test file uses a different part")]
 
+pub mod fleet;
 pub mod pki;
 
 use std::{

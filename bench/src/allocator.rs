@@ -316,12 +316,17 @@ fn first_report() -> u64 {
     ns(LEASE_TTL).saturating_sub(ns(REPORT_INTERVAL))
 }
 
+/// The schedule's reports before [`first_report`], never sent.
+fn skipped(shape: Shape) -> usize {
+    (first_report() / ns(REPORT_INTERVAL)) as usize * shape.hosts
+}
+
 /// A fleet of `shape` whose every host has reported once during the learning period;
 /// its next report is the first past learning. Untimed.
 fn warm_up(shape: Shape) -> Result<Warm> {
     let started = Instant::now();
     let mut fleet = Fleet::new(shape)?;
-    fleet.sent = (first_report() / ns(REPORT_INTERVAL)) as usize * shape.hosts;
+    fleet.sent = skipped(shape);
     let learned = ns(LEASE_TTL);
     while fleet.time_of(fleet.sent) < learned {
         let h = fleet.report()?;
@@ -402,7 +407,7 @@ fn time(warm: Warm, plan: Plan) -> Result<Capacity> {
     let per_report = spent.as_secs_f64() / counted.max(1) as f64;
     let fit = (plan.round_budget.as_secs_f64() / per_report.max(1e-9)) as usize;
     let per_round = fit.clamp(1, shape.hosts);
-    let warmup_reports = fleet.sent;
+    let warmup_reports = fleet.sent - skipped(shape);
 
     let mut rounds = Vec::with_capacity(plan.rounds);
     let (mut grants, mut open_grants, mut first, mut last) = (0u64, 0u64, None, 0u64);
@@ -442,7 +447,7 @@ fn time(warm: Warm, plan: Plan) -> Result<Capacity> {
         state.refused_fleet_full,
         state.refused_host_rate
     );
-    let handled = fleet.sent - (first_report() / ns(REPORT_INTERVAL)) as usize * shape.hosts;
+    let handled = fleet.sent - skipped(shape);
     ensure!(
         state.reports == handled as u64,
         "{handled} reports sent, {} handled",
@@ -508,9 +513,9 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
             "| {} | {} | {} | {} | {} | {} | {} |\n",
             c.shape.label(),
             c.reports_per_round(),
-            spread(us, 0, ""),
+            spread_thousands(us),
             spread(rps, 1, ""),
-            spread(rule.scale(1e-3), 0, " k"),
+            spread_thousands(rule),
             thousands(c.shape.required_rule_reports_per_s() as u64),
             spread(ratio, 4, "×"),
         );
@@ -518,11 +523,11 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
     if let Some(c) = results.last() {
         if let Some(ratio) = c.ratio() {
             let verdict = if ratio.min >= 1.0 {
-                "it can"
+                "Yes"
             } else if ratio.max >= 1.0 {
-                "not in every round"
+                "Not in every round"
             } else {
-                "it can NOT"
+                "No, it can NOT"
             };
             out += &format!(
                 "\nCan one leader carry {} on one core ({} reports/s of {} rules, {} \
@@ -562,6 +567,12 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
         warmup.join("; ")
     );
     out
+}
+
+/// `median (min–max)`, whole numbers with thousands separators.
+fn spread_thousands(s: Spread) -> String {
+    let n = |v: f64| thousands(v.round() as u64);
+    format!("{} ({}–{})", n(s.median), n(s.min), n(s.max))
 }
 
 /// `median (min–max)` with `digits` decimals and a unit after each figure.
@@ -626,7 +637,11 @@ mod tests {
         assert!(c.open_grants > 0);
         // Past learning: nothing measured before a lease TTL; a round a simulated second.
         assert!(c.simulated_s.0 >= 3.0, "{:?}", c.simulated_s);
-        assert!(c.simulated_s.1 - c.simulated_s.0 >= 4.8, "{:?}", c.simulated_s);
+        assert!(
+            c.simulated_s.1 - c.simulated_s.0 >= 4.8,
+            "{:?}",
+            c.simulated_s
+        );
         let r = c.ratio().unwrap();
         assert!(r.min > 0.0 && r.min <= r.median && r.median <= r.max);
     }
@@ -662,6 +677,7 @@ mod tests {
             rules: 5,
         };
         let c = measure(shape, Plan::TEST).unwrap();
+        let c_warmup_reports = c.warmup_reports - 10; // the calibration: a whole second
         let md = markdown(&[c], Plan::TEST, "test");
         assert!(md.contains("| 10 hosts × 5 rules | 10 |"), "{md}");
         assert!(

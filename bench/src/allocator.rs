@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
 use limiter_allocator::{config::Quota, hosts::HostLimits, state::State};
+use limiter_fleet::share::{DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleReport};
 
 use crate::stats::Spread;
@@ -34,8 +35,8 @@ use crate::stats::Spread;
 /// Nanoseconds a second.
 const S: u64 = 1_000_000_000;
 /// The allocator's defaults: a lease lasts 3 s, hosts report every second.
-pub const LEASE_TTL: Duration = Duration::from_secs(3);
-pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
+pub const LEASE_TTL: Duration = Duration::from_millis(DEFAULT_LEASE_TTL_MS);
+pub const REPORT_INTERVAL: Duration = Duration::from_millis(DEFAULT_REPORT_INTERVAL_MS);
 /// Mean demand per host and rule is ~500/s; each rule's quota is this much per host, so
 /// the fleet asks ~1.25× the quota of every rule.
 const QUOTA_PER_HOST: u64 = 400;
@@ -498,8 +499,8 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
         plan.rounds,
     );
     out += "| fleet | reports a round | µs per report | reports/s | rule-reports/s | \
-            required rule-reports/s | measured ÷ required |\n\
-            |---|---:|---:|---:|---:|---:|---:|\n";
+            required rule-reports/s | measured ÷ required | ns per report ÷ (hosts × rules) |\n\
+            |---|---:|---:|---:|---:|---:|---:|---:|\n";
     for c in results {
         let (Some(us), Some(rps), Some(rule), Some(ratio)) = (
             c.us_per_report(),
@@ -509,8 +510,9 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
         ) else {
             continue;
         };
+        let per_cell = us.scale(1e3 / c.shape.required_rule_reports_per_s());
         out += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             c.shape.label(),
             c.reports_per_round(),
             spread_thousands(us),
@@ -518,8 +520,13 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
             spread_thousands(rule),
             thousands(c.shape.required_rule_reports_per_s() as u64),
             spread(ratio, 4, "×"),
+            spread(per_cell, 0, ""),
         );
     }
+    out += "\nEach rule a report carries is re-allocated over all of that rule's hosts \
+            (`RuleAllocator::grant_for`: expiry, water-filling, the host's place, the others' \
+            shares), so a report costs about hosts × rules steps (the last column) and a \
+            second of the fleet hosts² × rules.\n";
     if let Some(c) = results.last() {
         if let Some(ratio) = c.ratio() {
             let verdict = if ratio.min >= 1.0 {
@@ -532,15 +539,14 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
             out += &format!(
                 "\nCan one leader carry {} on one core ({} reports/s of {} rules, {} \
                  rule-reports/s)? {verdict}: measured ÷ required = {}, one report takes {} µs \
-                 (it would need ≤ {:.0} µs).\n",
+                 (it would need ≤ {} µs).\n",
                 c.shape.label(),
                 thousands(c.shape.hosts as u64),
                 thousands(c.shape.rules as u64),
                 thousands(c.shape.required_rule_reports_per_s() as u64),
                 spread(ratio, 4, "×"),
-                c.us_per_report()
-                    .map_or_else(String::new, |s| spread(s, 0, "")),
-                1e6 / c.shape.required_reports_per_s(),
+                c.us_per_report().map_or_else(String::new, spread_thousands),
+                thousands((1e6 / c.shape.required_reports_per_s()) as u64),
             );
         }
     }
@@ -563,7 +569,8 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
         })
         .collect();
     out += &format!(
-        "\nUntimed warm-ups (in parallel, before any timing): {}.\n",
+        "\nWarm-ups (in parallel, before any timing; the learning period, then the \
+         reports that sized the rounds): {}.\n",
         warmup.join("; ")
     );
     out

@@ -618,7 +618,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -684,11 +684,16 @@ mod tests {
             rules: 5,
         };
         let c = measure(shape, Plan::TEST).unwrap();
-        let c_warmup_reports = c.warmup_reports - 10; // the calibration: a whole second
+        // One report per host while learning, then the calibration: a whole second.
+        assert_eq!(c.warmup_reports, 10 + 10);
         let md = markdown(&[c], Plan::TEST, "test");
         assert!(md.contains("| 10 hosts × 5 rules | 10 |"), "{md}");
         assert!(
             md.contains("Can one leader carry 10 hosts × 5 rules"),
+            "{md}"
+        );
+        assert!(
+            md.contains("? Yes: ") || md.contains("? No, it can NOT: "),
             "{md}"
         );
     }

@@ -12,9 +12,12 @@
 //! - [`accuracy`]: admitted vs configured rate, an offered-rate sweep and a burst timeline;
 //! - [`flood`]: a spoofed-source flood against a good and a heavy source (its own part,
 //!   `flood`, with its own report);
+//! - [`allocator`]: reports/s one allocator handles on one core, its state driven
+//!   directly (its own part, `allocator-capacity`, with its own report);
 //! - [`report`]: `target/bench/report.md`, and its plots through limiter-plot.
 
 pub mod accuracy;
+pub mod allocator;
 pub mod cpu;
 pub mod cpu_cost;
 pub mod drop_rate;

@@ -29,6 +29,15 @@ impl Spread {
         })
     }
 
+    /// Each value times `factor` (> 0: the order stays).
+    pub fn scale(&self, factor: f64) -> Spread {
+        Spread {
+            median: self.median * factor,
+            min: self.min * factor,
+            max: self.max * factor,
+        }
+    }
+
     /// `median (min–max)` with `digits` decimals.
     pub fn show(&self, digits: usize) -> String {
         format!(

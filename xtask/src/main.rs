@@ -69,7 +69,8 @@ enum Task {
         kernel: Option<String>,
         #[arg(long, value_enum, default_value_t = guest::Accel::Auto)]
         accel: guest::Accel,
-        /// Parts of limiter-bench: prog-test-run, sharing, drop-rate, cpu-cost, accuracy.
+        /// Parts of limiter-bench: prog-test-run, sharing, drop-rate, cpu-cost, accuracy,
+        /// flood, allocator-capacity.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         parts: Vec<String>,
     },

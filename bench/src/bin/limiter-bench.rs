@@ -7,8 +7,12 @@
 //!    XDP_DROP, CPU time per frame vs nftables, admitted vs configured rate, with plots
 //!    (`target/bench/report.md`, `admitted-vs-offered.svg`, `burst.svg`).
 //!
-//! Arguments select parts: `prog-test-run`, `drop-rate`, `cpu-cost`, `accuracy`; none
-//! runs them all. The run fails if any end-to-end measurement failed its checks (after
+//! 3. **allocator capacity** (the `allocator` module of the library): host reports a
+//!    second one allocator's state handles on one core, as a ratio to what a fleet of
+//!    each shape requires (`target/bench/allocator-capacity.md`; needs no root).
+//!
+//! Arguments select parts: `prog-test-run`, `sharing`, `drop-rate`, `cpu-cost`,
+//! `accuracy`, `flood`, `allocator-capacity`; none runs them all. The run fails if any end-to-end measurement failed its checks (after
 //! writing the report, which says which and why).
 //!
 //! Part 1 uses two methods, never mixed in one ratio:
@@ -22,7 +26,8 @@
 //! it is named after (e.g. no per-source insert failed, the full LRU really evicts).
 //! Output: a table on stdout and the same as Markdown in `target/bench/prog-test-run.md`.
 //!
-//! Run as root: `cargo run --release -p limiter-bench --bin limiter-bench [-- PART...]`.
+//! Run as root (but for `allocator-capacity` alone): `cargo run --release -p limiter-bench
+//! --bin limiter-bench [-- PART...]`.
 
 use std::{
     fmt::Write as _,
@@ -52,6 +57,8 @@ use limiter_user::{
 
 /// The BPF_PROG_TEST_RUN report, next to the end-to-end one.
 const PROG_TEST_RUN_MD: &str = "prog-test-run.md";
+/// The `allocator-capacity` part's report.
+const ALLOCATOR_CAPACITY_MD: &str = "allocator-capacity.md";
 /// The `sharing` part alone.
 const SHARING_MD: &str = "sharing.md";
 /// Frame length the program sees (no FCS).
@@ -153,11 +160,16 @@ burst = 1
 }
 
 fn main() -> Result<()> {
-    limiter_tests::netns::require_root()?;
     let parts = Parts::from_args(std::env::args().skip(1))?;
+    if parts.needs_root() {
+        limiter_tests::netns::require_root()?;
+    }
     let started = Instant::now();
     let dir = bench_dir()?;
     let header = Header::read(None)?;
+    if parts.allocator_capacity {
+        run_allocator_capacity(&dir, &header)?;
+    }
     let prog_test_run = if parts.prog_test_run {
         run_prog_test_run(&dir, false)?;
         Some(PROG_TEST_RUN_MD.to_string())
@@ -204,17 +216,20 @@ struct Parts {
     sharing: bool,
     /// The spoofed-source flood (`flood.md`).
     flood: bool,
+    /// The allocator's reports/s on one core (`allocator-capacity.md`).
+    allocator_capacity: bool,
     end_to_end: bench::Parts,
     named: Vec<String>,
 }
 
-const PART_NAMES: [&str; 6] = [
+const PART_NAMES: [&str; 7] = [
     "prog-test-run",
     "sharing",
     "drop-rate",
     "cpu-cost",
     "accuracy",
     "flood",
+    "allocator-capacity",
 ];
 
 impl Parts {
@@ -225,6 +240,7 @@ impl Parts {
                 prog_test_run: true,
                 sharing: false,
                 flood: true,
+                allocator_capacity: true,
                 end_to_end: bench::Parts::all(),
                 named,
             });
@@ -233,6 +249,7 @@ impl Parts {
             prog_test_run: false,
             sharing: false,
             flood: false,
+            allocator_capacity: false,
             end_to_end: bench::Parts::default(),
             named: named.clone(),
         };
@@ -241,6 +258,7 @@ impl Parts {
                 "prog-test-run" => parts.prog_test_run = true,
                 "sharing" => parts.sharing = true,
                 "flood" => parts.flood = true,
+                "allocator-capacity" => parts.allocator_capacity = true,
                 "drop-rate" => parts.end_to_end.drop_rate = true,
                 "cpu-cost" => parts.end_to_end.cpu_cost = true,
                 "accuracy" => parts.end_to_end.accuracy = true,
@@ -251,6 +269,11 @@ impl Parts {
             }
         }
         Ok(parts)
+    }
+
+    /// Every part but the allocator's loads programs or creates interfaces.
+    fn needs_root(&self) -> bool {
+        self.prog_test_run || self.sharing || self.flood || self.end_to_end.any()
     }
 
     fn command(&self) -> String {
@@ -277,6 +300,32 @@ fn run_flood(dir: &Path, header: &Header) -> Result<()> {
     let markdown = bench::flood::markdown(&runs, &two_cpus, header.kernel.trim());
     print!("\n{markdown}");
     let path = dir.join("flood.md");
+    fs::write(&path, &markdown).with_context(|| format!("writing {}", path.display()))?;
+    println!("\nwritten to {}", path.display());
+    Ok(())
+}
+
+/// The `allocator-capacity` part: `allocator-capacity.md` in `dir`. The warm-ups run on
+/// every CPU; the timing pinned to one, which it gets back afterwards.
+fn run_allocator_capacity(dir: &Path, header: &Header) -> Result<()> {
+    use bench::allocator::{self, Plan, SHAPES};
+    let all_cpus = current_affinity()?;
+    let mut cpu = None;
+    let results = allocator::measure_all(&SHAPES, Plan::BENCH, || {
+        cpu = Some(pin_to_current_cpu()?);
+        Ok(())
+    });
+    set_affinity(&all_cpus)?;
+    let results = results?;
+    let machine = format!(
+        "kernel {}, CPU {} (timed on CPU {})",
+        header.kernel,
+        header.cpu_model,
+        cpu.map_or_else(|| "none".to_string(), |c| c.to_string())
+    );
+    let markdown = allocator::markdown(&results, Plan::BENCH, &machine);
+    print!("\n{markdown}");
+    let path = dir.join(ALLOCATOR_CAPACITY_MD);
     fs::write(&path, &markdown).with_context(|| format!("writing {}", path.display()))?;
     println!("\nwritten to {}", path.display());
     Ok(())

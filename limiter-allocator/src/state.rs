@@ -39,10 +39,9 @@ impl State {
         let rules = quotas
             .iter()
             .map(|q| {
-                (
-                    q.rule.clone(),
-                    RuleAllocator::new(q.rate, q.burst, lease_ttl, now),
-                )
+                let mut r = RuleAllocator::new(q.rate, q.burst, lease_ttl, now);
+                r.refresh_ns = alloc::refresh_for(report_interval);
+                (q.rule.clone(), r)
             })
             .collect();
         State {
@@ -141,8 +140,9 @@ impl State {
             None => {
                 // A new rule needs no learning: no host holds a share of it from this
                 // process (unless the process is in its own start-up learning period).
-                let r =
+                let mut r =
                     RuleAllocator::added(q.rate, q.burst, self.lease_ttl, self.learning_from, now);
+                r.refresh_ns = alloc::refresh_for(self.report_interval);
                 self.rules.insert(q.rule.clone(), r);
             }
         }

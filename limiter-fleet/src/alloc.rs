@@ -6,7 +6,7 @@
 //! started allocator spends one lease TTL learning what hosts already hold before it
 //! reallocates, so a restart never over-grants.
 
-use std::{collections::BTreeMap, ops::Bound, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use crate::share::Grant;
 
@@ -90,6 +90,8 @@ pub struct Report {
 
 #[derive(Clone, Copy, Debug)]
 struct HostState {
+    /// This host's part of the last allocation (outside learning).
+    target: Allocation,
     /// Smoothed demand, the allocation's input.
     demand: u64,
     /// The demand as last reported (unsmoothed).
@@ -121,6 +123,42 @@ pub struct RuleAllocator {
     /// added to a running allocator (nobody can hold a share of it: no need to learn).
     last_heard: Option<u64>,
     hosts: BTreeMap<String, HostState>,
+    /// The allocation is recomputed at most this often (ns), unless hosts join or
+    /// lapse or the quota changes; 0 recomputes it at every grant. Recomputing costs
+    /// O(hosts log hosts); at every report of every host that is O(hosts²) a second
+    /// per rule, which one core cannot carry for a large fleet. A share computed from
+    /// demands up to this old is still capped by what the others hold, so the shares in
+    /// force never sum above the quota either way.
+    pub refresh_ns: u64,
+    /// When the hosts' `target`s were computed, and with which quota; `None` when a
+    /// host joined or lapsed since, or the rule is learning.
+    computed: Option<(u64, u64)>,
+    /// Sums over the hosts, kept as grants and reports change them.
+    enforced_sum: u64,
+    held_sum: u64,
+    /// No host lapses before this (a lower bound: the oldest report plus the TTL).
+    next_expiry: u64,
+}
+
+/// While learning: renew what a host holds, scaled down if together the hosts' holdings
+/// (`held_sum`) exceed the quota; a host holding nothing stays in bootstrap.
+fn renewal(h: &HostState, held_sum: u64, quota: u64) -> Allocation {
+    let share = if held_sum > quota {
+        (u128::from(h.held) * u128::from(quota) / u128::from(held_sum)) as u64
+    } else {
+        h.held
+    };
+    Allocation {
+        share,
+        saturated: h.demand > share,
+    }
+}
+
+/// The `refresh_ns` the allocator (and the simulator, which models it) uses: half a
+/// report interval, so each host's grant comes from an allocation at most half an
+/// interval older than the others' latest reports.
+pub fn refresh_for(report_interval: Duration) -> u64 {
+    ns(report_interval) / 2
 }
 
 fn ns(d: Duration) -> u64 {
@@ -139,6 +177,11 @@ impl RuleAllocator {
             learning_until: now.saturating_add(ns(lease_ttl)),
             last_heard: Some(now),
             hosts: BTreeMap::new(),
+            refresh_ns: 0,
+            computed: None,
+            enforced_sum: 0,
+            held_sum: 0,
+            next_expiry: u64::MAX,
         }
     }
 
@@ -175,32 +218,61 @@ impl RuleAllocator {
             .is_some_and(|t| now.saturating_sub(t) > ns(self.lease_ttl))
         {
             self.learning_until = now.saturating_add(ns(self.lease_ttl));
+            self.computed = None;
         }
         self.last_heard = Some(now);
-        let (demand, granted) = match self.hosts.get(host) {
-            Some(h) => (
-                report.demand.max(h.reported / 2 + report.demand / 2),
-                h.granted,
-            ),
-            None => (report.demand, None),
-        };
-        self.hosts.insert(
-            host.to_string(),
-            HostState {
-                demand,
-                reported: report.demand,
-                held: report.held,
-                last_report: now,
-                granted,
-            },
-        );
+        self.next_expiry = self
+            .next_expiry
+            .min(now.saturating_add(ns(self.lease_ttl)));
+        match self.hosts.get_mut(host) {
+            Some(h) => {
+                self.held_sum = self.held_sum - h.held + report.held;
+                h.demand = report.demand.max(h.reported / 2 + report.demand / 2);
+                h.reported = report.demand;
+                h.held = report.held;
+                h.last_report = now;
+            }
+            None => {
+                self.held_sum += report.held;
+                self.computed = None;
+                self.hosts.insert(
+                    host.to_string(),
+                    HostState {
+                        target: Allocation {
+                            share: 0,
+                            saturated: false,
+                        },
+                        demand: report.demand,
+                        reported: report.demand,
+                        held: report.held,
+                        last_report: now,
+                        granted: None,
+                    },
+                );
+            }
+        }
     }
 
     /// Forgets hosts whose last report is older than a lease: their grant has lapsed.
     pub fn expire(&mut self, now: u64) {
+        if now <= self.next_expiry {
+            return;
+        }
         let ttl = ns(self.lease_ttl);
+        let before = self.hosts.len();
         self.hosts
             .retain(|_, h| now.saturating_sub(h.last_report) <= ttl);
+        if self.hosts.len() != before {
+            self.computed = None;
+            self.enforced_sum = self.hosts.values().map(HostState::enforced).sum();
+            self.held_sum = self.hosts.values().map(|h| h.held).sum();
+        }
+        self.next_expiry = self
+            .hosts
+            .values()
+            .map(|h| h.last_report.saturating_add(ttl))
+            .min()
+            .unwrap_or(u64::MAX);
     }
 
     pub fn hosts(&self) -> usize {
@@ -233,9 +305,9 @@ impl RuleAllocator {
     /// demand and merely waits for the others' renewals to make room.
     pub fn grant_for(&mut self, host: &str, now: u64) -> Option<Grant> {
         self.expire(now);
-        let targets = self.targets(now);
         let learning = self.learning(now);
-        self.capped_grant(host, &targets, learning)
+        self.refresh(now, learning);
+        self.capped_grant(host, learning)
     }
 
     /// [`RuleAllocator::grant_for`] for several hosts whose reports arrived together:
@@ -244,37 +316,33 @@ impl RuleAllocator {
     /// allocation per host (the simulator's batches of simultaneous reports).
     pub fn grants_for(&mut self, hosts: &[&str], now: u64) -> Vec<Option<Grant>> {
         self.expire(now);
-        let targets = self.targets(now);
         let learning = self.learning(now);
+        self.refresh(now, learning);
         hosts
             .iter()
-            .map(|host| self.capped_grant(host, &targets, learning))
+            .map(|host| self.capped_grant(host, learning))
             .collect()
     }
 
-    fn capped_grant(
-        &mut self,
-        host: &str,
-        targets: &[Allocation],
-        learning: bool,
-    ) -> Option<Grant> {
-        let own = self.hosts.get(host)?.enforced();
-        // The host's position in key order, without comparing every name.
-        let index = self
-            .hosts
-            .range::<str, _>((Bound::Unbounded, Bound::Excluded(host)))
-            .count();
-        let target = targets.get(index).copied()?;
-        let others = self.hosts.values().map(HostState::enforced).sum::<u64>() - own;
-        let share = target.share.min(self.quota.saturating_sub(others));
-        let granted = (share > 0 || !learning).then_some(share);
+    fn capped_grant(&mut self, host: &str, learning: bool) -> Option<Grant> {
+        let (quota, held_sum, enforced_sum) = (self.quota, self.held_sum, self.enforced_sum);
         let h = self.hosts.get_mut(host)?;
+        let target = if learning {
+            renewal(h, held_sum, quota)
+        } else {
+            h.target
+        };
+        let own = h.enforced();
+        let others = enforced_sum - own;
+        let share = target.share.min(quota.saturating_sub(others));
+        let granted = (share > 0 || !learning).then_some(share);
         // The token a grant takes over with: one for a host that held no grant (its
         // bootstrap token, as the brief has it: docs/design.md), none after a zero grant
         // (the host had its token in BOOTSTRAP already) and none for a zero grant (closed).
         let tokens = u64::from(h.granted.is_none() && share > 0);
         h.granted = granted;
         let saturated = h.demand > share;
+        self.enforced_sum = others + granted.unwrap_or(0);
         granted.map(|share| Grant {
             tokens,
             ..self.grant(Allocation { share, saturated })
@@ -285,16 +353,43 @@ impl RuleAllocator {
     /// zero grant is closed and counts 0).
     pub fn outstanding(&mut self, now: u64) -> u64 {
         self.expire(now);
-        self.hosts.values().map(HostState::enforced).sum()
+        self.enforced_sum
     }
 
-    fn targets(&self, now: u64) -> Vec<Allocation> {
-        if self.learning(now) {
-            self.renewals()
-        } else {
-            let demands: Vec<u64> = self.hosts.values().map(|h| h.demand).collect();
-            allocate(self.quota, &demands)
+    /// Recomputes the hosts' targets when they are stale: a host joined or lapsed, the
+    /// quota changed, or `refresh_ns` has passed. Learning needs none (each renewal is
+    /// the host's own holding, scaled).
+    fn refresh(&mut self, now: u64, learning: bool) {
+        if learning {
+            return;
         }
+        let fresh = self.computed.is_some_and(|(at, quota)| {
+            quota == self.quota && now.saturating_sub(at) < self.refresh_ns
+        });
+        if fresh {
+            return;
+        }
+        let demands: Vec<u64> = self.hosts.values().map(|h| h.demand).collect();
+        for (h, a) in self.hosts.values_mut().zip(allocate(self.quota, &demands)) {
+            h.target = a;
+        }
+        self.computed = Some((now, self.quota));
+    }
+
+    fn targets(&mut self, now: u64) -> Vec<Allocation> {
+        let learning = self.learning(now);
+        self.refresh(now, learning);
+        let (held_sum, quota) = (self.held_sum, self.quota);
+        self.hosts
+            .values()
+            .map(|h| {
+                if learning {
+                    renewal(h, held_sum, quota)
+                } else {
+                    h.target
+                }
+            })
+            .collect()
     }
 
     /// The target allocation of every live host, in the order of
@@ -316,26 +411,6 @@ impl RuleAllocator {
             .zip(allocations)
             .filter(|(_, a)| a.share > 0)
             .map(|(name, a)| (name.clone(), self.grant(a)))
-            .collect()
-    }
-
-    /// While learning: renew what hosts hold, scaled down if together it exceeds the
-    /// quota; hosts holding nothing stay in bootstrap.
-    fn renewals(&self) -> Vec<Allocation> {
-        let held: u64 = self.hosts.values().map(|h| h.held).sum();
-        self.hosts
-            .values()
-            .map(|h| {
-                let share = if held > self.quota {
-                    (u128::from(h.held) * u128::from(self.quota) / u128::from(held)) as u64
-                } else {
-                    h.held
-                };
-                Allocation {
-                    share,
-                    saturated: h.demand > share,
-                }
-            })
             .collect()
     }
 
@@ -364,6 +439,48 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// With `refresh_ns`, the allocation is reused until it passes, and recomputed at
+    /// once when a host joins; the grants then are those of an allocator that
+    /// recomputes at every grant.
+    #[test]
+    fn a_reused_allocation_is_recomputed_on_a_join_and_after_refresh() {
+        const S: u64 = 1_000_000_000;
+        let ttl = Duration::from_secs(3);
+        let t = 4 * S;
+        // Added to a running allocator: no learning.
+        let mut cached = RuleAllocator::added(1000, 100, ttl, 0, t);
+        cached.refresh_ns = S;
+        let mut exact = RuleAllocator::added(1000, 100, ttl, 0, t);
+        let both = |r: &mut RuleAllocator, host: &str, demand: u64, now: u64| {
+            r.report(host, Report { demand, held: 0 }, now);
+            r.grant_for(host, now).map(|g| g.rate)
+        };
+        for r in [&mut cached, &mut exact] {
+            assert_eq!(both(r, "a", 900, t), Some(1000));
+            // b joins: recomputed at once (a holds the quota: b waits at 0).
+            assert_eq!(both(r, "b", 100, t + 1), Some(0));
+            assert_eq!(both(r, "a", 900, t + 2), Some(900));
+            assert_eq!(both(r, "b", 100, t + 3), Some(100));
+        }
+        // a's demand falls, b's grows: the cached allocation still holds a at 900 (and
+        // b's grant stays capped by what a holds) until a second has passed.
+        assert_eq!(both(&mut cached, "a", 100, t + 4), Some(900));
+        assert_ne!(both(&mut exact, "a", 100, t + 4), Some(900));
+        assert_eq!(both(&mut cached, "b", 900, t + 5), Some(100));
+        let later = t + S + 10;
+        for r in [&mut cached, &mut exact] {
+            r.report("a", Report { demand: 100, held: 0 }, later);
+            r.report("b", Report { demand: 900, held: 0 }, later);
+        }
+        let g = |r: &mut RuleAllocator| {
+            let a = r.grant_for("a", later).map(|g| g.rate);
+            let b = r.grant_for("b", later).map(|g| g.rate);
+            (a, b)
+        };
+        assert_eq!(g(&mut cached), g(&mut exact));
+        assert_eq!(cached.outstanding(later), exact.outstanding(later));
+    }
 
     #[test]
     fn water_filling() {
@@ -630,8 +747,12 @@ mod tests {
             rounds in prop::collection::vec(
                 (prop::collection::vec(prop_oneof![Just(0u64), 0u64..50_000], 8), any::<u64>()),
                 1..20),
+            refresh in prop_oneof![Just(0u64), 0u64..2_000_000_000],
         ) {
+            // Whether the allocation is recomputed at every grant or reused for up to
+            // `refresh`, the shares in force stay within the quota.
             let mut r = RuleAllocator::new(quota, quota / 10 + 1, Duration::from_secs(3), 0);
+            r.refresh_ns = refresh;
             let mut now = 4_000_000_000u64;
             let n = joins.len();
             // The rate each host enforces, as the hosts see it (None: BOOTSTRAP).

@@ -144,7 +144,9 @@ pub struct Fleet {
 }
 
 fn new_allocator(t: &Tenant, sc: &Scenario, now: u64) -> RuleAllocator {
-    RuleAllocator::new(t.quota, t.burst, sc.params.lease_ttl, now)
+    let mut r = RuleAllocator::new(t.quota, t.burst, sc.params.lease_ttl, now);
+    r.refresh_ns = limiter_fleet::alloc::refresh_for(sc.params.report_interval);
+    r
 }
 
 impl Fleet {

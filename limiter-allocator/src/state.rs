@@ -1,7 +1,7 @@
 //! The allocator's state: one `RuleAllocator` per rule, fed by reports, producing
 //! grants. No I/O here; the service and the control socket call in with `now`.
 
-use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
+use std::{collections::HashMap, fmt::Write as _, time::Duration};
 
 use limiter_fleet::alloc::{self, Report, RuleAllocator};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant};
@@ -12,7 +12,9 @@ use crate::{
 };
 
 pub struct State {
-    rules: BTreeMap<String, RuleAllocator>,
+    /// By name, hashed: a report looks up every rule it carries, thousands per report
+    /// in a large fleet; listings sort.
+    rules: HashMap<String, RuleAllocator>,
     hosts: HostTable,
     lease_ttl: Duration,
     report_interval: Duration,
@@ -148,15 +150,19 @@ impl State {
         }
     }
 
+    /// Every rule's quota, by rule name.
     pub fn quotas(&self) -> Vec<Quota> {
-        self.rules
+        let mut quotas: Vec<Quota> = self
+            .rules
             .iter()
             .map(|(rule, r)| Quota {
                 rule: rule.clone(),
                 rate: r.quota,
                 burst: r.burst,
             })
-            .collect()
+            .collect();
+        quotas.sort_by(|a, b| a.rule.cmp(&b.rule));
+        quotas
     }
 
     /// Prometheus text: per rule the quota, the sum of live grants, hosts, saturated
@@ -190,8 +196,12 @@ impl State {
             ),
         ];
         let mut rows: Vec<[f64; 6]> = Vec::new();
-        let names: Vec<String> = self.rules.keys().cloned().collect();
-        for r in self.rules.values_mut() {
+        let mut names: Vec<String> = self.rules.keys().cloned().collect();
+        names.sort();
+        for name in &names {
+            let Some(r) = self.rules.get_mut(name) else {
+                continue;
+            };
             let allocations = r.allocations(now);
             let demands = r.demands();
             rows.push([

@@ -221,9 +221,7 @@ impl RuleAllocator {
             self.computed = None;
         }
         self.last_heard = Some(now);
-        self.next_expiry = self
-            .next_expiry
-            .min(now.saturating_add(ns(self.lease_ttl)));
+        self.next_expiry = self.next_expiry.min(now.saturating_add(ns(self.lease_ttl)));
         match self.hosts.get_mut(host) {
             Some(h) => {
                 self.held_sum = self.held_sum - h.held + report.held;
@@ -470,8 +468,22 @@ mod tests {
         assert_eq!(both(&mut cached, "b", 900, t + 5), Some(100));
         let later = t + S + 10;
         for r in [&mut cached, &mut exact] {
-            r.report("a", Report { demand: 100, held: 0 }, later);
-            r.report("b", Report { demand: 900, held: 0 }, later);
+            r.report(
+                "a",
+                Report {
+                    demand: 100,
+                    held: 0,
+                },
+                later,
+            );
+            r.report(
+                "b",
+                Report {
+                    demand: 900,
+                    held: 0,
+                },
+                later,
+            );
         }
         let g = |r: &mut RuleAllocator| {
             let a = r.grant_for("a", later).map(|g| g.rate);

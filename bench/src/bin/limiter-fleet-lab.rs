@@ -202,7 +202,7 @@ impl Lab {
                 }
                 for s in started {
                     self.event(format!(
-                        "action=restart replica={s} (it joins as a follower)"
+                        "action=restart replica={s} (it joins the election)"
                     ));
                 }
                 for f in failed {

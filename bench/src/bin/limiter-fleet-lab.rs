@@ -168,12 +168,9 @@ impl Lab {
                         "action=kill replica={name} replica_pid={pid} term={term} \
                          signal=SIGKILL ({})",
                         if left > 0 {
-                            format!(
-                                "the leader: {left} left to elect the next within the election \
-                                 TTL; hosts try the next listed replica"
-                            )
+                            format!("the leader; {left} left to elect the next")
                         } else {
-                            "the last replica: hosts keep their leases until they lapse".into()
+                            "the last one up; hosts keep their leases until they lapse".into()
                         }
                     )),
                     None => self.event(format!(

@@ -125,6 +125,11 @@ impl Etcd {
         Ok(())
     }
 
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops etcd (SIGKILL: an outage, not a clean stop).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

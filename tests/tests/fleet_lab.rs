@@ -1,7 +1,9 @@
-//! `cargo xtask run -- --fleet` runs this lab: an allocator and three daemons with
-//! traffic. Scripted (kill, restart, partition, heal), it must show the share ladder —
-//! LEASED, STICKY once a lease lapses, FAIL_OPEN after sticky_max, LEASED again — with
-//! the fleet admitting its quota while leased, and leave nothing behind.
+//! `cargo xtask run -- --fleet` runs this lab: three allocator replicas on one etcd and
+//! three daemons with traffic. Scripted (kill, restart, partition, heal), it must show a
+//! killed leader replaced by another replica while every host stays LEASED, and, once
+//! every replica is down, the share ladder — STICKY once a lease lapses, FAIL_OPEN after
+//! sticky_max, LEASED again after the restart — with the fleet admitting its quota while
+//! leased, and leave nothing behind.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 use std::{collections::BTreeMap, path::Path, process::Command};
@@ -50,16 +52,23 @@ impl Samples {
 
 #[test]
 fn the_fleet_lab_walks_the_share_ladder_and_back_and_cleans_up() {
-    // The lab's fleet for this run: the three hosts offer more than the quota.
-    let (quota, per_host, lease_ms, sticky_s) = (2400u64, 1500u64, 2000u64, 6u64);
+    // The lab's fleet for this run: the three hosts offer more than the quota. A lease of
+    // 3 s (reports every 500 ms) outlasts the replicas' 2 s election TTL and a report.
+    let (quota, per_host, lease_ms, sticky_s) = (2400u64, 1500u64, 3000u64, 6u64);
     let lease = lease_ms as f64 / 1000.0;
     let sticky = sticky_s as f64;
-    let kill = 8.0;
+    // Each `kill` kills the replica leading then: the first two leave one to take over,
+    // the third is the last one up.
+    let kills = [8.0, 15.0, 22.0];
+    let kill = kills[2];
     let restart = kill + lease + sticky + 3.0;
     let partition = restart + 2.0 * lease + 1.0;
     let heal = partition + lease + 2.0;
     let duration = (heal + 2.0 * lease + 1.0).ceil() as u64;
-    let script = format!("{kill}:kill,{restart}:restart,{partition}:partition 2,{heal}:heal 2");
+    let script = format!(
+        "{}:kill,{}:kill,{kill}:kill,{restart}:restart,{partition}:partition 2,{heal}:heal 2",
+        kills[0], kills[1]
+    );
     let out = Command::new(LIMITER_FLEET_LAB)
         .args(["--duration", &duration.to_string(), "--script", &script])
         .args(["--quota", &quota.to_string()])
@@ -83,12 +92,25 @@ fn the_fleet_lab_walks_the_share_ladder_and_back_and_cleans_up() {
     assert_eq!(num(&config, "quota") as u64, quota);
     assert_eq!(num(&config, "lease_ttl_ms") as u64, lease_ms);
     assert_eq!(num(&config, "sticky_max_s") as u64, sticky_s);
+    assert_eq!(num(&config, "replicas") as u64, 3);
+    let election = num(&config, "election_ttl_ms") / 1000.0;
     let expected = (quota as f64).min(per_host as f64 * hosts as f64);
 
     let mut samples: BTreeMap<String, Samples> = BTreeMap::new();
-    let mut allocator: Vec<(f64, String)> = Vec::new();
+    // (t, leader, replicas up) of each global line.
+    let mut global: Vec<(f64, String, u64)> = Vec::new();
+    // (t, replica, role, term) of each replica line.
+    let mut replicas: Vec<(f64, String, String, u64)> = Vec::new();
+    // (t, replica, term) of each kill.
+    let mut killed: Vec<(f64, String, u64)> = Vec::new();
     for line in stdout.lines().filter(|l| l.starts_with("t=")) {
         let f = fields(line);
+        if f.get("action").map(String::as_str) == Some("kill") {
+            let name = f
+                .get("replica")
+                .unwrap_or_else(|| panic!("a kill that killed nothing: {line}"));
+            killed.push((num(&f, "t"), name.clone(), num(&f, "term") as u64));
+        }
         if f.contains_key("action") {
             continue; // `t=… action=partition host=lb-2 …`: not a sample
         }
@@ -99,8 +121,15 @@ fn the_fleet_lab_walks_the_share_ladder_and_back_and_cleans_up() {
                 num(&f, "passed") as u64,
                 num(&f, "dropped") as u64,
             ));
-        } else if let Some(state) = f.get("allocator") {
-            allocator.push((num(&f, "t"), state.clone()));
+        } else if let (Some(name), Some(role)) = (f.get("replica"), f.get("role")) {
+            replicas.push((
+                num(&f, "t"),
+                name.clone(),
+                role.clone(),
+                num(&f, "term") as u64,
+            ));
+        } else if let Some(leader) = f.get("leader") {
+            global.push((num(&f, "t"), leader.clone(), num(&f, "replicas_up") as u64));
         }
     }
     assert_eq!(samples.len(), hosts, "a line per host: {stdout}");
@@ -112,10 +141,11 @@ fn the_fleet_lab_walks_the_share_ladder_and_back_and_cleans_up() {
         .map(|s| s.first("leased", 0.0).expect("never leased"))
         .fold(0.0, f64::max);
     assert!(
-        leased_from + 2.0 < kill,
-        "leased only at {leased_from} s (the kill is at {kill} s): {stdout}"
+        leased_from + 2.0 < kills[0],
+        "leased only at {leased_from} s (the first kill is at {} s): {stdout}",
+        kills[0]
     );
-    let (from, to) = (leased_from + 1.0, kill - 0.1);
+    let (from, to) = (leased_from + 1.0, kills[0] - 0.1);
     let admitted: f64 = samples
         .values()
         .map(|s| {
@@ -134,7 +164,62 @@ fn the_fleet_lab_walks_the_share_ladder_and_back_and_cleans_up() {
         at_all(to)
     );
 
-    // The allocator down: STICKY once each lease lapses, FAIL_OPEN sticky_max later.
+    // Each kill killed the leader of the moment, and another replica (a higher term)
+    // took over within the election TTL and a little, while every host stayed LEASED.
+    assert_eq!(killed.len(), 3, "{stdout}");
+    let names: Vec<&str> = killed.iter().map(|k| k.1.as_str()).collect();
+    assert!(
+        names[0] != names[1] && names[1] != names[2] && names[0] != names[2],
+        "the kills did not each kill a new leader: {names:?}"
+    );
+    for pair in killed.windows(2) {
+        let ((at, name, term), next) = (&pair[0], &pair[1].0);
+        let took_over = replicas
+            .iter()
+            .find(|r| r.0 > *at && r.1 != *name && r.2 == "leader")
+            .unwrap_or_else(|| panic!("no replica led after {name} was killed at {at} s"));
+        eprintln!(
+            "killed {name} (term {term}) at {at} s: {} leads at term {} by {} s",
+            took_over.1, took_over.3, took_over.0
+        );
+        assert!(took_over.3 > *term, "term {} after {term}", took_over.3);
+        assert!(
+            took_over.0 <= at + election + 3.0,
+            "{} led only at {} s",
+            took_over.1,
+            took_over.0
+        );
+        for r in replicas
+            .iter()
+            .filter(|r| r.0 > *at && r.0 < restart && r.1 == *name)
+        {
+            assert_eq!(r.2, "down", "{name} at {} s, killed at {at} s", r.0);
+        }
+        for (host, s) in &samples {
+            for x in s.0.iter().filter(|x| x.0 > *at && x.0 < *next) {
+                assert_eq!(
+                    x.1, "leased",
+                    "{host} at {} s: the leader was killed at {at} s",
+                    x.0
+                );
+            }
+        }
+    }
+    let (from, to) = (kills[0], kill - 0.1);
+    let through: f64 = samples
+        .values()
+        .map(|s| {
+            let ((t0, p0), (t1, p1)) = (s.passed_at(from), s.passed_at(to));
+            (p1 - p0) as f64 / (t1 - t0)
+        })
+        .sum();
+    eprintln!("through two failovers ({from} s to {to} s): admitted {through:.0}/s");
+    assert!(
+        (through - expected).abs() <= 0.05 * expected,
+        "the fleet admitted {through:.0}/s through the failovers, expected {expected}"
+    );
+
+    // Every replica down: STICKY once each lease lapses, FAIL_OPEN sticky_max later.
     for (name, s) in &samples {
         let sticky_at = s
             .first("sticky", kill)
@@ -163,9 +248,12 @@ fn the_fleet_lab_walks_the_share_ladder_and_back_and_cleans_up() {
             "{name} dropped in fail_open"
         );
     }
-    assert!(allocator
-        .iter()
-        .any(|(t, a)| *t > kill && *t < restart && a == "down"));
+    assert!(
+        global
+            .iter()
+            .any(|(t, leader, up)| *t > kill && *t < restart && leader == "none" && *up == 0),
+        "no second with every replica down"
+    );
 
     // Back: LEASED again within two leases of the restart.
     for (name, s) in &samples {
@@ -231,21 +319,27 @@ fn the_fleet_lab_walks_the_share_ladder_and_back_and_cleans_up() {
         pids.push(f["daemon_pid"].clone());
     }
     assert_eq!(pids.len(), hosts);
-    let alloc_line = stdout
+    let etcd_line = stdout
         .lines()
-        .find(|l| l.starts_with("lab: allocator "))
-        .expect("allocator line");
-    let dir = &fields(alloc_line)["dir"];
+        .find(|l| l.starts_with("lab: etcd "))
+        .expect("etcd line");
+    let dir = &fields(etcd_line)["dir"];
     assert!(!Path::new(dir).exists(), "the lab's directory {dir} left");
-    for line in stdout.lines().filter(|l| l.contains("allocator_pid=")) {
-        pids.push(fields(line)["allocator_pid"].clone());
-    }
+    pids.push(fields(etcd_line)["etcd_pid"].clone());
+    let replica_pids: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.contains("replica_pid="))
+        .map(|l| fields(l)["replica_pid"].clone())
+        .collect();
+    // Three started, three killed and three restarted.
+    assert!(replica_pids.len() >= 6, "{replica_pids:?}");
+    pids.extend(replica_pids);
     for pid in pids {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).into_owned();
         assert!(
-            !String::from_utf8_lossy(&cmdline).contains("limiter"),
-            "process {pid} ({}) still runs",
-            String::from_utf8_lossy(&cmdline)
+            !cmdline.contains("limiter") && !cmdline.contains("etcd"),
+            "process {pid} ({cmdline}) still runs"
         );
     }
 }

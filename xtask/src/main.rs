@@ -34,9 +34,10 @@ enum Task {
     /// arguments: a self-contained lab (namespace, veth pair, example config, traffic,
     /// live table) until Ctrl-C; `-- --lab-lb [--duration S]`: the same lab with the
     /// limiter in front of a stand-in load balancer (tail-call handoff); `-- --fleet
-    /// [--duration S] [--script "5:kill,20:restart"]`: the fleet lab (an allocator, three
-    /// daemons, a live view of their shares and states, keys to kill/restart the allocator
-    /// and partition a host).
+    /// [--duration S] [--script "5:kill,20:restart"]`: the fleet lab (three allocator
+    /// replicas on one etcd, three daemons, a live view of their shares and states and the
+    /// replicas' roles, keys to kill the leader, restart the killed replicas and partition
+    /// a host).
     Run {
         /// Arguments for `limiter run`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -123,7 +124,7 @@ fn main() -> Result<()> {
             if args.is_empty() {
                 return run_cmd(&mut Command::new(release.join("limiter-lab")));
             }
-            // The fleet lab: an allocator and three daemons, a live view of their shares.
+            // The fleet lab: three allocator replicas and three daemons, a live view.
             if args.first().is_some_and(|a| a == "--fleet") {
                 return run_cmd(Command::new(release.join("limiter-fleet-lab")).args(&args[1..]));
             }

@@ -28,7 +28,8 @@ const APT_PACKAGES: &[&str] = &[
     "zsh",
     "fish",
     "prometheus",
-    // The allocator replicas: etcd-client's build runs protoc; the replica tests run etcd.
+    // The allocator replicas: etcd-client's build runs protoc; the replica tests and the
+    // fleet lab run etcd.
     "protobuf-compiler",
     "etcd-server",
 ];

@@ -1,11 +1,12 @@
-//! `cargo xtask run -- --fleet`: the fleet on this machine. An allocator and three
-//! daemons, each daemon on a veth pair of its own with traffic from a namespace, one
-//! tenant rule whose global quota the three hosts' traffic exceeds, and fleet timings
-//! scaled down (lease 2 s, reports every 0.5 s, sticky_max 10 s) so that the share
-//! ladder LEASED → STICKY → FAIL_OPEN and back plays out in tens of seconds.
+//! `cargo xtask run -- --fleet`: the fleet on this machine. Three allocator replicas
+//! electing their leader in one etcd, and three daemons, each on a veth pair of its own
+//! with traffic from a namespace and listing the three replicas, one tenant rule whose
+//! global quota the three hosts' traffic exceeds, and fleet timings scaled down (lease
+//! 3 s, reports every 0.5 s, election TTL 2 s, sticky_max 10 s) so that a failover and
+//! the share ladder LEASED → STICKY → FAIL_OPEN and back play out in tens of seconds.
 //!
-//! In a terminal: a live view with keys (`k` kill the allocator, `r` restart it, `1`–`3`
-//! partition/heal a host, `q`/Ctrl-C quit). Otherwise, or with `--plain`/`--script`: one
+//! In a terminal: a live view with keys (`k` kill the leading replica, `r` restart the
+//! killed ones, `1`–`3` partition/heal a host, `q`/Ctrl-C quit). Otherwise, or with `--plain`/`--script`: one
 //! plain line a second per host and one for the fleet, actions from `--script
 //! "5:kill,20:restart,30:partition 2,40:heal 2"` and from stdin lines (`kill`, `restart`,
 //! `partition N`, `heal N`, `quit`). `--duration S` stops after S seconds. Everything it
@@ -26,10 +27,10 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use limiter_bench::fleet_lab::{
-    fleet::{sibling, Allocator, Host},
-    global_line, parse_script, transition,
+    fleet::{sibling, Allocators, Host},
+    global_line, leader_change, parse_script, transition,
     view::{Screen, Terminal},
-    Action, History, HostReading, HostSecond, LabConfig,
+    Action, History, HostReading, HostSecond, LabConfig, ReplicaReading,
 };
 use limiter_tests::pki::Pki;
 
@@ -80,14 +81,15 @@ fn options() -> Result<Options> {
             "--rate-per-host" => o.config.offered_per_host = number(value("N")?, &arg)?,
             "--sticky-max-s" => o.config.sticky_max_s = number(value("N")?, &arg)?,
             "--lease-ms" => {
-                // Reports four times a lease, as the defaults do.
-                o.config.lease_ttl_ms = number(value("MILLISECONDS")?, &arg)?.max(4);
-                o.config.report_interval_ms = o.config.lease_ttl_ms / 4;
+                // Reports six times a lease, as the defaults do (3000 ms, 500 ms).
+                o.config.lease_ttl_ms = number(value("MILLISECONDS")?, &arg)?.max(6);
+                o.config.report_interval_ms = o.config.lease_ttl_ms / 6;
             }
             "--fleet" => {} // as xtask passes it on
             _ => bail!("unknown argument {arg:?}; {USAGE}"),
         }
     }
+    o.config.check().context("--lease-ms")?;
     if let Some(script) = script {
         o.script = parse_script(&script, o.config.hosts).context("--script")?;
         o.plain = true;
@@ -130,10 +132,10 @@ enum Output {
 
 struct Lab {
     config: LabConfig,
-    // Dropped in this order: traffic first, then the daemons, then the allocator.
+    // Dropped in this order: traffic first, then the daemons, then the replicas and etcd.
     senders: Senders,
     hosts: Vec<Host>,
-    allocator: Allocator,
+    allocators: Allocators,
     started: Instant,
     events: VecDeque<String>,
     plain: bool,
@@ -153,23 +155,55 @@ impl Lab {
 
     fn apply(&mut self, action: Action) -> Result<()> {
         match action {
-            Action::Kill => match self.allocator.kill() {
-                Some(pid) => self.event(format!(
-                    "action=kill allocator_pid={pid} signal=SIGKILL (hosts keep their leases \
-                     until they lapse)"
-                )),
-                None => self.event("action=kill: the allocator is not running".into()),
-            },
+            Action::Kill => {
+                let readings = self.allocators.readings();
+                let leading = readings.iter().position(|r| r.up && r.leader);
+                let killed = leading.and_then(|i| {
+                    let r = &mut self.allocators.replicas[i];
+                    Some((r.name.clone(), r.kill()?, readings[i].term))
+                });
+                let left = readings.iter().filter(|r| r.up).count().saturating_sub(1);
+                match killed {
+                    Some((name, pid, term)) => self.event(format!(
+                        "action=kill replica={name} replica_pid={pid} term={term} \
+                         signal=SIGKILL ({})",
+                        if left > 0 {
+                            format!("the leader; {left} left to elect the next")
+                        } else {
+                            "the last one up; hosts keep their leases until they lapse".into()
+                        }
+                    )),
+                    None => self.event(format!(
+                        "action=kill: no replica leads now ({} of {} up): nothing killed",
+                        readings.iter().filter(|r| r.up).count(),
+                        readings.len()
+                    )),
+                }
+            }
             Action::Restart => {
-                let was = self.allocator.pid();
-                // A restart that fails (its port taken meanwhile) is shown, not fatal:
-                // the fleet runs on without an allocator, as it would.
-                match (was, self.allocator.start()) {
-                    (Some(pid), _) => {
-                        self.event(format!("action=restart: already running (pid {pid})"))
+                // A restart that fails (its port taken meanwhile) is shown, not fatal: the
+                // fleet runs on with the replicas it has, as it would.
+                let mut started = Vec::new();
+                let mut failed = Vec::new();
+                for r in &mut self.allocators.replicas {
+                    if r.pid().is_some() {
+                        continue;
                     }
-                    (None, Ok(pid)) => self.event(format!("action=restart allocator_pid={pid}")),
-                    (None, Err(e)) => self.event(format!("action=restart failed: {e:#}")),
+                    match r.start() {
+                        Ok(pid) => started.push(format!("{} replica_pid={pid}", r.name)),
+                        Err(e) => failed.push(format!("{}: {e:#}", r.name)),
+                    }
+                }
+                if started.is_empty() && failed.is_empty() {
+                    self.event("action=restart: every replica is running".into());
+                }
+                for s in started {
+                    self.event(format!(
+                        "action=restart replica={s} (it joins the election)"
+                    ));
+                }
+                for f in failed {
+                    self.event(format!("action=restart failed: {f}"));
                 }
             }
             Action::Partition(n) | Action::Heal(n) | Action::Toggle(n) => {
@@ -177,15 +211,15 @@ impl Lab {
                 let cut = match action {
                     Action::Partition(_) => true,
                     Action::Heal(_) => false,
-                    _ => !host.relay.is_cut(),
+                    _ => !host.is_cut(),
                 };
-                host.relay.set_cut(cut);
+                host.set_cut(cut);
                 let name = host.name.clone();
                 self.event(format!(
                     "action={} host={name} ({})",
                     if cut { "partition" } else { "heal" },
                     if cut {
-                        "its allocator connections closed, new ones refused"
+                        "its connections to every replica closed, new ones refused"
                     } else {
                         "its allocator traffic flows again"
                     }
@@ -222,23 +256,24 @@ fn run(o: Options) -> Result<()> {
     let c = o.config.clone();
     let limiter = sibling("limiter", "limiter-user")?;
     let allocator_binary = sibling("limiter-allocator", "limiter-allocator")?;
+    if !std::path::Path::new(limiter_tests::etcd::ETCD).exists() {
+        bail!(
+            "{} is missing: `cargo xtask setup` installs Debian's etcd-server",
+            limiter_tests::etcd::ETCD
+        );
+    }
     limiter_tests::netns::require_root()?;
     let dir =
         LabDir(std::env::temp_dir().join(format!("limiter-fleet-lab-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).with_context(|| format!("creating {}", dir.0.display()))?;
     println!("lab: {}", c.describe());
     let pki = Pki::create(&dir.0)?;
-    let allocator = Allocator::new(allocator_binary, &dir.0, &pki, &c)?;
+    let mut allocators = Allocators::new(&allocator_binary, &dir.0, &pki, &c)?;
+    let first = allocators.wait_leader(Duration::from_secs(15))?;
+    let ports = allocators.ports();
     let mut hosts = Vec::new();
     for n in 1..=c.hosts {
-        hosts.push(Host::new(
-            n,
-            limiter.clone(),
-            &dir.0,
-            &pki,
-            allocator.port,
-            &c,
-        )?);
+        hosts.push(Host::new(n, limiter.clone(), &dir.0, &pki, &ports, &c)?);
     }
     let mut lab = Lab {
         config: c.clone(),
@@ -247,7 +282,7 @@ fn run(o: Options) -> Result<()> {
             threads: Vec::new(),
         },
         hosts,
-        allocator,
+        allocators,
         started: Instant::now(),
         events: VecDeque::new(),
         plain: o.plain,
@@ -255,16 +290,31 @@ fn run(o: Options) -> Result<()> {
     for h in &mut lab.hosts {
         h.wait_ready(Duration::from_secs(60))?;
     }
-    let allocator_pid = lab.allocator.pid().unwrap_or(0);
     println!(
-        "lab: allocator 127.0.0.1:{} allocator_pid={allocator_pid} dir={}",
-        lab.allocator.port,
+        "lab: etcd endpoints={} etcd_pid={} dir={}",
+        (0..c.replicas)
+            .map(|i| lab.allocators.etcd.endpoint(i))
+            .collect::<Vec<_>>()
+            .join(","),
+        lab.allocators.etcd.pid().unwrap_or(0),
         dir.0.display()
     );
+    for (i, r) in lab.allocators.replicas.iter_mut().enumerate() {
+        let pid = r.pid().unwrap_or(0);
+        println!(
+            "lab: replica {} listen=127.0.0.1:{} metrics=127.0.0.1:{} etcd={} replica_pid={}{}",
+            r.name,
+            r.port,
+            r.metrics_port,
+            r.etcd,
+            pid,
+            if i == first { " (leads)" } else { "" }
+        );
+    }
     for h in &lab.hosts {
         println!(
             "lab: host {} namespace={} veth={} ({} -> {}) pins={} socket={} daemon_pid={} \
-             relay=127.0.0.1:{}",
+             relays={}",
             h.name,
             h.pair.ns,
             h.pair.host,
@@ -273,7 +323,11 @@ fn run(o: Options) -> Result<()> {
             h.pins.path.display(),
             h.socket.display(),
             h.daemon_pid().unwrap_or(0),
-            h.relay.port
+            h.relays
+                .iter()
+                .map(|r| format!("127.0.0.1:{}", r.port))
+                .collect::<Vec<_>>()
+                .join(",")
         );
     }
     for h in &lab.hosts {
@@ -293,6 +347,11 @@ fn run(o: Options) -> Result<()> {
     let mut script = o.script.into_iter().peekable();
     let mut history = History::default();
     let mut before = lab.readings()?;
+    let mut replicas_before: Vec<ReplicaReading> = lab.allocators.readings();
+    if let Some(l) = limiter_bench::fleet_lab::leader(&replicas_before) {
+        let text = format!("leader: {} (term {})", l.name, l.term);
+        lab.event(text);
+    }
     let mut last = Instant::now();
     let mut next_tick = last + Duration::from_secs(1);
     while !STOP.load(Ordering::Relaxed) && o.duration.is_none_or(|d| lab.started.elapsed() < d) {
@@ -331,7 +390,7 @@ fn run(o: Options) -> Result<()> {
             .iter()
             .zip(now.iter().cloned())
             .zip(&before)
-            .map(|((h, r), b)| HostSecond::new(&h.name, Some(b), r, elapsed, h.relay.is_cut()))
+            .map(|((h, r), b)| HostSecond::new(&h.name, Some(b), r, elapsed, h.is_cut()))
             .collect();
         for (s, b) in seconds.iter().zip(&before) {
             if let Some(change) = transition(&s.name, Some(b), &s.reading) {
@@ -341,19 +400,26 @@ fn run(o: Options) -> Result<()> {
         before = now;
         let admitted: f64 = seconds.iter().map(|s| s.passed_per_s).sum();
         history.push(t, admitted);
-        let allocator = lab.allocator.reading();
+        let replicas = lab.allocators.readings();
+        if let Some(change) = leader_change(&replicas_before, &replicas) {
+            lab.event(change);
+        }
+        replicas_before = replicas.clone();
         match &mut output {
             Output::Plain => {
                 for s in &seconds {
                     println!("{}", s.plain_line(t));
                 }
-                println!("{}", global_line(t, admitted, c.quota, &allocator));
+                for r in &replicas {
+                    println!("{}", r.plain_line(t));
+                }
+                println!("{}", global_line(t, admitted, c.quota, &replicas));
             }
             Output::Terminal(term) => term.draw(&Screen {
                 config: &c,
                 t,
                 hosts: &seconds,
-                allocator: &allocator,
+                replicas: &replicas,
                 admitted,
                 history: &history,
                 events: &lab.events,
@@ -364,7 +430,7 @@ fn run(o: Options) -> Result<()> {
     let Lab {
         senders,
         hosts,
-        allocator,
+        allocators,
         ..
     } = lab;
     drop(senders);
@@ -373,10 +439,11 @@ fn run(o: Options) -> Result<()> {
         .map(|h| format!("{} {} {}", h.pair.ns, h.pair.host, h.pins.path.display()))
         .collect();
     drop(hosts);
-    drop(allocator);
+    drop(allocators);
     drop(dir);
     println!(
-        "lab: cleaned up (daemons and allocator ended, namespaces, veths and pins removed: {})",
+        "lab: cleaned up (daemons, replicas and etcd ended, namespaces, veths and pins \
+         removed: {})",
         names.join(", ")
     );
     Ok(())

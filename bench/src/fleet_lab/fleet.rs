@@ -1,7 +1,8 @@
-//! The processes and links of the fleet lab: the allocator, a relay per host (the lab's
-//! partition switch), and the hosts — each a veth pair of the harness with the real
-//! daemon on its near end and a traffic source in its namespace. Everything is removed
-//! on drop, processes ended by their pid.
+//! The processes and links of the fleet lab: etcd and the allocator replicas electing
+//! their leader in it, a relay per host and replica (the lab's partition switch), and the
+//! hosts — each a veth pair of the harness with the real daemon on its near end and a
+//! traffic source in its namespace. Everything is removed on drop, processes ended by
+//! their pid.
 
 use std::{
     io::{Read as _, Write as _},
@@ -20,6 +21,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use limiter_common::share::ShareState;
 use limiter_tests::{
+    etcd::Etcd,
     frame::FrameBuilder,
     netns::{ifindex, spawn_in_netns, VethPair},
     pki::Pki,
@@ -28,7 +30,7 @@ use limiter_tests::{
 };
 use limiter_user::{maps::Maps, stats::share_state_at};
 
-use super::{lease_age, AllocatorReading, HostReading, LabConfig};
+use super::{lease_age, HostReading, LabConfig, ReplicaReading};
 
 /// The rule the lab's tenant has, and the address its traffic goes to.
 pub const RULE: &str = "web";
@@ -73,44 +75,68 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// One allocator replica: its config (with `[election]`), its process, its metrics.
 pub struct Allocator {
+    /// `alloc-1`…
+    pub name: String,
     binary: PathBuf,
     config: PathBuf,
     log: PathBuf,
     pub port: u16,
-    metrics_port: u16,
+    pub metrics_port: u16,
+    /// The etcd endpoint it elects through (a loopback address of its own).
+    pub etcd: String,
     child: Option<Child>,
 }
 
 impl Allocator {
-    pub fn new(binary: PathBuf, dir: &Path, pki: &Pki, c: &LabConfig) -> Result<Allocator> {
+    /// Writes replica `n`'s config (1-based) and starts it.
+    pub fn new(
+        n: usize,
+        binary: PathBuf,
+        dir: &Path,
+        pki: &Pki,
+        c: &LabConfig,
+        etcd: String,
+    ) -> Result<Allocator> {
+        let name = format!("alloc-{n}");
         let (port, metrics_port) = (free_port()?, free_port()?);
         let server = pki.pair("allocator");
-        let config = dir.join("allocator.toml");
+        let config = dir.join(format!("{name}.toml"));
+        // `advertise` stays the listen address (the default): what a follower names in
+        // its redirect. No host lists it — each host lists its own relays, the partition
+        // switch — so a host ignores the redirect (and logs that it did) and tries the
+        // next relay of its list 200 ms later, round robin, until the leader answers: at
+        // most two refusals, well within a lease. A redirect can name only one address,
+        // and there are three relays to each replica, one per host.
         std::fs::write(
             &config,
             format!(
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"127.0.0.1:{metrics_port}\"\n\
                  control_socket = \"{}\"\nlease_ttl_ms = {}\nreport_interval_ms = {}\n\
                  [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-                 [[quotas]]\nrule = \"{RULE}\"\nrate = {}\nburst = {}\n",
-                dir.join("allocator.sock").display(),
+                 [[quotas]]\nrule = \"{RULE}\"\nrate = {}\nburst = {}\n\
+                 [election]\netcd = [\"{etcd}\"]\nttl_ms = {}\n",
+                dir.join(format!("{name}.sock")).display(),
                 c.lease_ttl_ms,
                 c.report_interval_ms,
                 pki.ca().display(),
                 server.cert.display(),
                 server.key.display(),
                 c.quota,
-                c.burst()
+                c.burst(),
+                c.election_ttl_ms
             ),
         )
         .with_context(|| format!("writing {}", config.display()))?;
         let mut a = Allocator {
+            log: dir.join(format!("{name}.log")),
+            name,
             binary,
             config,
-            log: dir.join("allocator.log"),
             port,
             metrics_port,
+            etcd,
             child: None,
         };
         a.start()?;
@@ -143,7 +169,8 @@ impl Allocator {
             if Instant::now() > deadline || self.pid().is_none() {
                 self.kill();
                 bail!(
-                    "the allocator did not listen on 127.0.0.1:{} within 10 s; its log:\n{}",
+                    "{} did not listen on 127.0.0.1:{} within 10 s; its log:\n{}",
+                    self.name,
                     self.port,
                     tail(&self.log)
                 );
@@ -165,7 +192,7 @@ impl Allocator {
         }
     }
 
-    /// SIGKILL, by pid: no goodbye to the hosts, as when its machine dies.
+    /// SIGKILL, by pid: no goodbye to the hosts or etcd, as when its machine dies.
     pub fn kill(&mut self) -> Option<u32> {
         let mut child = self.child.take()?;
         let pid = child.id();
@@ -173,23 +200,33 @@ impl Allocator {
         Some(pid)
     }
 
-    pub fn reading(&mut self) -> AllocatorReading {
+    pub fn reading(&mut self) -> ReplicaReading {
         let pid = self.pid();
-        let metrics = pid.and_then(|_| self.metrics().ok());
-        let value = |name: &str| {
-            let metrics = metrics.as_deref()?;
+        let Some(metrics) = pid.and_then(|_| self.metrics().ok()) else {
+            return ReplicaReading::down(&self.name, pid);
+        };
+        let value = |name: &str, rule: bool| {
             metrics
                 .lines()
+                .filter(|l| !l.starts_with('#'))
                 // A prefix: the family may carry a unit suffix.
-                .find(|l| l.starts_with(name) && l.contains(&format!("rule=\"{RULE}\"")))
+                .find(|l| {
+                    l.starts_with(name)
+                        && (!rule || l.contains(&format!("rule=\"{RULE}\"")))
+                        && (rule || l.split_whitespace().next() == Some(name))
+                })
                 .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
                 .map(|v| v as u64)
         };
-        AllocatorReading {
-            up: metrics.is_some(),
+        ReplicaReading {
+            name: self.name.clone(),
             pid,
-            granted: value("limiter_allocator_granted"),
-            hosts: value("limiter_allocator_hosts"),
+            up: true,
+            leader: value("limiter_allocator_leader", false) == Some(1),
+            term: value("limiter_allocator_term", false).unwrap_or(0),
+            etcd_reachable: value("limiter_allocator_etcd_reachable", false).map(|v| v == 1),
+            granted: value("limiter_allocator_granted", true),
+            hosts: value("limiter_allocator_hosts", true),
         }
     }
 
@@ -212,8 +249,72 @@ impl Drop for Allocator {
     }
 }
 
-/// A TCP relay on loopback between one host and the allocator: the lab's switch for
-/// partitioning that host. Cut, it closes the host's connections and refuses new ones
+/// The replicas and the etcd they elect their leader in. Dropped in this order: the
+/// replicas, then etcd.
+pub struct Allocators {
+    pub replicas: Vec<Allocator>,
+    pub etcd: Etcd,
+}
+
+impl Allocators {
+    /// Starts etcd, serving one loopback address per replica (127.0.0.11, .12, …, as the
+    /// replica tests do), and the replicas, each electing through its own address.
+    pub fn new(binary: &Path, dir: &Path, pki: &Pki, c: &LabConfig) -> Result<Allocators> {
+        let addresses: Vec<Ipv4Addr> = (0..c.replicas)
+            .map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8))
+            .collect();
+        let etcd = Etcd::start(dir, &addresses).context("starting etcd")?;
+        let mut replicas = Vec::new();
+        for i in 0..c.replicas {
+            replicas.push(Allocator::new(
+                i + 1,
+                binary.to_path_buf(),
+                dir,
+                pki,
+                c,
+                etcd.endpoint(i),
+            )?);
+        }
+        Ok(Allocators { replicas, etcd })
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.replicas.iter().map(|r| r.port).collect()
+    }
+
+    pub fn readings(&mut self) -> Vec<ReplicaReading> {
+        self.replicas.iter_mut().map(Allocator::reading).collect()
+    }
+
+    /// The replica that leads now (by its `limiter_allocator_leader` gauge).
+    pub fn leader(&mut self) -> Option<usize> {
+        self.readings().iter().position(|r| r.up && r.leader)
+    }
+
+    /// Waits until one replica leads; returns it.
+    pub fn wait_leader(&mut self, within: Duration) -> Result<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(i) = self.leader() {
+                return Ok(i);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no allocator replica leads after {within:?} (etcd at {}); {}'s log:\n{}",
+                    self.etcd.endpoint(0),
+                    self.replicas.first().map_or("?", |r| r.name.as_str()),
+                    self.replicas
+                        .first()
+                        .map_or(String::new(), |r| tail(&r.log))
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A TCP relay on loopback between one host and one allocator replica: the lab's switch
+/// for partitioning that host (one relay per replica, all cut at once). Cut, it closes the host's connections and refuses new ones
 /// (the allocator never hears from it); healed, it relays again. It touches no
 /// namespace and no firewall of this machine.
 pub struct Relay {
@@ -235,7 +336,7 @@ impl Relay {
                     continue; // dropped: closed at once
                 }
                 let Ok(up) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue; // the allocator is down: the host sees its connection close
+                    continue; // the replica is down: the host sees its connection close
                 };
                 let _ = relay_pair(down, up, &s);
             }
@@ -286,7 +387,8 @@ pub struct Host {
     log: PathBuf,
     daemon: Option<Child>,
     maps: Option<Maps>,
-    pub relay: Relay,
+    /// One per replica, in the replicas' order: the host's `[fleet] allocator` list.
+    pub relays: Vec<Relay>,
     pub pins: PinDir,
     pub pair: VethPair,
 }
@@ -298,12 +400,19 @@ impl Host {
         binary: PathBuf,
         dir: &Path,
         pki: &Pki,
-        allocator_port: u16,
+        replica_ports: &[u16],
         c: &LabConfig,
     ) -> Result<Host> {
         let name = format!("lb-{n}");
         let pair = VethPair::new(1).with_context(|| format!("{name}: creating its veth pair"))?;
-        let relay = Relay::new(allocator_port)?;
+        let relays = replica_ports
+            .iter()
+            .map(|&port| Relay::new(port))
+            .collect::<Result<Vec<Relay>>>()?;
+        let list: Vec<String> = relays
+            .iter()
+            .map(|r| format!("\"127.0.0.1:{}\"", r.port))
+            .collect();
         let pins = PinDir::new();
         let socket = dir.join(format!("{name}.sock"));
         let config = dir.join(format!("{name}.toml"));
@@ -315,7 +424,7 @@ impl Host {
                  control_socket = \"{}\"\nmetrics = \"\"\nfleet_size = {}\n\n\
                  [[rules]]\nname = \"{RULE}\"\ndst = \"{VIP}/32\"\nrate = {}\nburst = {}\n\
                  fail_mode = \"open\"\n\n\
-                 [fleet]\nallocator = \"127.0.0.1:{}\"\nhost_id = \"{name}\"\nca = \"{}\"\n\
+                 [fleet]\nallocator = [{}]\nhost_id = \"{name}\"\nca = \"{}\"\n\
                  cert = \"{}\"\nkey = \"{}\"\nlease_ttl_ms = {}\nreport_interval_ms = {}\n\
                  sticky_max_s = {}\n",
                 pair.host,
@@ -324,7 +433,7 @@ impl Host {
                 c.hosts,
                 c.quota,
                 c.burst(),
-                relay.port,
+                list.join(", "),
                 pki.ca().display(),
                 tls.cert.display(),
                 tls.key.display(),
@@ -342,7 +451,7 @@ impl Host {
             log,
             daemon: None,
             maps: None,
-            relay,
+            relays,
             pins,
             pair,
         };
@@ -393,6 +502,19 @@ impl Host {
                 .with_context(|| format!("{}: opening {}", self.name, self.pins.path.display()))?,
         );
         Ok(())
+    }
+
+    /// Cut off from every replica (all its relays cut).
+    pub fn is_cut(&self) -> bool {
+        self.relays.iter().all(Relay::is_cut)
+    }
+
+    /// Cuts (or heals) all its relays at once: a partition of the host, not of one
+    /// replica.
+    pub fn set_cut(&self, cut: bool) {
+        for r in &self.relays {
+            r.set_cut(cut);
+        }
     }
 
     pub fn daemon_pid(&self) -> Option<u32> {

@@ -1,6 +1,7 @@
-//! The fleet lab (`cargo xtask run -- --fleet`, binary `limiter-fleet-lab`): an allocator
-//! and three daemons on this machine, each daemon on a veth pair of its own with traffic
-//! from a namespace, and a live view of every host's share and state. This module is the
+//! The fleet lab (`cargo xtask run -- --fleet`, binary `limiter-fleet-lab`): three
+//! allocator replicas electing their leader in one etcd, and three daemons on this
+//! machine, each daemon on a veth pair of its own with traffic from a namespace, and a
+//! live view of every host's share and state and every replica's role. This module is the
 //! pure part — actions, scripts, per-second samples and the lines the plain mode prints —
 //! tested directly; [`fleet`] runs the processes, [`view`] draws the terminal UI.
 
@@ -16,6 +17,10 @@ use anyhow::{bail, Context as _, Result};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabConfig {
     pub hosts: usize,
+    /// Allocator replicas, one etcd for their election.
+    pub replicas: usize,
+    /// The replicas' `[election] ttl_ms`: how long a dead leader's etcd lease outlives it.
+    pub election_ttl_ms: u64,
     /// The rule's global quota, packets/s.
     pub quota: u64,
     /// What each host's traffic source offers, packets/s.
@@ -29,9 +34,13 @@ impl Default for LabConfig {
     fn default() -> LabConfig {
         LabConfig {
             hosts: 3,
+            replicas: 3,
+            election_ttl_ms: 2000,
             quota: 3000,
             offered_per_host: 2000,
-            lease_ttl_ms: 2000,
+            // Above election TTL + report interval (the allocator's config check): a
+            // failover then fits in one lease and the hosts never leave LEASED.
+            lease_ttl_ms: 3000,
             report_interval_ms: 500,
             sticky_max_s: 10,
         }
@@ -50,12 +59,29 @@ impl LabConfig {
         self.quota.min(self.offered_per_host * self.hosts as u64)
     }
 
+    /// What the replicas' config check requires: a leader's etcd lease (the election
+    /// TTL) and a report interval must fit in one host lease.
+    pub fn check(&self) -> Result<()> {
+        if self.election_ttl_ms + self.report_interval_ms >= self.lease_ttl_ms {
+            bail!(
+                "a lease of {} ms is too short: it must exceed the election TTL ({} ms) plus \
+                 the report interval ({} ms)",
+                self.lease_ttl_ms,
+                self.election_ttl_ms,
+                self.report_interval_ms
+            );
+        }
+        Ok(())
+    }
+
     /// The line the lab prints first, which the tests read the expected figures from.
     pub fn describe(&self) -> String {
         format!(
-            "config hosts={} quota={} burst={} offered_per_host={} lease_ttl_ms={} \
-             report_interval_ms={} sticky_max_s={}",
+            "config hosts={} replicas={} election_ttl_ms={} quota={} burst={} \
+             offered_per_host={} lease_ttl_ms={} report_interval_ms={} sticky_max_s={}",
             self.hosts,
+            self.replicas,
+            self.election_ttl_ms,
             self.quota,
             self.burst(),
             self.offered_per_host,
@@ -69,9 +95,9 @@ impl LabConfig {
 /// What a key, a script entry or a line on stdin asks the lab to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// SIGKILL the allocator.
+    /// SIGKILL the replica that leads now.
     Kill,
-    /// Start the allocator again (same address, same config).
+    /// Start the killed replicas again (same addresses, same configs).
     Restart,
     /// Cut host N (1-based) off the allocator.
     Partition(usize),
@@ -234,27 +260,111 @@ impl HostSecond {
     }
 }
 
-/// The allocator as the lab sees it.
+/// One allocator replica as the lab sees it (its metrics).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AllocatorReading {
-    pub up: bool,
+pub struct ReplicaReading {
+    /// `alloc-1`…
+    pub name: String,
+    /// Its process, while it runs.
     pub pid: Option<u32>,
+    /// Its metrics answered.
+    pub up: bool,
+    /// `limiter_allocator_leader`.
+    pub leader: bool,
+    /// `limiter_allocator_term`: the term it leads in (0 when not leading).
+    pub term: u64,
+    /// `limiter_allocator_etcd_reachable`.
+    pub etcd_reachable: Option<bool>,
     /// `limiter_allocator_granted` of the rule: the sum of the shares in force.
     pub granted: Option<u64>,
     /// `limiter_allocator_hosts`.
     pub hosts: Option<u64>,
 }
 
-/// The fleet-wide line of one second.
-pub fn global_line(t: Duration, admitted_per_s: f64, quota: u64, a: &AllocatorReading) -> String {
+impl ReplicaReading {
+    /// A replica that does not run (or does not answer).
+    pub fn down(name: &str, pid: Option<u32>) -> ReplicaReading {
+        ReplicaReading {
+            name: name.to_string(),
+            pid,
+            up: false,
+            leader: false,
+            term: 0,
+            etcd_reachable: None,
+            granted: None,
+            hosts: None,
+        }
+    }
+
+    /// `leader`, `follower` or `down`.
+    pub fn role(&self) -> &'static str {
+        match (self.up, self.leader) {
+            (false, _) => "down",
+            (true, true) => "leader",
+            (true, false) => "follower",
+        }
+    }
+
+    /// `t=12.0 replica=alloc-1 role=leader term=7 etcd=ok pid=4242 granted=3000 hosts=3`.
+    pub fn plain_line(&self, t: Duration) -> String {
+        let opt = |v: Option<u64>| v.map_or("none".to_string(), |v| v.to_string());
+        format!(
+            "t={:.1} replica={} role={} term={} etcd={} pid={} granted={} hosts={}",
+            t.as_secs_f64(),
+            self.name,
+            self.role(),
+            self.term,
+            match self.etcd_reachable {
+                Some(true) => "ok",
+                Some(false) => "unreachable",
+                None => "none",
+            },
+            opt(self.pid.map(u64::from)),
+            opt(self.granted),
+            opt(self.hosts)
+        )
+    }
+}
+
+/// The replica that leads, if one does (the first, should two claim to).
+pub fn leader(replicas: &[ReplicaReading]) -> Option<&ReplicaReading> {
+    replicas.iter().find(|r| r.up && r.leader)
+}
+
+/// `alloc-2 (term 7)`, or `none`.
+fn leader_name(replicas: &[ReplicaReading]) -> String {
+    leader(replicas).map_or("none".to_string(), |r| {
+        format!("{} (term {})", r.name, r.term)
+    })
+}
+
+/// A change of leader worth a line in the event log: `leader: alloc-1 (term 5) → alloc-3
+/// (term 9)`, `leader: alloc-3 (term 9) → none`.
+pub fn leader_change(before: &[ReplicaReading], now: &[ReplicaReading]) -> Option<String> {
+    let key = |r: &[ReplicaReading]| leader(r).map(|l| (l.name.clone(), l.term));
+    (key(before) != key(now))
+        .then(|| format!("leader: {} → {}", leader_name(before), leader_name(now)))
+}
+
+/// The fleet-wide line of one second: the admitted rate, and who leads (its granted sum
+/// and hosts).
+pub fn global_line(
+    t: Duration,
+    admitted_per_s: f64,
+    quota: u64,
+    replicas: &[ReplicaReading],
+) -> String {
     let opt = |v: Option<u64>| v.map_or("none".to_string(), |v| v.to_string());
+    let leading = leader(replicas);
     format!(
-        "t={:.1} global admitted_per_s={admitted_per_s:.0} quota={quota} allocator={} \
-         allocator_granted={} allocator_hosts={}",
+        "t={:.1} global admitted_per_s={admitted_per_s:.0} quota={quota} leader={} term={} \
+         replicas_up={} allocator_granted={} allocator_hosts={}",
         t.as_secs_f64(),
-        if a.up { "up" } else { "down" },
-        opt(a.granted),
-        opt(a.hosts)
+        leading.map_or("none", |l| l.name.as_str()),
+        leading.map_or(0, |l| l.term),
+        replicas.iter().filter(|r| r.up).count(),
+        opt(leading.and_then(|l| l.granted)),
+        opt(leading.and_then(|l| l.hosts))
     )
 }
 
@@ -411,6 +521,91 @@ mod tests {
         assert_eq!(p.first().unwrap().0, 39.0);
         assert_eq!(p.last().unwrap().0, 99.0);
         assert_eq!(h.max(), 99.0);
+    }
+
+    fn replica(name: &str, leader: bool, term: u64) -> ReplicaReading {
+        ReplicaReading {
+            name: name.into(),
+            pid: Some(4242),
+            up: true,
+            leader,
+            term,
+            etcd_reachable: Some(true),
+            granted: leader.then_some(3000),
+            hosts: leader.then_some(3),
+        }
+    }
+
+    #[test]
+    fn replicas_show_their_role_and_the_leader_changes_are_events() {
+        let three = vec![
+            replica("alloc-1", true, 5),
+            replica("alloc-2", false, 0),
+            replica("alloc-3", false, 0),
+        ];
+        assert_eq!(
+            three.iter().map(ReplicaReading::role).collect::<Vec<_>>(),
+            ["leader", "follower", "follower"]
+        );
+        assert_eq!(
+            three[0].plain_line(Duration::from_millis(12_040)),
+            "t=12.0 replica=alloc-1 role=leader term=5 etcd=ok pid=4242 granted=3000 hosts=3"
+        );
+        let killed = ReplicaReading::down("alloc-1", None);
+        assert_eq!(killed.role(), "down");
+        assert_eq!(
+            killed.plain_line(Duration::from_secs(1)),
+            "t=1.0 replica=alloc-1 role=down term=0 etcd=none pid=none granted=none hosts=none"
+        );
+        assert_eq!(
+            global_line(Duration::from_secs(3), 2990.4, 3000, &three),
+            "t=3.0 global admitted_per_s=2990 quota=3000 leader=alloc-1 term=5 replicas_up=3 \
+             allocator_granted=3000 allocator_hosts=3"
+        );
+
+        assert_eq!(leader_change(&three, &three), None);
+        let between = vec![
+            killed.clone(),
+            replica("alloc-2", false, 0),
+            replica("alloc-3", false, 0),
+        ];
+        assert_eq!(
+            leader_change(&three, &between).as_deref(),
+            Some("leader: alloc-1 (term 5) → none")
+        );
+        let after = vec![
+            killed,
+            replica("alloc-2", false, 0),
+            replica("alloc-3", true, 9),
+        ];
+        assert_eq!(
+            leader_change(&between, &after).as_deref(),
+            Some("leader: none → alloc-3 (term 9)")
+        );
+        assert_eq!(
+            leader_change(&three, &after).as_deref(),
+            Some("leader: alloc-1 (term 5) → alloc-3 (term 9)")
+        );
+        assert!(global_line(Duration::ZERO, 0.0, 3000, &between)
+            .contains("leader=none term=0 replicas_up=2 allocator_granted=none"));
+    }
+
+    #[test]
+    fn the_lease_must_outlast_an_election_and_a_report() {
+        let c = LabConfig::default();
+        c.check().unwrap();
+        assert!(c.lease_ttl_ms > c.election_ttl_ms + c.report_interval_ms);
+        let short = LabConfig {
+            lease_ttl_ms: 2400,
+            report_interval_ms: 400,
+            ..LabConfig::default()
+        };
+        let err = format!("{:#}", short.check().unwrap_err());
+        assert!(
+            err.contains("2400 ms is too short") && err.contains("election TTL (2000 ms)"),
+            "{err}"
+        );
+        assert!(c.describe().contains("replicas=3 election_ttl_ms=2000"));
     }
 
     #[test]

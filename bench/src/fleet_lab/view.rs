@@ -1,6 +1,6 @@
 //! The fleet lab's terminal view (ratatui on crossterm): per host its share, state,
 //! lease age and rates; the fleet's admitted rate against the quota over the last
-//! minute; the allocator; the events; the keys.
+//! minute; each allocator replica's role and term; the events; the keys.
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -15,14 +15,14 @@ use ratatui::{
     DefaultTerminal, Frame,
 };
 
-use super::{Action, AllocatorReading, History, HostSecond, LabConfig};
+use super::{Action, History, HostSecond, LabConfig, ReplicaReading};
 
 /// Everything one frame of the view shows.
 pub struct Screen<'a> {
     pub config: &'a LabConfig,
     pub t: Duration,
     pub hosts: &'a [HostSecond],
-    pub allocator: &'a AllocatorReading,
+    pub replicas: &'a [ReplicaReading],
     pub admitted: f64,
     pub history: &'a History,
     pub events: &'a VecDeque<String>,
@@ -84,11 +84,19 @@ fn state_style(state: &str) -> Style {
     }
 }
 
+fn role_style(role: &str) -> Style {
+    match role {
+        "leader" => Style::new().fg(Color::Green).add_modifier(Modifier::BOLD),
+        "follower" => Style::new().fg(Color::Cyan),
+        _ => Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
+    }
+}
+
 fn draw(frame: &mut Frame<'_>, s: &Screen<'_>) {
     let c = s.config;
-    let [title, allocator, table, global, chart, events, help] = Layout::vertical([
+    let [title, allocators, table, global, chart, events, help] = Layout::vertical([
         Constraint::Length(1),
-        Constraint::Length(1),
+        Constraint::Length(s.replicas.len() as u16 + 3),
         Constraint::Length(s.hosts.len() as u16 + 3),
         Constraint::Length(1),
         Constraint::Min(8),
@@ -99,13 +107,14 @@ fn draw(frame: &mut Frame<'_>, s: &Screen<'_>) {
 
     frame.render_widget(
         Paragraph::new(format!(
-            "limiter fleet lab — {:.0} s — rule \"{}\": quota {}/s shared by {} hosts, each \
-             offered {}/s — lease {} ms, reports every {} ms, sticky_max {} s",
+            "limiter fleet lab — {:.0} s — rule \"{}\": quota {}/s, {} hosts offering {}/s \
+             — {} replicas on etcd — lease {} ms, reports {} ms, sticky {} s",
             s.t.as_secs_f64(),
             super::fleet::RULE,
             c.quota,
             c.hosts,
             c.offered_per_host,
+            c.replicas,
             c.lease_ttl_ms,
             c.report_interval_ms,
             c.sticky_max_s
@@ -114,35 +123,73 @@ fn draw(frame: &mut Frame<'_>, s: &Screen<'_>) {
         title,
     );
 
-    let a = s.allocator;
-    let allocator_line = if a.up {
-        Line::from(vec![
-            Span::raw("allocator: "),
-            Span::styled(
-                "UP",
-                Style::new().fg(Color::Green).add_modifier(Modifier::BOLD),
-            ),
-            Span::raw(format!(
-                " (pid {}) — shares granted {}/s of {}/s, {} hosts reporting",
-                a.pid.map_or("?".into(), |p| p.to_string()),
-                a.granted.map_or("?".into(), |g| g.to_string()),
-                c.quota,
-                a.hosts.map_or("?".into(), |h| h.to_string())
-            )),
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    let replica_rows = s.replicas.iter().map(|r| {
+        let role = r.role();
+        Row::new(vec![
+            Span::raw(r.name.clone()),
+            Span::styled(role.to_uppercase(), role_style(role)),
+            // The gauge is 0 on a follower: only the leader has a term to show.
+            Span::raw(if r.leader {
+                r.term.to_string()
+            } else {
+                "-".into()
+            }),
+            match r.etcd_reachable {
+                Some(true) => Span::raw("ok"),
+                Some(false) => Span::styled("UNREACHABLE", Style::new().fg(Color::Red)),
+                None => Span::raw("-"),
+            },
+            Span::raw(opt(r.pid.map(u64::from))),
+            Span::raw(if r.leader { opt(r.granted) } else { "-".into() }),
+            Span::raw(if r.leader { opt(r.hosts) } else { "-".into() }),
         ])
-    } else {
-        Line::from(vec![
-            Span::raw("allocator: "),
-            Span::styled(
-                "DOWN",
-                Style::new().fg(Color::Red).add_modifier(Modifier::BOLD),
-            ),
-            Span::raw(
-                " — hosts keep their last share (STICKY) once their lease lapses, then fail open",
-            ),
-        ])
+    });
+    let up = s.replicas.iter().filter(|r| r.up).count();
+    let replicas_title = match super::leader(s.replicas) {
+        Some(l) => format!(
+            " allocator replicas, elected in etcd: {} leads (term {}), {up} of {} up ",
+            l.name,
+            l.term,
+            s.replicas.len()
+        ),
+        None if up > 0 => format!(
+            " allocator replicas, elected in etcd: none leads yet ({up} of {} up; hosts \
+             keep their shares meanwhile) ",
+            s.replicas.len()
+        ),
+        None => " allocator replicas: all DOWN — hosts keep their last share (STICKY) once \
+                 their lease lapses, then fail open "
+            .to_string(),
     };
-    frame.render_widget(Paragraph::new(allocator_line), allocator);
+    frame.render_widget(
+        Table::new(
+            replica_rows,
+            [
+                Constraint::Length(8),
+                Constraint::Length(9),
+                Constraint::Length(6),
+                Constraint::Length(12),
+                Constraint::Length(8),
+                Constraint::Length(10),
+                Constraint::Length(6),
+            ],
+        )
+        .header(
+            Row::new([
+                "replica",
+                "role",
+                "term",
+                "etcd",
+                "pid",
+                "granted/s",
+                "hosts",
+            ])
+            .style(Style::new().add_modifier(Modifier::BOLD)),
+        )
+        .block(Block::bordered().title(replicas_title)),
+        allocators,
+    );
 
     let header = Row::new([
         "host",
@@ -252,16 +299,16 @@ fn draw(frame: &mut Frame<'_>, s: &Screen<'_>) {
     let lines: Vec<Line<'_>> = s.events.iter().map(|e| Line::raw(e.as_str())).collect();
     frame.render_widget(
         Paragraph::new(lines).block(Block::bordered().title(format!(
-            " events — after a kill: LEASED → STICKY within a lease ({} ms), → FAIL_OPEN \
-             sticky_max ({} s) later ",
-            c.lease_ttl_ms, c.sticky_max_s
+            " events — leader killed: the next leads within ~{} ms, hosts stay LEASED; all \
+             down: STICKY within {} ms, FAIL_OPEN {} s later ",
+            c.election_ttl_ms, c.lease_ttl_ms, c.sticky_max_s
         ))),
         events,
     );
     frame.render_widget(
         Paragraph::new(format!(
-            "k kill the allocator (SIGKILL) · r restart it · 1–{} partition/heal that host · \
-             q or Ctrl-C quit",
+            "k kill the leader replica (SIGKILL) · r restart the killed replicas · 1–{} \
+             partition/heal that host (from every replica) · q or Ctrl-C quit",
             c.hosts
         ))
         .style(Style::new().fg(Color::Black).bg(Color::Gray)),
@@ -294,7 +341,7 @@ mod tests {
     }
 
     /// The screen as text, one string per row.
-    fn render(allocator: &AllocatorReading, hosts: &[HostSecond]) -> Vec<String> {
+    fn render(replicas: &[ReplicaReading], hosts: &[HostSecond]) -> Vec<String> {
         let config = LabConfig::default();
         let mut history = History::default();
         for s in 0..70 {
@@ -305,7 +352,7 @@ mod tests {
             config: &config,
             t: Duration::from_secs(70),
             hosts,
-            allocator,
+            replicas,
             admitted: 2990.0,
             history: &history,
             events: &events,
@@ -322,20 +369,32 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_view_shows_every_host_the_fleet_the_allocator_and_the_keys() {
-        let up = AllocatorReading {
+    fn replica(name: &str, leader: bool, pid: u32) -> ReplicaReading {
+        ReplicaReading {
+            name: name.into(),
+            pid: Some(pid),
             up: true,
-            pid: Some(4242),
+            leader,
+            term: if leader { 17 } else { 0 },
+            etcd_reachable: Some(true),
             granted: Some(3000),
             hosts: Some(3),
-        };
+        }
+    }
+
+    #[test]
+    fn the_view_shows_every_host_the_fleet_the_replicas_and_the_keys() {
+        let replicas = [
+            ReplicaReading::down("alloc-1", None),
+            replica("alloc-2", true, 4242),
+            replica("alloc-3", false, 4343),
+        ];
         let hosts = [
             host("lb-1", "leased", false),
             host("lb-2", "sticky", true),
             host("lb-3", "fail_open", false),
         ];
-        let rows = render(&up, &hosts);
+        let rows = render(&replicas, &hosts);
         let text = rows.join("\n");
         let row = |needle: &str| {
             rows.iter()
@@ -350,8 +409,21 @@ mod tests {
         assert!(lb1.contains("987"), "dropped/s: {lb1}");
         assert!(row("lb-2 ").contains("STICKY") && row("lb-2 ").contains("PARTITIONED"));
         assert!(row("lb-3 ").contains("FAIL_OPEN") && row("lb-3 ").contains("none"));
-        assert!(row("allocator: ").contains("UP (pid 4242)"));
-        assert!(row("allocator: ").contains("granted 3000/s of 3000/s, 3 hosts"));
+        assert!(row("│alloc-1 ").contains("DOWN"), "{}", row("│alloc-1 "));
+        let leader = row("│alloc-2 ");
+        assert!(
+            leader.contains("LEADER") && leader.contains(" 17 ") && leader.contains("4242"),
+            "{leader}"
+        );
+        assert!(leader.contains("3000") && leader.contains("ok"), "{leader}");
+        let follower = row("│alloc-3 ");
+        assert!(
+            follower.contains("FOLLOWER")
+                && follower.contains("4343")
+                && !follower.contains("3000"),
+            "{follower}"
+        );
+        assert!(row("allocator replicas").contains("alloc-2 leads (term 17), 2 of 3 up"));
         assert!(row("fleet admits").contains("2990/s of a 3000/s quota (100 %)"));
         assert!(text.contains("last minute"), "the chart:\n{text}");
         assert!(row("events").contains("FAIL_OPEN") && text.contains("lb-1: leased → sticky"));
@@ -359,19 +431,31 @@ mod tests {
         assert!(text.contains("│3000│"), "{text}");
         let help = rows.last().unwrap();
         assert!(
-            help.contains("k kill") && help.contains("r restart") && help.contains("q or Ctrl-C"),
+            help.contains("k kill the leader")
+                && help.contains("r restart")
+                && help.contains("q or Ctrl-C"),
             "{help}"
         );
 
-        let down = AllocatorReading {
-            up: false,
-            pid: None,
-            granted: None,
-            hosts: None,
-        };
+        let down = [
+            ReplicaReading::down("alloc-1", None),
+            ReplicaReading::down("alloc-2", None),
+            ReplicaReading::down("alloc-3", None),
+        ];
         let rows = render(&down, &hosts);
         assert!(
-            rows.iter().any(|r| r.contains("allocator: DOWN")),
+            rows.iter()
+                .any(|r| r.contains("allocator replicas: all DOWN")),
+            "{}",
+            rows.join("\n")
+        );
+        let electing = [
+            ReplicaReading::down("alloc-1", None),
+            replica("alloc-2", false, 1),
+        ];
+        let rows = render(&electing, &hosts);
+        assert!(
+            rows.iter().any(|r| r.contains("none leads yet (1 of 2 up")),
             "{}",
             rows.join("\n")
         );

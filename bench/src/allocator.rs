@@ -499,7 +499,7 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
         plan.rounds,
     );
     out += "| fleet | reports a round | µs per report | reports/s | rule-reports/s | \
-            required rule-reports/s | measured ÷ required | ns per report ÷ (hosts × rules) |\n\
+            required rule-reports/s | measured ÷ required | ns per rule-report |\n\
             |---|---:|---:|---:|---:|---:|---:|---:|\n";
     for c in results {
         let (Some(us), Some(rps), Some(rule), Some(ratio)) = (
@@ -510,7 +510,7 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
         ) else {
             continue;
         };
-        let per_cell = us.scale(1e3 / c.shape.required_rule_reports_per_s());
+        let per_cell = us.scale(1e3 / c.shape.rules as f64);
         out += &format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             c.shape.label(),
@@ -523,10 +523,11 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
             spread(per_cell, 0, ""),
         );
     }
-    out += "\nEach rule a report carries is re-allocated over all of that rule's hosts \
-            (`RuleAllocator::grant_for`: expiry, water-filling, the host's place, the others' \
-            shares), so a report costs about hosts × rules steps (the last column) and a \
-            second of the fleet hosts² × rules.\n";
+    out += "\nA rule's allocation (water-filling over its hosts, O(hosts log hosts)) is \
+            recomputed at most every half report interval and at once when a host joins or \
+            lapses (`RuleAllocator::refresh_ns`); between, a rule-report is a lookup and the \
+            host's grant capped by the others' sum, kept as grants change. The last column is \
+            what one rule of a report costs, the allocation's share included.\n";
     if let Some(c) = results.last() {
         if let Some(ratio) = c.ratio() {
             let verdict = if ratio.min >= 1.0 {

@@ -17,8 +17,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{fleet::*, join, pki::Pki, Lab};
-use limiter_tests::etcd::Etcd;
+use common::{fleet::*, join, pki::Pki, Daemon, Lab};
+use limiter_tests::{etcd::Etcd, traffic::SendReport};
 
 const LEASE: u64 = 3000;
 const REPORT: u64 = 500;
@@ -192,6 +192,34 @@ fn hold_leased_and_one_leader(g: &Group, labs: &[&Lab], span: Duration, what: &s
     samples
 }
 
+/// The three daemons running, each with traffic for `secs` seconds, all `leased`.
+struct Traffic {
+    daemons: Vec<Daemon>,
+    senders: Vec<std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>>>,
+}
+
+impl Traffic {
+    fn start(labs: &[Lab], secs: u64) -> Traffic {
+        let daemons = labs.iter().map(Lab::start).collect();
+        let senders = labs
+            .iter()
+            .map(|lab| lab.send_in_background(traffic(lab, OFFERED, Duration::from_secs(secs))))
+            .collect();
+        let all: Vec<&Lab> = labs.iter().collect();
+        wait_state(&all, "web", "leased", Duration::from_secs(10));
+        Traffic { daemons, senders }
+    }
+
+    fn stop(self) {
+        for s in self.senders {
+            join(s);
+        }
+        for d in self.daemons {
+            d.stop();
+        }
+    }
+}
+
 fn admitted_total(labs: &[&Lab]) -> u64 {
     counters(labs, "web").iter().map(|c| c.0).sum()
 }
@@ -203,13 +231,8 @@ fn a_killed_leader_is_replaced_and_no_host_leaves_leased() {
     let mut g = Group::new(&pki, dir.path(), 3);
     let (leader, term) = g.wait_leader(Duration::from_secs(10));
     let labs = g.hosts(&pki);
+    let running = Traffic::start(&labs, 22);
     let all: Vec<&Lab> = labs.iter().collect();
-    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
-    let senders: Vec<_> = labs
-        .iter()
-        .map(|lab| lab.send_in_background(traffic(lab, OFFERED, Duration::from_secs(22))))
-        .collect();
-    wait_state(&all, "web", "leased", Duration::from_secs(10));
     // Past the leader's learning period: its shares follow demand.
     std::thread::sleep(Duration::from_millis(LEASE + 2 * REPORT));
     let steady = admitted_rate(&all, "web", Duration::from_secs(3));
@@ -231,12 +254,7 @@ fn a_killed_leader_is_replaced_and_no_host_leaves_leased() {
         (through - QUOTA as f64).abs() <= QUOTA as f64 * 0.02,
         "admitted {through:.0}/s through the failover, quota {QUOTA}/s (before: {steady:.0}/s)"
     );
-    for s in senders {
-        join(s);
-    }
-    for d in daemons {
-        d.stop();
-    }
+    running.stop();
 }
 
 #[test]
@@ -246,13 +264,8 @@ fn a_leader_cut_off_from_etcd_steps_down_before_another_leads() {
     let g = Group::new(&pki, dir.path(), 3);
     let (leader, term) = g.wait_leader(Duration::from_secs(10));
     let labs = g.hosts(&pki);
+    let running = Traffic::start(&labs, 16);
     let all: Vec<&Lab> = labs.iter().collect();
-    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
-    let senders: Vec<_> = labs
-        .iter()
-        .map(|lab| lab.send_in_background(traffic(lab, OFFERED, Duration::from_secs(16))))
-        .collect();
-    wait_state(&all, "web", "leased", Duration::from_secs(10));
 
     let cut_address = g.etcd.clients[leader];
     let cut = Partition::dropping(&[
@@ -316,12 +329,7 @@ fn a_leader_cut_off_from_etcd_steps_down_before_another_leads() {
         Duration::from_millis(LEASE),
         "after the cut healed",
     );
-    for s in senders {
-        join(s);
-    }
-    for d in daemons {
-        d.stop();
-    }
+    running.stop();
 }
 
 #[test]
@@ -329,8 +337,40 @@ fn quota_changes_need_etcd_and_survive_its_restart() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let mut g = Group::new(&pki, dir.path(), 3);
-    let (leader, _) = g.wait_leader(Duration::from_secs(10));
+    let (leader, term) = g.wait_leader(Duration::from_secs(10));
     let follower = (leader + 1) % 3;
+    // `status` names each replica's role, and the follower the leader it redirects to.
+    let status = |i: usize| -> serde_json::Value {
+        let out = Command::new(Allocator::binary())
+            .args(["status", "--socket"])
+            .arg(g.replicas[i].socket())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (l, f) = (status(leader), status(follower));
+    assert_eq!(
+        (l["role"].as_str(), l["term"].as_u64()),
+        (Some("leader"), Some(term)),
+        "{l}"
+    );
+    assert_eq!(f["role"], "follower", "{f}");
+    assert_eq!(f["etcd_reachable"], true, "{f}");
+    let leader_addr = format!("127.0.0.1:{}", g.replicas[leader].port);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while status(follower)["leader"].as_str() != Some(leader_addr.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "the follower does not name the leader: {}",
+            status(follower)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert_eq!(
         g.quotas(follower)["web"],
         (QUOTA, 300),
@@ -414,13 +454,8 @@ fn quota_set_on_a_follower_reaches_the_fleet_and_a_full_restart_never_over_grant
     let mut g = Group::new(&pki, dir.path(), 3);
     let (leader, _) = g.wait_leader(Duration::from_secs(10));
     let labs = g.hosts(&pki);
+    let running = Traffic::start(&labs, 24);
     let all: Vec<&Lab> = labs.iter().collect();
-    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
-    let senders: Vec<_> = labs
-        .iter()
-        .map(|lab| lab.send_in_background(traffic(lab, OFFERED, Duration::from_secs(24))))
-        .collect();
-    wait_state(&all, "web", "leased", Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(LEASE));
 
     let follower = (leader + 2) % 3;
@@ -458,10 +493,5 @@ fn quota_set_on_a_follower_reaches_the_fleet_and_a_full_restart_never_over_grant
     eprintln!("every replica restarted: replica {new_leader} leads at term {term}; shares in force peaked at {peak}/s");
     wait_state(&all, "web", "leased", Duration::from_secs(5));
     assert_eq!(g.quotas(new_leader)["web"].0, 1500);
-    for s in senders {
-        join(s);
-    }
-    for d in daemons {
-        d.stop();
-    }
+    running.stop();
 }

@@ -305,6 +305,8 @@ impl Replica {
         let lease_id = lease.id();
         *old_lease = Some(lease_id);
         self.with_leadership(|l| l.lease_alive(sent));
+        // Opening the stream sends a first keepalive: its answer is timed from here.
+        let mut in_flight: VecDeque<u64> = VecDeque::from([now_ns()]);
         let (mut keeper, mut alive) =
             within("keeping the lease alive", client.lease_keep_alive(lease_id)).await?;
 
@@ -324,7 +326,6 @@ impl Replica {
         let period = Duration::from_millis(e.ttl_ms / 3);
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut in_flight: VecDeque<u64> = VecDeque::new();
         let mut observer = client.clone();
         loop {
             tokio::select! {
@@ -355,7 +356,10 @@ impl Replica {
                     let reply = reply
                         .map_err(|e| anyhow!("the lease's keepalive stream: {e}"))?
                         .ok_or_else(|| anyhow!("etcd closed the lease's keepalive stream"))?;
-                    let sent = in_flight.pop_front().unwrap_or_else(now_ns);
+                    // An answer nobody asked for proves nothing about when.
+                    let Some(sent) = in_flight.pop_front() else {
+                        continue;
+                    };
                     if reply.ttl() <= 0 {
                         bail!("etcd says the election lease has expired");
                     }

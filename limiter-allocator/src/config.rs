@@ -349,19 +349,18 @@ fn election(
         .string_key(table, &ELECTION_NAME, At::top(&name_path))
         .map(str::to_string);
     let name = match name {
-        Some(n)
-            if n.is_empty()
-                || !n
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) =>
-        {
+        // A rule name's alphabet and length: the group prefixes keys as a rule does.
+        Some(n) if !limiter_proto::valid_rule_name(&n) => {
             let span = table
                 .get(ELECTION_NAME.name)
                 .map_or(value.span(), |v| v.span());
             c.report(
                 span,
                 At::top(&name_path),
-                format!("name {n:?} must be 1 or more of [A-Za-z0-9._-] (it prefixes the group's keys in etcd)"),
+                format!(
+                    "name {n:?} must be 1-{} bytes of [A-Za-z0-9._-] (it prefixes the group's keys in etcd)",
+                    limiter_proto::MAX_RULE_LEN
+                ),
             );
             None
         }
@@ -891,7 +890,7 @@ mod tests {
                 "election name with a slash",
                 "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nname = \"a/b\"\n",
                 "election.name",
-                "must be 1 or more of",
+                "must be 1-63 bytes of",
             ),
             (
                 "election advertise not an address",

@@ -26,6 +26,14 @@ pub enum Role {
 }
 
 impl Role {
+    /// The term grants carry in this role (0 alone; a follower grants none).
+    pub fn term(self) -> u64 {
+        match self {
+            Role::Leader { term } => term,
+            Role::Alone | Role::Follower { .. } => 0,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Alone => "alone",

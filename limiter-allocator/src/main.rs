@@ -449,11 +449,12 @@ fn status(controls: &Controls) -> Reply {
         return Reply::refused_as(POISONED, Exit::Failure);
     };
     let role = l.role(now_ns());
-    let (term, leader) = match role {
-        Role::Alone => (0, None),
-        Role::Leader { term } => (term, controls.election.as_ref().map(|e| e.advertise)),
-        Role::Follower { leader } => (0, leader),
+    let leader = match role {
+        Role::Alone => None,
+        Role::Leader { .. } => controls.election.as_ref().map(|e| e.advertise),
+        Role::Follower { leader } => leader,
     };
+    let term = role.term();
     Reply::data(serde_json::json!({
         "role": role.as_str(),
         "term": term,
@@ -521,10 +522,7 @@ impl MetricSources {
                 .lock()
                 .map_err(|_| "allocator leadership is poisoned".to_string())?;
             let role = l.role(now);
-            let term = match role {
-                Role::Leader { term } => term,
-                _ => 0,
-            };
+            let term = role.term();
             let _ = writeln!(
                 out,
                 "# HELP limiter_allocator_leader 1 while this allocator grants: the elected leader, or the only allocator.\n\

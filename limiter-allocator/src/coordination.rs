@@ -305,10 +305,14 @@ impl Replica {
         let lease_id = lease.id();
         *old_lease = Some(lease_id);
         self.with_leadership(|l| l.lease_alive(sent));
-        // Opening the stream sends a first keepalive: its answer is timed from here.
-        let mut in_flight: VecDeque<u64> = VecDeque::from([now_ns()]);
+        // Opening the stream sends a first keepalive and waits for its answer (etcd-client
+        // consumes it): the lease was alive when that request left.
+        let opened = now_ns();
         let (mut keeper, mut alive) =
             within("keeping the lease alive", client.lease_keep_alive(lease_id)).await?;
+        self.with_leadership(|l| l.lease_alive(opened));
+        // Send times of the keepalives sent since, in order: etcd answers each in turn.
+        let mut in_flight: VecDeque<u64> = VecDeque::new();
 
         let name = election_name(&e.name);
         let mut campaigner = client.clone();

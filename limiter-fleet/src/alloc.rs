@@ -384,7 +384,12 @@ impl RuleAllocator {
                 if learning {
                     renewal(h, held_sum, quota)
                 } else {
-                    h.target
+                    // The share of the last allocation; saturated by the host's demand
+                    // now (the allocation may be half an interval old).
+                    Allocation {
+                        share: h.target.share,
+                        saturated: h.demand > h.target.share,
+                    }
                 }
             })
             .collect()

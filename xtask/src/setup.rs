@@ -28,9 +28,11 @@ const APT_PACKAGES: &[&str] = &[
     "zsh",
     "fish",
     "prometheus",
-    // The allocator replicas: etcd-client's build runs protoc; the replica tests and the
-    // fleet lab run etcd.
+    // The allocator replicas: etcd-client's build runs protoc, whose well-known types
+    // (google/protobuf/descriptor.proto) come in libprotobuf-dev; the replica tests and
+    // the fleet lab run etcd.
     "protobuf-compiler",
+    "libprotobuf-dev",
     "etcd-server",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -86,10 +86,13 @@ section! {
 section! {
     /// `[election]`: replicas elect their leader in etcd and keep the quotas there.
     ELECTION_KEYS = "[election]" {
-        ELECTION_ETCD = "etcd", Required, Kind::Other("a list of \"host:port\" or \"http://host:port\""), "the etcd cluster's client endpoints";
+        ELECTION_ETCD = "etcd", Required, Kind::Other("a list of \"host:port\", \"http://host:port\" or \"https://host:port\""), "the etcd cluster's client endpoints";
         ELECTION_ADVERTISE = "advertise", Unset("listen, unless it is a wildcard"), Address, "the address hosts reach this replica at (followers name it in redirects)";
         ELECTION_NAME = "name", Str(DEFAULT_ELECTION_NAME), Kind::String, "the allocator group: its election and its keys in etcd";
         ELECTION_TTL_MS = "ttl_ms", Int(DEFAULT_ELECTION_TTL_MS), Integer { min: MIN_ELECTION_TTL_MS, max: 60_000 }, "the leader's etcd lease (whole seconds)";
+        ELECTION_CA = "ca", Unset("plain http to etcd"), Kind::Path, "TLS to etcd: the CA that signs etcd's server certificates";
+        ELECTION_CERT = "cert", Unset("no client certificate"), Kind::Path, "this replica's client certificate (etcd's --client-cert-auth)";
+        ELECTION_KEY = "key", Unset("no client certificate"), Kind::Path, "the client certificate's key";
     }
 }
 
@@ -151,13 +154,24 @@ pub struct Config {
 /// `[election]`: this replica's part in its group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Election {
-    /// etcd client endpoints, each `http://host:port`.
+    /// etcd client endpoints, each `http://host:port`, or each `https://host:port`
+    /// with `tls`.
     pub etcd: Vec<String>,
+    /// TLS to etcd; `None`: plain http.
+    pub tls: Option<EtcdTls>,
     /// What followers name in redirects: a `[fleet] allocator` entry of the hosts.
     pub advertise: SocketAddr,
     /// The group: the election is `<name>/leader`, the quotas `<name>/quotas/<rule>`.
     pub name: String,
     pub ttl_ms: u64,
+}
+
+/// `[election] ca`, `cert` and `key`: etcd's server certificate is checked against `ca`;
+/// `identity` (certificate, key) is presented when etcd asks for a client certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub identity: Option<(PathBuf, PathBuf)>,
 }
 
 /// What one peer may cost the allocator (README, "Fleet mode": what a rogue or broken
@@ -314,8 +328,12 @@ fn election(
     let table = c.table(value, At::top("election"))?;
     c.unknown_keys(table, &ELECTION_KEYS, At::top("election"));
     let field = |key: &limiter_config::Key| format!("election.{}", key.name);
+    let tls = etcd_tls(c, table, value);
+    // Whether TLS was asked for, even if its files were misspelt: the endpoints are
+    // checked against what the operator meant, not reported a second time.
+    let wants_tls = table.get(ELECTION_CA.name).is_some();
     let etcd = match table.get(ELECTION_ETCD.name) {
-        Some(v) => etcd_endpoints(c, v),
+        Some(v) => etcd_endpoints(c, v, wants_tls),
         None => {
             c.report(
                 value.span(),
@@ -400,14 +418,79 @@ fn election(
     }
     Some(Election {
         etcd: etcd?,
+        tls: tls?,
         advertise: advertise?,
         name: name?,
         ttl_ms: ttl_ms?,
     })
 }
 
-/// `[election] etcd`: a non-empty list of `host:port` or `http://host:port`, none twice.
-fn etcd_endpoints(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<String>> {
+/// `[election] ca`, `cert`, `key`: `Some(None)` without TLS; `None` after a problem.
+fn etcd_tls(
+    c: &mut Checker<'_>,
+    table: &DeTable<'_>,
+    value: &Value<'_>,
+) -> Option<Option<EtcdTls>> {
+    let path = |c: &mut Checker<'_>, key: &limiter_config::Key| {
+        let at = format!("election.{}", key.name);
+        table
+            .get(key.name)
+            .map(|_| c.path_key(table, key, At::top(&at)).ok_or(()))
+            .transpose()
+    };
+    let (ca, cert, key) = (
+        path(c, &ELECTION_CA),
+        path(c, &ELECTION_CERT),
+        path(c, &ELECTION_KEY),
+    );
+    let (Ok(ca), Ok(cert), Ok(key)) = (ca, cert, key) else {
+        return None;
+    };
+    let missing = |c: &mut Checker<'_>, absent: &limiter_config::Key, why: &str| {
+        c.report(
+            value.span(),
+            At::top(&format!("election.{}", absent.name)),
+            why.to_string(),
+        );
+    };
+    let identity = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        (Some(_), None) => {
+            missing(
+                c,
+                &ELECTION_KEY,
+                "key is required in [election] with cert (the client certificate's key)",
+            );
+            return None;
+        }
+        (None, Some(_)) => {
+            missing(
+                c,
+                &ELECTION_CERT,
+                "cert is required in [election] with key (the client certificate it belongs to)",
+            );
+            return None;
+        }
+    };
+    match (ca, identity) {
+        (Some(ca), identity) => Some(Some(EtcdTls { ca, identity })),
+        (None, None) => Some(None),
+        (None, Some(_)) => {
+            missing(
+                c,
+                &ELECTION_CA,
+                "ca is required in [election] with cert and key: a client certificate \
+                 goes only to an etcd whose server certificate this CA signed",
+            );
+            None
+        }
+    }
+}
+
+/// `[election] etcd`: a non-empty list of endpoints, none twice, all over TLS when `tls`
+/// (`[election] ca` is set) and none otherwise.
+fn etcd_endpoints(c: &mut Checker<'_>, value: &Value<'_>, tls: bool) -> Option<Vec<String>> {
     let at = At::top("election.etcd");
     let DeValue::Array(items) = value.get_ref() else {
         c.report(
@@ -436,7 +519,7 @@ fn etcd_endpoints(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<String>>
             valid = false;
             continue;
         };
-        match etcd_endpoint(text) {
+        match etcd_endpoint(text, tls) {
             Ok(url) if out.contains(&url) => {
                 c.report(
                     item.span(),
@@ -455,16 +538,29 @@ fn etcd_endpoints(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<String>>
     valid.then_some(out)
 }
 
-/// One etcd endpoint as etcd-client takes it: `http://host:port`.
-pub fn etcd_endpoint(text: &str) -> Result<String, String> {
-    if text.starts_with("https://") {
-        return Err(
-            "TLS to etcd is not supported: give an http:// endpoint (etcd on a \
-                    private network, or a local TLS proxy)"
-                .into(),
-        );
-    }
-    let rest = text.strip_prefix("http://").unwrap_or(text);
+/// One etcd endpoint as etcd-client takes it: `https://host:port` with `tls`,
+/// `http://host:port` without. A bare `host:port` takes the scheme `tls` calls for; an
+/// explicit one that disagrees is refused, so an election is never sent in clear text
+/// to one member of a cluster the operator secured.
+pub fn etcd_endpoint(text: &str, tls: bool) -> Result<String, String> {
+    let rest = match (text.strip_prefix("https://"), text.strip_prefix("http://")) {
+        (Some(_), _) if !tls => {
+            return Err(
+                "https:// needs [election] ca, the CA that signs etcd's server \
+                        certificates"
+                    .into(),
+            )
+        }
+        (_, Some(_)) if tls => {
+            return Err(
+                "http:// while [election] ca is set: every etcd endpoint is \
+                        reached over TLS or none is (give https://host:port or host:port)"
+                    .into(),
+            )
+        }
+        (Some(rest), _) | (_, Some(rest)) => rest,
+        (None, None) => text,
+    };
     let (host, port) = rest
         .rsplit_once(':')
         .ok_or("not host:port, such as \"10.0.0.1:2379\"")?;
@@ -477,7 +573,8 @@ pub fn etcd_endpoint(text: &str) -> Result<String, String> {
     if !host_ok || port.parse::<u16>().map_or(true, |p| p == 0) {
         return Err("not host:port, such as \"10.0.0.1:2379\"".into());
     }
-    Ok(format!("http://{rest}"))
+    let scheme = if tls { "https" } else { "http" };
+    Ok(format!("{scheme}://{rest}"))
 }
 
 fn socket_addr(c: &mut Checker<'_>, value: &Value<'_>, at: At<'_>) -> Option<SocketAddr> {
@@ -869,10 +966,40 @@ mod tests {
                 "listed twice",
             ),
             (
-                "election etcd over tls",
+                "election etcd https without a ca",
                 "lease_ttl_ms = 4000\n[election]\netcd = [\"https://127.0.0.1:2379\"]\n",
                 "election.etcd[0]",
-                "TLS to etcd is not supported",
+                "https:// needs [election] ca",
+            ),
+            (
+                "election etcd http with a ca",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"10.0.0.1:2379\", \"http://10.0.0.2:2379\"]\nca = \"ca.pem\"\n",
+                "election.etcd[1]",
+                "http:// while [election] ca is set",
+            ),
+            (
+                "election cert without key",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nca = \"ca.pem\"\ncert = \"c.pem\"\n",
+                "election.key",
+                "key is required in [election] with cert",
+            ),
+            (
+                "election key without cert",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nca = \"ca.pem\"\nkey = \"c.key\"\n",
+                "election.cert",
+                "cert is required in [election] with key",
+            ),
+            (
+                "election client certificate without a ca",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\ncert = \"c.pem\"\nkey = \"c.key\"\n",
+                "election.ca",
+                "ca is required in [election] with cert and key",
+            ),
+            (
+                "election ca not a path",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nca = 7\n",
+                "election.ca",
+                "expected",
             ),
             (
                 "election ttl not seconds",
@@ -952,10 +1079,31 @@ mod tests {
             c.election,
             Some(Election {
                 etcd: vec!["http://10.0.0.1:2379".into(), "http://10.0.0.2:2379".into()],
+                tls: None,
                 advertise: "127.0.0.1:7443".parse().unwrap(),
                 name: DEFAULT_ELECTION_NAME.into(),
                 ttl_ms: DEFAULT_ELECTION_TTL_MS,
             })
+        );
+        // With a ca, bare endpoints are reached over TLS; the client certificate is
+        // optional.
+        let secured = text.replace("\"http://10.0.0.2:2379\"", "\"https://10.0.0.2:2379\"")
+            + "ca = \"/etc/etcd/ca.pem\"\n";
+        let c = Config::parse(&secured, Path::new("a.toml")).unwrap();
+        let e = c.election.unwrap();
+        assert_eq!(e.etcd, ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]);
+        assert_eq!(
+            e.tls,
+            Some(EtcdTls {
+                ca: "/etc/etcd/ca.pem".into(),
+                identity: None
+            })
+        );
+        let with_identity = secured + "cert = \"/etc/l/etcd.pem\"\nkey = \"/etc/l/etcd.key\"\n";
+        let c = Config::parse(&with_identity, Path::new("a.toml")).unwrap();
+        assert_eq!(
+            c.election.and_then(|e| e.tls).and_then(|t| t.identity),
+            Some(("/etc/l/etcd.pem".into(), "/etc/l/etcd.key".into()))
         );
         let wildcard = text.replace("127.0.0.1:7443", "0.0.0.0:7443");
         let e = Config::parse(&wildcard, Path::new("a.toml"))

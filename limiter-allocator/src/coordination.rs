@@ -11,6 +11,10 @@
 //! key exists, etcd's value wins over the file, and a file that says otherwise is
 //! logged, not applied. Without etcd, quotas cannot change (refused, with the reason).
 //!
+//! With `[election] ca`, the replica reaches etcd over TLS: etcd's certificate must be
+//! signed by that CA and name the endpoint's host, and `cert`/`key` answer etcd's
+//! `--client-cert-auth`.
+//!
 //! Each session connects, seeds, loads, then watches, renews its election lease every
 //! third of the TTL and campaigns; the first failure ends the session (the replica steps
 //! down if it led), and the next session starts half a second later. The proof of
@@ -25,13 +29,14 @@ use std::{
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    TlsOptions, Txn, TxnOp, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::{
-    config::{check_quota, Election, Quota},
+    config::{check_quota, Election, EtcdTls, Quota},
     election::Leadership,
     now_ns,
     state::State,
@@ -90,17 +95,49 @@ pub fn encode(quota: &Quota) -> Result<Vec<u8>> {
 /// A client of the group's etcd cluster (requests fail, rather than wait, on a member
 /// that has lost its cluster's leader).
 pub async fn connect(election: &Election) -> Result<Client> {
-    let options = ConnectOptions::new()
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(REQUEST_TIMEOUT)
         .with_keep_alive(Duration::from_millis(election.ttl_ms / 3), REQUEST_TIMEOUT)
         .with_keep_alive_while_idle(true)
         .with_require_leader(true);
+    if let Some(tls) = &election.tls {
+        options = options.with_tls(tls_options(tls)?);
+    }
     within(
         "connecting to etcd",
         Client::connect(&election.etcd, Some(options)),
     )
     .await
     .with_context(|| format!("etcd at {}", election.etcd.join(", ")))
+}
+
+/// The TLS files of `[election]`, read (each error names its file and key). Read again
+/// on every session, so replaced certificates take effect without a restart.
+pub fn tls_options(tls: &EtcdTls) -> Result<TlsOptions> {
+    let read = |path: &std::path::Path, key: &str| {
+        std::fs::read(path).with_context(|| format!("reading election.{key} {}", path.display()))
+    };
+    let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&tls.ca, "ca")?));
+    if let Some((cert, key)) = &tls.identity {
+        options = options.identity(Identity::from_pem(read(cert, "cert")?, read(key, "key")?));
+    }
+    Ok(options)
+}
+
+/// `e` and its sources: etcd-client's own text of a failed TLS handshake is only
+/// "transport error", and the reason (an unknown CA, a name mismatch) is below it.
+fn chain(e: &etcd_client::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// `fut` within [`REQUEST_TIMEOUT`], its error and a timeout both named by `what`.
@@ -110,7 +147,7 @@ async fn within<T>(
 ) -> Result<T> {
     match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(anyhow!("{what}: {e}")),
+        Ok(Err(e)) => Err(anyhow!("{what}: {}", chain(&e))),
         Err(_) => Err(anyhow!("{what}: no answer within {REQUEST_TIMEOUT:?}")),
     }
 }
@@ -219,6 +256,7 @@ impl Replica {
             if let Err(e) = result {
                 failures += 1;
                 self.set_reachable(false);
+                self.with_leadership(|l| l.etcd_error = Some(format!("{e:#}")));
                 // The first failure and then one in 20: an outage must not flood logs.
                 if failures == 1 || failures.is_multiple_of(20) {
                     tracing::warn!(failures, "etcd: {e:#}; not leading; retrying");
@@ -233,7 +271,12 @@ impl Replica {
     }
 
     fn set_reachable(&self, reachable: bool) {
-        self.with_leadership(|l| l.etcd_reachable = reachable);
+        self.with_leadership(|l| {
+            l.etcd_reachable = reachable;
+            if reachable {
+                l.etcd_error = None;
+            }
+        });
     }
 
     fn step_down(&self, why: &str) {

@@ -59,6 +59,8 @@ pub struct Leadership {
     pub step_downs: u64,
     /// Whether the last call to etcd succeeded.
     pub etcd_reachable: bool,
+    /// Why the last etcd session failed, while etcd is unreachable (`status` shows it).
+    pub etcd_error: Option<String>,
 }
 
 impl Leadership {
@@ -73,6 +75,7 @@ impl Leadership {
             elections_won: 0,
             step_downs: 0,
             etcd_reachable: false,
+            etcd_error: None,
         }
     }
 

@@ -165,6 +165,10 @@ fn check(path: &Path) -> Result<()> {
         key: &config.tls.key,
     })
     .with_context(|| format!("{}: the tls files", path.display()))?;
+    if let Some(tls) = config.election.as_ref().and_then(|e| e.tls.as_ref()) {
+        limiter_allocator::coordination::tls_options(tls)
+            .with_context(|| format!("{}: the etcd tls files", path.display()))?;
+    }
     println!(
         "{}: ok: listen {}, {} quotas, lease_ttl_ms {}, report_interval_ms {}",
         path.display(),
@@ -222,6 +226,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
     let replica = config.election.clone().map(|election| {
         tracing::info!(
             etcd = %election.etcd.join(", "),
+            tls = election.tls.is_some(),
             group = %election.name,
             advertise = %election.advertise,
             "replica: electing the leader in etcd (a follower until it wins)"
@@ -461,6 +466,8 @@ fn status(controls: &Controls) -> Reply {
         "leader": leader.map(|l| l.to_string()),
         "etcd": controls.election.as_ref().map(|e| e.etcd.clone()),
         "etcd_reachable": controls.election.as_ref().map(|_| l.etcd_reachable),
+        "etcd_error": l.etcd_error.clone(),
+        "etcd_tls": controls.election.as_ref().map(|e| e.tls.is_some()),
         "group": controls.election.as_ref().map(|e| e.name.clone()),
         "elections_won": l.elections_won,
         "step_downs": l.step_downs,

@@ -2,6 +2,8 @@
 //! lab: one member on loopback ports of its own, its data in a directory the caller
 //! owns, killed on drop. Several loopback addresses serve the same member, so a test can
 //! cut one replica off from etcd (nftables on that address) and leave the others.
+//! [`Etcd::start_tls`] serves clients over TLS and asks them for a certificate
+//! (`--client-cert-auth`), as a production cluster would.
 
 use std::{
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
@@ -20,6 +22,17 @@ pub struct Etcd {
     /// Client addresses, one per loopback address asked for.
     pub clients: Vec<SocketAddr>,
     peer: SocketAddr,
+    tls: Option<EtcdTls>,
+}
+
+/// The PEM files of an etcd served over TLS ([`crate::pki::Pki::etcd`] makes them).
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    /// Signs the server's and the clients' certificates.
+    pub ca: PathBuf,
+    pub server: crate::pki::Pair,
+    /// A client certificate etcd accepts.
+    pub client: crate::pki::Pair,
 }
 
 fn free_port(ip: Ipv4Addr) -> Result<u16> {
@@ -34,6 +47,16 @@ impl Etcd {
     /// `addresses` (loopback addresses such as 127.0.0.11). Fails, naming what is
     /// missing, when Debian's etcd-server is not installed.
     pub fn start(dir: &Path, addresses: &[Ipv4Addr]) -> Result<Etcd> {
+        Etcd::started(dir, addresses, None)
+    }
+
+    /// Like [`Etcd::start`], over TLS with `tls`'s files, refusing clients without a
+    /// certificate its CA signed.
+    pub fn start_tls(dir: &Path, addresses: &[Ipv4Addr], tls: EtcdTls) -> Result<Etcd> {
+        Etcd::started(dir, addresses, Some(tls))
+    }
+
+    fn started(dir: &Path, addresses: &[Ipv4Addr], tls: Option<EtcdTls>) -> Result<Etcd> {
         if !Path::new(ETCD).exists() {
             bail!("{ETCD} is missing: `cargo xtask setup` installs Debian's etcd-server");
         }
@@ -48,21 +71,39 @@ impl Etcd {
             data: dir.join("etcd"),
             clients,
             peer,
+            tls,
         };
         etcd.resume()?;
         Ok(etcd)
     }
 
-    /// `http://addr:port` for each client address, as `[election] etcd` lists them.
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// `http://addr:port` (`https://` over TLS) for client address `i`, as
+    /// `[election] etcd` lists them.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("http://{}", self.clients[i])
+        format!("{}://{}", self.scheme(), self.clients[i])
     }
 
     /// Starts (again) over the same data directory.
     pub fn resume(&mut self) -> Result<()> {
-        let urls: Vec<String> = self.clients.iter().map(|a| format!("http://{a}")).collect();
+        let urls: Vec<String> = (0..self.clients.len()).map(|i| self.endpoint(i)).collect();
         let peer = format!("http://{}", self.peer);
-        let child = Command::new(ETCD)
+        let mut command = Command::new(ETCD);
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", tls.server.cert.display()))
+                .arg(format!("--key-file={}", tls.server.key.display()))
+                .arg(format!("--trusted-ca-file={}", tls.ca.display()))
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .arg("--name=limtest")
             .arg(format!("--data-dir={}", self.data.display()))
             .arg(format!("--listen-client-urls={}", urls.join(",")))
@@ -92,6 +133,11 @@ impl Etcd {
     /// Whether etcd answers `/health` with a leader.
     pub fn healthy(&self) -> bool {
         use std::io::{Read as _, Write as _};
+        if self.tls.is_some() {
+            return self
+                .curl(&["-sS", "--max-time", "1"], "/health")
+                .is_ok_and(|text| text.contains("\"health\":\"true\""));
+        }
         let Ok(mut stream) =
             TcpStream::connect_timeout(&self.clients[0], Duration::from_millis(200))
         else {
@@ -114,15 +160,35 @@ impl Etcd {
             base64(key)?,
             base64(value)?
         );
-        let out = Command::new("curl")
-            .args(["-sS", "--max-time", "5", "-X", "POST", "-d", &body])
-            .arg(format!("http://{}/v3/kv/put", self.clients[0]))
+        self.curl(
+            &["-sS", "--max-time", "5", "-X", "POST", "-d", &body],
+            "/v3/kv/put",
+        )
+        .map(drop)
+    }
+
+    /// curl with `args` at `path` of the first client address (with the client
+    /// certificate over TLS); its output.
+    fn curl(&self, args: &[&str], path: &str) -> Result<String> {
+        let mut command = Command::new("curl");
+        command.args(args);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client.cert)
+                .arg("--key")
+                .arg(&tls.client.key);
+        }
+        let out = command
+            .arg(format!("{}{path}", self.endpoint(0)))
             .output()
             .context("running curl")?;
         if !out.status.success() {
             bail!("curl: {}", String::from_utf8_lossy(&out.stderr));
         }
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Its process id while it runs.

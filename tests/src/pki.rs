@@ -15,6 +15,7 @@ pub struct Pki {
 }
 
 /// (certificate, key) paths.
+#[derive(Clone, Debug)]
 pub struct Pair {
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -80,6 +81,41 @@ impl Pki {
         Ok(pki)
     }
 
+    /// A CA of etcd's own in `dir` (etcd's cluster is secured apart from the fleet's),
+    /// its server certificate for `names` (IP addresses become IP SANs), and one client
+    /// certificate.
+    pub fn etcd(dir: &Path, names: &[String]) -> Result<crate::etcd::EtcdTls> {
+        let pki = Pki {
+            dir: dir.to_path_buf(),
+        };
+        let (params, key, pem) = ca("etcd test CA")?;
+        let ca = dir.join("etcd-ca.pem");
+        write(&ca, &pem)?;
+        let issuer = Issuer::new(params, key);
+        // etcd's gRPC gateway dials etcd itself with the server certificate, so it is a
+        // client certificate too.
+        pki.leaf_for(
+            &issuer,
+            "etcd-server",
+            names,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )?;
+        pki.leaf(
+            &issuer,
+            "etcd-client",
+            "limiter-allocator",
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )?;
+        Ok(crate::etcd::EtcdTls {
+            ca,
+            server: pki.pair("etcd-server"),
+            client: pki.pair("etcd-client"),
+        })
+    }
+
     fn leaf(
         &self,
         issuer: &Issuer<'_, KeyPair>,
@@ -87,11 +123,21 @@ impl Pki {
         name: &str,
         usage: ExtendedKeyUsagePurpose,
     ) -> Result<()> {
+        self.leaf_for(issuer, file, &[name.to_string()], vec![usage])
+    }
+
+    fn leaf_for(
+        &self,
+        issuer: &Issuer<'_, KeyPair>,
+        file: &str,
+        names: &[String],
+        usages: Vec<ExtendedKeyUsagePurpose>,
+    ) -> Result<()> {
+        let name = names.first().map_or("", String::as_str);
         let key = KeyPair::generate().context("generating a leaf key")?;
-        let mut params =
-            CertificateParams::new(vec![name.to_string()]).context("leaf parameters")?;
+        let mut params = CertificateParams::new(names.to_vec()).context("leaf parameters")?;
         params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages;
         let cert = params
             .signed_by(&key, issuer)
             .with_context(|| format!("signing the certificate of {name}"))?;

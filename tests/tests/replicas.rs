@@ -34,12 +34,21 @@ struct Group {
     _dirs: Vec<tempfile::TempDir>,
 }
 
+/// One loopback address per replica, for it alone to reach etcd at.
+fn loopbacks(n: usize) -> Vec<Ipv4Addr> {
+    (0..n)
+        .map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8))
+        .collect()
+}
+
 impl Group {
     fn new(pki: &Pki, dir: &std::path::Path, n: usize) -> Group {
-        let addresses: Vec<Ipv4Addr> = (0..n)
-            .map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8))
-            .collect();
-        let etcd = Etcd::start(dir, &addresses).unwrap_or_else(|e| panic!("{e:#}"));
+        let etcd = Etcd::start(dir, &loopbacks(n)).unwrap_or_else(|e| panic!("{e:#}"));
+        Group::over(pki, etcd, n, |_| String::new())
+    }
+
+    /// `n` replicas on `etcd`, replica `i`'s `[election]` table ending with `extra(i)`.
+    fn over(pki: &Pki, etcd: Etcd, n: usize, extra: impl Fn(usize) -> String) -> Group {
         let mut replicas = Vec::new();
         let mut metrics = Vec::new();
         let mut dirs = Vec::new();
@@ -47,8 +56,9 @@ impl Group {
             let d = tempfile::tempdir().unwrap();
             let m = free_port();
             let election = format!(
-                "[election]\netcd = [\"{}\"]\nttl_ms = {ELECTION_TTL}\n",
-                etcd.endpoint(i)
+                "[election]\netcd = [\"{}\"]\nttl_ms = {ELECTION_TTL}\n{}",
+                etcd.endpoint(i),
+                extra(i)
             );
             replicas.push(Allocator::configured(
                 d.path(),
@@ -142,6 +152,21 @@ impl Group {
             .arg(self.replicas[i].socket())
             .output()
             .unwrap()
+    }
+
+    /// `limiter-allocator status` of replica `i`.
+    fn status(&self, i: usize) -> serde_json::Value {
+        let out = Command::new(Allocator::binary())
+            .args(["status", "--socket"])
+            .arg(self.replicas[i].socket())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
     }
 
     /// `quota list` on replica `i`: rule → (rate, burst).
@@ -340,19 +365,7 @@ fn quota_changes_need_etcd_and_survive_its_restart() {
     let (leader, term) = g.wait_leader(Duration::from_secs(10));
     let follower = (leader + 1) % 3;
     // `status` names each replica's role, and the follower the leader it redirects to.
-    let status = |i: usize| -> serde_json::Value {
-        let out = Command::new(Allocator::binary())
-            .args(["status", "--socket"])
-            .arg(g.replicas[i].socket())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "status: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
+    let status = |i: usize| g.status(i);
     let (l, f) = (status(leader), status(follower));
     assert_eq!(
         (l["role"].as_str(), l["term"].as_u64()),
@@ -494,4 +507,106 @@ fn quota_set_on_a_follower_reaches_the_fleet_and_a_full_restart_never_over_grant
     wait_state(&all, "web", "leased", Duration::from_secs(5));
     assert_eq!(g.quotas(new_leader)["web"].0, 1500);
     running.stop();
+}
+
+/// etcd over TLS that asks for client certificates, as a production cluster is run:
+/// replicas given its CA and a client certificate elect a leader and keep the quotas
+/// there; a replica that trusts another CA (so an impostor etcd, which that CA would
+/// sign, cannot steer it either) never leads, refuses quota changes, and its `status`
+/// says why.
+#[test]
+fn over_tls_etcd_is_verified_and_a_replica_that_cannot_verify_it_never_leads() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let addresses = loopbacks(3);
+    let names: Vec<String> = addresses.iter().map(Ipv4Addr::to_string).collect();
+    let tls = Pki::etcd(dir.path(), &names).unwrap();
+    let etcd =
+        Etcd::start_tls(dir.path(), &addresses, tls.clone()).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        etcd.endpoint(0).starts_with("https://"),
+        "{}",
+        etcd.endpoint(0)
+    );
+    let other_ca = pki.dir.join("rogue-ca.pem");
+    let g = Group::over(&pki, etcd, 3, |i| {
+        let ca = if i == 2 { &other_ca } else { &tls.ca };
+        format!(
+            "ca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+            ca.display(),
+            tls.client.cert.display(),
+            tls.client.key.display()
+        )
+    });
+    let (leader, term) = g.wait_leader(Duration::from_secs(15));
+    assert_ne!(leader, 2, "the replica that cannot verify etcd leads");
+    assert!(term > 0);
+    let follower = 1 - leader;
+    let status = g.status(leader);
+    assert_eq!(
+        (
+            status["etcd_tls"].as_bool(),
+            status["etcd_reachable"].as_bool()
+        ),
+        (Some(true), Some(true)),
+        "{status}"
+    );
+
+    // A quota set through the follower is written over TLS and reaches the leader by its
+    // watch.
+    let ok = g.quota(
+        follower,
+        &["set", "web", "--rate", "2500", "--burst", "250"],
+    );
+    assert!(
+        ok.status.success(),
+        "quota set over TLS: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let start = Instant::now();
+    while g.quotas(leader).get("web") != Some(&(2500, 250)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the leader never saw the quota set through the follower: {:?}",
+            g.quotas(leader)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The replica trusting another CA: not leading, etcd unreachable, and why.
+    let start = Instant::now();
+    let status = loop {
+        let s = g.status(2);
+        if s["etcd_error"].is_string() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no etcd error after 10 s: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("the replica trusting another CA: {status}");
+    assert_eq!(status["role"].as_str(), Some("follower"), "{status}");
+    assert_eq!(status["etcd_reachable"].as_bool(), Some(false), "{status}");
+    let why = status["etcd_error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(
+        why.contains("certificate") || why.contains("issuer"),
+        "the error does not name the certificate: {why}"
+    );
+    let refused = g.quota(2, &["set", "web", "--rate", "1"]);
+    assert!(
+        !refused.status.success(),
+        "quota set without etcd succeeded"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("etcd"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(g.quotas(leader).get("web"), Some(&(2500, 250)));
+    assert_eq!(g.leaders().len(), 1, "{:?}", g.roles());
 }

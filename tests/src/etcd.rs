@@ -14,6 +14,8 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
+pub use crate::pki::EtcdTls;
+
 pub const ETCD: &str = "/usr/bin/etcd";
 
 pub struct Etcd {
@@ -23,16 +25,6 @@ pub struct Etcd {
     pub clients: Vec<SocketAddr>,
     peer: SocketAddr,
     tls: Option<EtcdTls>,
-}
-
-/// The PEM files of an etcd served over TLS ([`crate::pki::Pki::etcd`] makes them).
-#[derive(Clone, Debug)]
-pub struct EtcdTls {
-    /// Signs the server's and the clients' certificates.
-    pub ca: PathBuf,
-    pub server: crate::pki::Pair,
-    /// A client certificate etcd accepts.
-    pub client: crate::pki::Pair,
 }
 
 fn free_port(ip: Ipv4Addr) -> Result<u16> {

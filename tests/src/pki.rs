@@ -21,6 +21,17 @@ pub struct Pair {
     pub key: PathBuf,
 }
 
+/// The PEM files of an etcd served over TLS ([`Pki::etcd`] makes them; `crate::etcd`
+/// serves with them).
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    /// Signs the server's and the clients' certificates.
+    pub ca: PathBuf,
+    pub server: Pair,
+    /// A client certificate etcd accepts.
+    pub client: Pair,
+}
+
 fn ca(name: &str) -> Result<(CertificateParams, KeyPair, String)> {
     let key = KeyPair::generate().context("generating a CA key")?;
     let mut params = CertificateParams::new(Vec::<String>::new()).context("CA parameters")?;
@@ -84,7 +95,7 @@ impl Pki {
     /// A CA of etcd's own in `dir` (etcd's cluster is secured apart from the fleet's),
     /// its server certificate for `names` (IP addresses become IP SANs), and one client
     /// certificate.
-    pub fn etcd(dir: &Path, names: &[String]) -> Result<crate::etcd::EtcdTls> {
+    pub fn etcd(dir: &Path, names: &[String]) -> Result<EtcdTls> {
         let pki = Pki {
             dir: dir.to_path_buf(),
         };
@@ -109,7 +120,7 @@ impl Pki {
             "limiter-allocator",
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
-        Ok(crate::etcd::EtcdTls {
+        Ok(EtcdTls {
             ca,
             server: pki.pair("etcd-server"),
             client: pki.pair("etcd-client"),

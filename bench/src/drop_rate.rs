@@ -30,7 +30,7 @@ const WARMUP: Duration = Duration::from_millis(400);
 const WINDOW: Duration = Duration::from_millis(1200);
 /// The senders run a little past the window, so it never sees them stop.
 const TAIL: Duration = Duration::from_millis(200);
-/// The target: the limiter drops at least this fraction of XDP_DROP's rate.
+/// The target the bench holds it to: the limiter drops at least this fraction of XDP_DROP's rate.
 pub const TARGET: f64 = 0.9;
 /// The limiter's rule for this figure: almost every frame is over it.
 pub const RULE: &str = "rate = 1000\nburst = 100";

@@ -378,22 +378,15 @@ struct Controls {
     election: Option<Election>,
 }
 
-/// Serves the control socket, one connection at a time (each is one quota change, a
-/// listing or the status; a client that sends nothing is dropped after the transport's
-/// timeout).
+/// Serves the control socket for as long as the allocator runs, each connection on a
+/// task of its own (`limiter_service::control::serve`): a `quota set` waiting on etcd,
+/// or a client that sends nothing, holds only its own connection.
 async fn serve_control(listener: UnixListener, controls: Controls) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let served = limiter_service::control::serve_connection_async(stream, async |request| {
-            control(request, &controls).await
-        })
-        .await;
-        if let Err(e) = served {
-            tracing::debug!(error = %e, "control connection failed");
-        }
-    }
+    let handle = move |request| {
+        let controls = controls.clone();
+        async move { control(request, &controls).await }
+    };
+    limiter_service::control::serve(listener, handle, std::future::pending()).await;
 }
 
 const POISONED: &str = "allocator state is poisoned; restart the allocator";

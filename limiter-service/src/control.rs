@@ -1,13 +1,16 @@
 //! The control socket's transport, typed: one JSON request per connection (one line),
 //! one JSON reply ([`Reply`]). The peer must be root (SO_PEERCRED), a request is at most
 //! [`MAX_REQUEST`] bytes and must arrive within [`TIMEOUT`]; the client waits as long
-//! for the reply. Each binary has its own request enum and serves it with
-//! [`serve_connection`]; `limiter_instance::claim` binds the socket.
+//! for the reply. Each binary has its own request enum and serves it with [`serve`]:
+//! every connection on a task of its own, so a client that sends nothing holds only its
+//! own connection, for at most [`TIMEOUT`]. `limiter_instance::claim` binds the socket.
 
 use std::{
+    future::Future,
     io::{BufRead as _, BufReader, Write as _},
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
@@ -21,6 +24,10 @@ use crate::exit::Exit;
 pub const MAX_REQUEST: u64 = 64 * 1024;
 /// How long either side waits for the other.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the listen backlog. A request is a few map
+/// operations or one etcd call: a handful of operators and scripts never come near it,
+/// and a local root flood holds at most this many tasks.
+pub const MAX_CONNECTIONS: usize = 16;
 
 /// The answer to one request.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -157,6 +164,57 @@ pub fn call<R: Serialize>(
     }
 }
 
+/// Serves `listener` until `stop` completes: each connection on a task of its own (at
+/// most [`MAX_CONNECTIONS`] at once) through [`serve_connection_async`], with `handle`
+/// answering its request. A failed accept (out of descriptors) is retried 100 ms later,
+/// not spun on. When `stop` completes, this waits for the connections in flight (each
+/// bounded by [`TIMEOUT`]); dropping the future instead aborts them.
+pub async fn serve<R, H, F>(
+    listener: tokio::net::UnixListener,
+    handle: H,
+    stop: impl Future<Output = ()>,
+) where
+    R: DeserializeOwned + Send + 'static,
+    H: Fn(R) -> F + Clone + Send + 'static,
+    F: Future<Output = Reply> + Send + 'static,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut stop => break,
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => tokio::select! {
+                    () = &mut stop => break,
+                    accepted = listener.accept() => accepted.map(|(stream, _)| (stream, permit)),
+                },
+                Err(_) => break,
+            },
+        };
+        match accepted {
+            Ok((stream, permit)) => {
+                let handle = handle.clone();
+                connections.spawn(async move {
+                    let served =
+                        serve_connection_async(stream, async move |request| handle(request).await)
+                            .await;
+                    if let Err(e) = served {
+                        tracing::debug!(error = %e, "control connection failed");
+                    }
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a control connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        while connections.try_join_next().is_some() {}
+    }
+    while connections.join_next().await.is_some() {}
+}
+
 /// Reads one request from `stream` and writes `handle`'s reply. Refused before `handle`
 /// runs: a peer that is not root, a request not received within [`TIMEOUT`], longer than
 /// [`MAX_REQUEST`], or not an `R`.
@@ -226,6 +284,76 @@ mod tests {
                     .unwrap();
             });
         })
+    }
+
+    /// Serves `socket` with [`serve`] and an echoing handler until `stop` is sent.
+    fn serve_until(
+        socket: &Path,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> std::thread::JoinHandle<()> {
+        let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                listener.set_nonblocking(true).unwrap();
+                let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+                let echo = |Ask::Echo { text }| async move { Reply::data(text) };
+                serve(listener, echo, async move {
+                    let _ = stop.await;
+                })
+                .await;
+            });
+        })
+    }
+
+    #[test]
+    fn a_client_that_sends_nothing_holds_only_its_own_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let server = serve_until(&socket, stopped);
+        let silent = UnixStream::connect(&socket).unwrap();
+        let ask = |text: &str| {
+            call(
+                &socket,
+                "test server",
+                &Ask::Echo {
+                    text: text.to_string(),
+                },
+            )
+            .unwrap()
+        };
+        assert_eq!(ask("first"), Value::from("first"));
+        assert_eq!(ask("second"), Value::from("second"));
+        // Served one at a time, the requests would have waited for the silent client's
+        // timeout, whose refusal would be in its socket by now.
+        silent.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        let read = std::io::Read::read(&mut &silent, &mut byte);
+        assert!(
+            read.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+            "the silent client was already answered ({read:?}): the requests after it waited \
+             for it"
+        );
+        stop.send(()).unwrap();
+        // In flight at the stop: the silent connection gets its timeout reply, then serve
+        // returns.
+        server.join().unwrap();
+        silent.set_nonblocking(false).unwrap();
+        let mut reply = String::new();
+        BufReader::new(&silent).read_line(&mut reply).unwrap();
+        let reply: Reply = serde_json::from_str(&reply).unwrap();
+        assert!(
+            reply
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("timed out")),
+            "{reply:?}"
+        );
     }
 
     #[test]

@@ -159,13 +159,7 @@ impl Notifier {
 
 /// CLOCK_MONOTONIC in microseconds, the clock systemd compares `MONOTONIC_USEC` with.
 fn monotonic_usec() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer to a timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000 + (ts.tv_nsec as u64) / 1_000
+    limiter_fleet::clock::monotonic_ns() / 1_000
 }
 
 #[cfg(test)]

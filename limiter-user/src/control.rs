@@ -56,8 +56,10 @@ pub fn listen(listener: std::os::unix::net::UnixListener) -> Result<UnixListener
     UnixListener::from_std(listener).map_err(|e| io("serving the control socket", e))
 }
 
-/// Serves requests until shutdown. Requests are handled one at a time: each is a few
-/// map operations.
+/// Serves requests until shutdown, each connection on a task of its own
+/// (`limiter_service::control::serve`): a client that sends nothing holds only its own
+/// connection. Requests take the daemon's lock one at a time; each is a few map
+/// operations.
 pub async fn serve(
     listener: UnixListener,
     daemon: Arc<Mutex<Daemon>>,
@@ -65,41 +67,36 @@ pub async fn serve(
     notifier: Arc<Notifier>,
 ) {
     let mut stop = shutdown.subscribe();
-    loop {
-        tokio::select! {
-            _ = stop.recv() => return,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let reply = handle(stream, &daemon, &shutdown, &notifier).await;
-                if let Err(e) = reply {
-                    tracing::debug!(error = %e, "control connection failed");
-                }
-            }
-        }
-    }
+    let handle = move |request: Request| {
+        let reply = respond(request, &daemon, &shutdown, &notifier);
+        async move { reply }
+    };
+    limiter_service::control::serve(listener, handle, async move {
+        let _ = stop.recv().await;
+    })
+    .await;
 }
 
-async fn handle(
-    stream: tokio::net::UnixStream,
+/// One request's reply; a reload is bracketed by the notify protocol's RELOADING and
+/// READY, as SIGHUP's is.
+fn respond(
+    request: Request,
     daemon: &Arc<Mutex<Daemon>>,
     shutdown: &broadcast::Sender<Shutdown>,
     notifier: &Notifier,
-) -> std::io::Result<()> {
-    limiter_service::control::serve_connection(stream, |request: Request| {
-        if request == Request::Reload {
-            notifier.reloading();
-        }
-        let reply = dispatch(request.clone(), daemon, shutdown);
-        if request == Request::Reload {
-            let status = daemon.lock().map_or_else(
-                |_| "daemon state poisoned".to_string(),
-                |d| d.readiness_status(),
-            );
-            notifier.ready(&status);
-        }
-        reply
-    })
-    .await
+) -> Reply {
+    if request == Request::Reload {
+        notifier.reloading();
+    }
+    let reply = dispatch(request.clone(), daemon, shutdown);
+    if request == Request::Reload {
+        let status = daemon.lock().map_or_else(
+            |_| "daemon state poisoned".to_string(),
+            |d| d.readiness_status(),
+        );
+        notifier.ready(&status);
+    }
+    reply
 }
 
 fn to_reply<T: Serialize>(result: Result<T, crate::Error>) -> Reply {

@@ -5,8 +5,10 @@
 //! circle) or from the layers below it; `tests/tests/layers.rs` reads this list and
 //! fails on an import that goes up or round, and on a module the list does not place.
 //!
-//! 1. Definitions, pure: `config`, `object`, `hook`, `shutdown`, `sketch_regions`,
-//!    `kernel`, `ruleset`, `verifier`, `privilege`, `error`.
+//! 1. Definitions and probes: `config`, `object`, `hook`, `shutdown`, `sketch_regions`,
+//!    `kernel`, `ruleset`, `verifier`, `privilege`, `error`. All pure but `kernel` and
+//!    `privilege`, which ask the kernel what it supports and what this process may do,
+//!    and `config`, which reads its file and the hostname.
 //! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
 //!    `tc_filter`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
 //!    `teardown`.

@@ -85,7 +85,7 @@ limiter_tests::test_rows! {
     run_unreadable_config => limiter(&["run", "--config", "DIR/dir.toml"], Exit::BadInput, "Is a directory");
     run_bad_toml => limiter(&["run", "--config", "DIR/bad.toml"], Exit::BadInput, "bad.toml:");
     run_unknown_key => limiter(&["run", "--config", "DIR/unknown.toml"], Exit::BadInput, "colour");
-    /// `check` keeps issue 14's contract: 1 for any rejection.
+    /// `check` exits 1 for any rejection, a missing file included (README: Exit status).
     check_missing_config => limiter(&["check", "--config", "DIR/absent.toml"], Exit::Failure, NOT_FOUND);
     check_bad_toml => limiter(&["check", "--config", "DIR/bad.toml"], Exit::Failure, "bad.toml:");
     reload_daemon_not_running => limiter(&["reload", "--socket", "DIR/none.sock"], Exit::NotRunning, "no limiter daemon is listening");

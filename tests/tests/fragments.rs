@@ -4,7 +4,7 @@
 //! read from its own counter (`Ip: ReasmOKs` in /proc/net/snmp; the host end has the
 //! rule's address, so the fragments are delivered locally).
 //!
-//! - The attack of issue 10: each SYN split so that its first fragment carries only
+//! - The split-header attack: each SYN split so that its first fragment carries only
 //!   8 bytes of TCP (ports, no flags) and the rest follows at offset 8. The stack
 //!   reassembles SYNs from them; the rule must admit no more of them than its rate and
 //!   burst (the code before this test let thousands through).

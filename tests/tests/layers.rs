@@ -1,5 +1,6 @@
 //! The tree reads bottom-up. In every crate of the workspace no module reaches, directly
-//! or through others, a module that imports it; and limiter-user's modules keep to the
+//! or through others, a module that imports it (nor, inside a directory module such as
+//! limiter-user's `config/`, a submodule a sibling that imports it); and limiter-user's modules keep to the
 //! layers its lib.rs lists (an import goes to the module's own layer or one below).
 //!
 //! The scan is textual, like a reader's: a module names another when its code writes
@@ -136,6 +137,48 @@ fn graph_of(root: &Path) -> Graph {
         .collect()
 }
 
+/// The import graph among the submodules of the directory module `m/` of the crate
+/// whose source is `src` (declared in `m/mod.rs`): a submodule names a sibling by
+/// `super::sibling`, in a `use super::{…};` statement, or by `crate::m::sibling`.
+/// `None` when `m` is a file module.
+fn submodule_graph(src: &Path, m: &str) -> Option<Graph> {
+    let dir = src.join(m);
+    let root = dir.join("mod.rs");
+    if !root.exists() {
+        return None;
+    }
+    let modules = declared_modules(&read(&root));
+    let texts: BTreeMap<&str, String> = modules
+        .iter()
+        .map(|s| (s.as_str(), code_only(&module_text(&dir, s))))
+        .collect();
+    let names_sibling = |text: &str, s: &str| {
+        let as_crate = text.replace(&format!("crate::{m}::"), "super::");
+        as_crate.contains(&format!("super::{s}::"))
+            || as_crate.contains(&format!("super::{s};"))
+            || as_crate.split("use super::").skip(1).any(|rest| {
+                rest.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .any(|word| word == s)
+            })
+    };
+    Some(
+        texts
+            .iter()
+            .map(|(module, text)| {
+                let named = modules
+                    .iter()
+                    .filter(|s| s.as_str() != *module && names_sibling(text, s))
+                    .cloned()
+                    .collect();
+                (module.to_string(), named)
+            })
+            .collect(),
+    )
+}
+
 /// A cycle through `at`, if one is reachable from it.
 fn cycle_from(
     graph: &Graph,
@@ -232,6 +275,21 @@ fn no_crate_has_an_import_cycle() {
             if let Some(cycle) = find_cycle(&graph) {
                 panic!("{}: import cycle: {}", root.display(), cycle.join(" → "));
             }
+            // One level down: the submodules of a directory module among themselves.
+            let src = member.join("src");
+            for m in graph.keys() {
+                let Some(inner) = submodule_graph(&src, m) else {
+                    continue;
+                };
+                if let Some(cycle) = find_cycle(&inner) {
+                    panic!(
+                        "{}: import cycle inside {m}/: {}",
+                        root.display(),
+                        cycle.join(" → ")
+                    );
+                }
+                scanned.push((src.join(m).join("mod.rs"), inner));
+            }
             scanned.push((root, graph));
         }
     }
@@ -244,6 +302,8 @@ fn no_crate_has_an_import_cycle() {
     };
     assert!(sees("limiter-sim/src/lib.rs", "report", "claims"));
     assert!(sees("limiter-user/src/lib.rs", "daemon", "maps"));
+    // And inside a directory module: the config's checker reads its types.
+    assert!(sees("limiter-user/src/config/mod.rs", "check", "types"));
 }
 
 #[test]

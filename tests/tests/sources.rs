@@ -73,9 +73,8 @@ struct ChurnRow {
     churn_per_second: f64,
 }
 
-/// Per source: 1 frame/s, burst 1, in a structure sized for 4096 sources (the size the
-/// issue's quick try used). The throttled source sends one frame after every `churn`
-/// frames from other sources.
+/// Per source: 1 frame/s, burst 1, in a structure sized for 4096 sources. The
+/// throttled source sends one frame after every `churn` frames from other sources.
 fn throttled_source_under_churn(churn: u32, probes: u32) -> ChurnRow {
     let config = format!(
         "max_sources = 4096\n[[rules]]\nname = \"guarded\"\ndst = \"{DST}/32\"\n\

@@ -75,7 +75,7 @@ const FRAME_ROUNDS: usize = 5;
 const LARGE_SOURCES: u32 = 1 << 20;
 /// `max_sources` of the program that measures churn through a small sketch.
 const SMALL_SOURCES: u32 = 4096;
-/// The target for the hot path, as a multiple of `baseline_pass`.
+/// The target the bench holds the hot path to, as a multiple of `baseline_pass`.
 const HOT_PATH_TARGET: f64 = 4.0;
 
 /// Test addresses: 198.18.0.0/15, 2^17 of them.
@@ -1391,7 +1391,7 @@ fn outro_lines(rows: &[Row]) -> Vec<String> {
             )
         })
         .collect();
-    // The new-source target, against both known working sets of the same run.
+    // The new-source target (README: A spoofed-source flood), against both known working sets of the same run.
     let ns = |prefix: &str| {
         rows.iter()
             .find(|r| r.scenario.starts_with(prefix))
@@ -1425,7 +1425,7 @@ fn outro_lines(rows: &[Row]) -> Vec<String> {
     lines
 }
 
-/// The target for a new source every frame, as a multiple of a known source.
+/// The target for a new source every frame (README: A spoofed-source flood), as a multiple of a known source.
 const NEW_SOURCE_TARGET: f64 = 1.5;
 
 fn text_table(rows: &[[String; 5]]) -> String {

@@ -1,8 +1,8 @@
 //! The config file's checker: walks toml's spanned tree ([`limiter_config::Checker`]),
 //! reading each key by its schema row ([`super::schema`]) and reporting every problem
 //! with its line, column and field path, then the checks that relate keys (ambiguous
-//! rules, keys that need another). Nothing here touches the system: [`Config::parse`] is
-//! pure, [`Config::load`] only reads the file.
+//! rules, keys that need another). Nothing here changes the system: [`Config::parse`]
+//! reads only the kernel's hostname (the default `fleet.host_id`).
 
 use std::{
     collections::BTreeMap,
@@ -42,8 +42,15 @@ impl Config {
     }
 }
 
+impl Default for Config {
+    /// The configuration of an empty file: every key at its schema row's default.
+    fn default() -> Self {
+        defaults()
+    }
+}
+
 /// The configuration of an empty file: what every schema row says an absent key means.
-pub(super) fn defaults() -> Config {
+fn defaults() -> Config {
     Walk(Checker::new("")).config(&DeTable::new())
 }
 

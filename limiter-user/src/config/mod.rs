@@ -7,8 +7,8 @@
 //!   and field path (`rules[1].per_source.burst`);
 //! - `tests`: the cases, most as tables of (input, field, message) rows.
 //!
-//! Nothing here touches the system: [`Config::parse`] is pure, [`Config::load`] only
-//! reads the file.
+//! Nothing here changes the system. [`Config::load`] reads the file; [`Config::parse`]
+//! reads nothing but the kernel's hostname, the default `fleet.host_id`.
 
 mod check;
 pub mod schema;

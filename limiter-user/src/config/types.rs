@@ -126,13 +126,6 @@ pub struct FleetSpec {
     pub report_interval_ms: u64,
 }
 
-impl Default for Config {
-    /// The configuration of an empty file: every key at its schema row's default.
-    fn default() -> Self {
-        super::check::defaults()
-    }
-}
-
 /// One `[[rules]]` entry, validated: every limit compiles, names are unique and no two
 /// rules have the same (dst, dst_port, proto).
 #[derive(Debug, Clone, PartialEq)]

@@ -14,20 +14,15 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-pub const IPPROTO_ICMP: u8 = 1;
-pub const IPPROTO_TCP: u8 = 6;
-pub const IPPROTO_UDP: u8 = 17;
-pub const IPPROTO_ICMPV6: u8 = 58;
+// The wire's numbers, as the frame builder names them (the model shares the names, not
+// the XDP program's parser).
+use crate::frame::{
+    ETH_P_IP, ETH_P_IPV6, IPPROTO_DSTOPTS, IPPROTO_FRAGMENT, IPPROTO_HOPOPTS, IPPROTO_ROUTING,
+};
+pub use crate::frame::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, TCP_ACK, TCP_SYN};
+
 pub const IPPROTO_GRE: u8 = 47;
-const IPPROTO_HOPOPTS: u8 = 0;
-const IPPROTO_ROUTING: u8 = 43;
-const IPPROTO_FRAGMENT: u8 = 44;
-const IPPROTO_DSTOPTS: u8 = 60;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
 const TPIDS: [u16; 2] = [0x8100, 0x88a8];
-pub const TCP_SYN: u8 = 0x02;
-pub const TCP_ACK: u8 = 0x10;
 
 /// The simulator's seeded generator (SplitMix64), with the draws the generators need.
 #[derive(Clone, Debug)]

@@ -725,4 +725,27 @@ mod tests {
             assert!(e.contains(what), "{e}");
         }
     }
+
+    #[test]
+    fn assignments_decode_and_bad_ones_say_what_is_wrong() {
+        let prefix = shard_prefix("limiter/shards");
+        assert_eq!(
+            decode_assignment(&prefix, b"limiter/shards/web", b"alloc-a"),
+            Ok(("web".to_string(), "alloc-a".to_string()))
+        );
+        for (key, value, what) in [
+            (
+                &b"limiter/shards/web"[..],
+                &b"alloc a"[..],
+                "is not a group name",
+            ),
+            (b"limiter/shards/web", b"", "is not a group name"),
+            (b"limiter/shards/a b", b"alloc-a", "is not a rule name"),
+            (b"other/web", b"alloc-a", "is not under"),
+            (b"limiter/shards/\xff", b"alloc-a", "not UTF-8"),
+        ] {
+            let e = decode_assignment(&prefix, key, value).unwrap_err();
+            assert!(e.contains(what), "{e}");
+        }
+    }
 }

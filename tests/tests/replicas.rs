@@ -819,21 +819,21 @@ fn sharded_groups_each_fail_over_and_no_host_leaves_leased() {
     let owner = BTreeMap::from([("web", 0), ("cap", 1)]);
     s.check_ownership(&owner);
 
-    for k in 0..2 {
+    for (k, group) in GROUPS.iter().enumerate() {
         let leader = s.groups[k].wait_leader(Duration::from_secs(1));
         let before = admitted_totals(&all);
         let killed_at = Instant::now();
         s.groups[k].replicas[leader].kill();
-        let what = format!("after group {}'s leader was killed", GROUPS[k]);
+        let what = format!("after group {group}'s leader was killed");
         hold_leased_one_leader_per_group(&s, &all, Duration::from_millis(3 * LEASE), &what);
         let after = admitted_totals(&all);
         let secs = killed_at.elapsed().as_secs_f64();
         let through = [0, 1].map(|r| (after[r] - before[r]) as f64 / secs);
         let next = s.groups[k].wait_leader(Duration::from_secs(1));
         eprintln!(
-            "group {} leader {leader} killed, replica {next} leads; admitted web {:.0}/s, \
+            "group {group} leader {leader} killed, replica {next} leads; admitted web {:.0}/s, \
              cap {:.0}/s over {secs:.1} s (quota {QUOTA}/s each)",
-            GROUPS[k], through[0], through[1]
+            through[0], through[1]
         );
         assert_ne!(next, leader);
         for (rule, rate) in RULES.iter().zip(through) {

@@ -22,6 +22,13 @@
 //! (the inverse of the mean time per report), rule-reports/s (× rules), and the ratio to
 //! what the shape requires: one report per host per second, i.e. `hosts` reports/s and
 //! `hosts × rules` rule-reports/s.
+//!
+//! Sharded shapes (`groups` > 1): the rules are split between the groups (rule `r` to
+//! group `r % groups`), and the state measured is the first group's leader: it knows
+//! every rule's quota and the whole assignment (`State::shard_as`, `State::assign`), and
+//! each host's report carries only its rules, as hosts route them
+//! (`limiter_fleet::shard`). Such a leader must carry `hosts × rules / groups`
+//! rule-reports/s.
 
 use std::time::{Duration, Instant};
 
@@ -41,48 +48,84 @@ pub const REPORT_INTERVAL: Duration = Duration::from_millis(DEFAULT_REPORT_INTER
 /// the fleet asks ~1.25× the quota of every rule.
 const QUOTA_PER_HOST: u64 = 400;
 
-/// A fleet to allocate for: `hosts` hosts, each reporting `rules` rules.
+/// A fleet to allocate for: `hosts` hosts, each reporting `rules` rules, sharded over
+/// `groups` groups of allocators (1: not sharded).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     pub hosts: usize,
     pub rules: usize,
+    pub groups: usize,
 }
 
 impl Shape {
-    /// What one allocator must carry for this fleet: one report per host per second.
+    /// What one allocator (one group's leader) must carry for this fleet: one report per
+    /// host per second.
     pub fn required_reports_per_s(self) -> f64 {
         self.hosts as f64
     }
 
     pub fn required_rule_reports_per_s(self) -> f64 {
-        (self.hosts * self.rules) as f64
+        (self.hosts * self.leader_rules()) as f64
+    }
+
+    /// The rules one leader grants: those of the first group.
+    pub fn leader_rules(self) -> usize {
+        self.rules.div_ceil(self.groups.max(1))
     }
 
     pub fn label(self) -> String {
-        format!(
+        let fleet = format!(
             "{} hosts × {} rules",
             thousands(self.hosts as u64),
             thousands(self.rules as u64)
-        )
+        );
+        if self.groups > 1 {
+            format!(
+                "{fleet}, {} groups ({} rules a leader)",
+                self.groups,
+                thousands(self.leader_rules() as u64)
+            )
+        } else {
+            fleet
+        }
     }
 }
 
-/// The shapes of `cargo xtask bench -- allocator-capacity`; the last is the requirement
-/// (one leader for 500 hosts × 10,000 rules).
-pub const SHAPES: [Shape; 3] = [
+/// The shapes of `cargo xtask bench -- allocator-capacity`: the third is the requirement
+/// (500 hosts × 10,000 rules) for one leader, the last three the same fleet sharded over
+/// two, three and four groups (one leader: 5,000, 3,334 and 2,500 rules).
+pub const SHAPES: [Shape; 6] = [
     Shape {
         hosts: 500,
         rules: 1_000,
+        groups: 1,
     },
     Shape {
         hosts: 5_000,
         rules: 100,
+        groups: 1,
+    },
+    REQUIRED,
+    Shape {
+        groups: 2,
+        ..REQUIRED
     },
     Shape {
-        hosts: 500,
-        rules: 10_000,
+        groups: 3,
+        ..REQUIRED
+    },
+    Shape {
+        groups: 4,
+        ..REQUIRED
     },
 ];
+
+/// The requirement: 500 hosts × 10,000 rules.
+pub const REQUIRED: Shape = Shape {
+    hosts: 500,
+    rules: 10_000,
+    groups: 1,
+};
 
 /// How much to measure.
 #[derive(Clone, Copy, Debug)]
@@ -222,12 +265,20 @@ impl Fleet {
             rate: 10,
             burst: 10,
         };
-        let state = State::new(&quotas, LEASE_TTL, REPORT_INTERVAL, limits, 0);
+        let mut state = State::new(&quotas, LEASE_TTL, REPORT_INTERVAL, limits, 0);
+        let groups = shape.groups.max(1);
+        if groups > 1 {
+            state.shard_as("group-0");
+            for (r, rule) in rule_names.iter().enumerate() {
+                state.assign(rule, Some(&format!("group-{}", r % groups)), 0);
+            }
+        }
         let request = ReportRequest {
             version: limiter_proto::VERSION,
             host: String::new(),
             rules: rule_names
                 .into_iter()
+                .step_by(groups)
                 .map(|rule| RuleReport {
                     rule,
                     demand: 0,
@@ -241,7 +292,7 @@ impl Fleet {
             state,
             names: (0..shape.hosts).map(|h| format!("host-{h:04}")).collect(),
             request,
-            held: vec![0; shape.hosts * shape.rules],
+            held: vec![0; shape.hosts * shape.leader_rules()],
             sent: 0,
         })
     }
@@ -259,7 +310,7 @@ impl Fleet {
     fn report(&mut self) -> Result<Handled> {
         let (second, host) = (self.sent / self.shape.hosts, self.sent % self.shape.hosts);
         let now = self.time_of(self.sent);
-        let rules = self.shape.rules;
+        let rules = self.shape.leader_rules();
         let held = &self.held[host * rules..(host + 1) * rules];
         for (r, (report, &held)) in self.request.rules.iter_mut().zip(held).enumerate() {
             report.demand = demand(host, r, second);
@@ -290,7 +341,13 @@ impl Fleet {
     /// Sets what `host` holds from `reply` (grants come in the request's rule order,
     /// rules without a grant left out); returns the grants with a share above 0.
     fn read_back(&mut self, host: usize, reply: &ReportReply) -> Result<usize> {
-        let rules = self.shape.rules;
+        ensure!(
+            reply.elsewhere.is_empty(),
+            "{} rules of {}'s report are another group's",
+            reply.elsewhere.len(),
+            self.request.host
+        );
+        let rules = self.shape.leader_rules();
         let held = &mut self.held[host * rules..(host + 1) * rules];
         let mut next = 0;
         let mut open = 0;
@@ -399,7 +456,11 @@ fn time(warm: Warm, plan: Plan) -> Result<Capacity> {
     let started = Instant::now();
     let Warm { mut fleet, took } = warm;
     let shape = fleet.shape;
-    // Calibration: the first reports past learning, their cost sizes the rounds.
+    // Calibration: the first reports past learning, their cost sizes the rounds. Not the
+    // very first: it computes every rule's allocation at once (each is then reused for
+    // half a report interval), and sized from it the largest shape's rounds were a few
+    // reports long, too short to include the periodic recomputation they pay for.
+    fleet.report()?;
     let (mut spent, mut counted) = (Duration::ZERO, 0usize);
     while counted < shape.hosts && spent < plan.calibration {
         spent += fleet.report()?.elapsed;
@@ -420,11 +481,11 @@ fn time(warm: Warm, plan: Plan) -> Result<Capacity> {
         for _ in 0..per_round {
             let h = fleet.report()?;
             ensure!(
-                h.grants == shape.rules,
+                h.grants == shape.leader_rules(),
                 "{} got {} grants for {} rules at {:.3} s, past learning",
                 fleet.request.host,
                 h.grants,
-                shape.rules,
+                shape.leader_rules(),
                 h.now as f64 / S as f64
             );
             round.reports += 1;
@@ -510,7 +571,7 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
         ) else {
             continue;
         };
-        let per_cell = us.scale(1e3 / c.shape.rules as f64);
+        let per_cell = us.scale(1e3 / c.shape.leader_rules() as f64);
         out += &format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             c.shape.label(),
@@ -528,7 +589,11 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
             lapses (`RuleAllocator::refresh_ns`); between, a rule-report is a lookup and the \
             host's grant capped by the others' sum, kept as grants change. The last column is \
             what one rule of a report costs, the allocation's share included.\n";
-    if let Some(c) = results.last() {
+    let requirement = results
+        .iter()
+        .find(|c| c.shape == REQUIRED)
+        .or_else(|| results.iter().rev().find(|c| c.shape.groups <= 1));
+    if let Some(c) = requirement {
         if let Some(ratio) = c.ratio() {
             let verdict = if ratio.min >= 1.0 {
                 "Yes"
@@ -551,6 +616,7 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
             );
         }
     }
+    out += &groups_needed(results);
     out += &format!(
         "\nThe protocol caps a report at {} rules (`limiter_proto::MAX_RULES_PER_REPORT`); \
          the state takes any number, so the shapes above carry every rule in one report, \
@@ -574,6 +640,64 @@ pub fn markdown(results: &[Capacity], plan: Plan, machine: &str) -> String {
          reports that sized the rounds): {}.\n",
         warmup.join("; ")
     );
+    out
+}
+
+/// The sharded shapes' verdicts, and how many groups (a leader, a core each) the
+/// requirement needs: the fewest measured whose leader carried its part in every round
+/// (per-rule cost depends on how many rules a leader holds, so no extrapolation).
+fn groups_needed(results: &[Capacity]) -> String {
+    let mut out = String::new();
+    let mut carried: Vec<(usize, bool, bool)> = Vec::new();
+    for c in results {
+        let Some(ratio) = c.ratio() else {
+            continue;
+        };
+        if (c.shape.hosts, c.shape.rules) == (REQUIRED.hosts, REQUIRED.rules) {
+            carried.push((c.shape.groups, ratio.min >= 1.0, ratio.median >= 1.0));
+        }
+        if c.shape.groups <= 1 {
+            continue;
+        }
+        let verdict = if ratio.min >= 1.0 {
+            "Yes"
+        } else if ratio.max >= 1.0 {
+            "Not in every round"
+        } else {
+            "No"
+        };
+        out += &format!(
+            "\nSharded over {} groups, does each leader carry its part of {} hosts × {} rules \
+             ({} reports/s of {} rules, {} rule-reports/s)? {verdict}: measured ÷ required = \
+             {}.\n",
+            c.shape.groups,
+            thousands(c.shape.hosts as u64),
+            thousands(c.shape.rules as u64),
+            thousands(c.shape.hosts as u64),
+            thousands(c.shape.leader_rules() as u64),
+            thousands(c.shape.required_rule_reports_per_s() as u64),
+            spread(ratio, 4, "×"),
+        );
+    }
+    carried.sort();
+    if carried.len() > 1 {
+        let every = carried.iter().find(|c| c.1).map(|c| c.0);
+        let median = carried.iter().find(|c| c.2).map(|c| c.0);
+        let measured: Vec<String> = carried.iter().map(|c| c.0.to_string()).collect();
+        out += &format!(
+            "\nGroups (leaders, a core each) {} hosts × {} rules needs, of those measured \
+             ({}): {}.\n",
+            thousands(REQUIRED.hosts as u64),
+            thousands(REQUIRED.rules as u64),
+            measured.join(", "),
+            match (every, median) {
+                (Some(n), _) => format!("{n}, carried in every round"),
+                (None, Some(n)) =>
+                    format!("{n} in the median round, not in every round (more for a margin)"),
+                (None, None) => "more than any measured".to_string(),
+            }
+        );
+    }
     out
 }
 
@@ -636,6 +760,7 @@ mod tests {
         let shape = Shape {
             hosts: 10,
             rules: 5,
+            groups: 1,
         };
         let c = measure(shape, Plan::TEST).unwrap();
         assert_eq!(c.rounds.len(), 5);
@@ -659,6 +784,7 @@ mod tests {
         let shape = Shape {
             hosts: 10,
             rules: 5,
+            groups: 1,
         };
         let mut fleet = warm_up(shape).unwrap().fleet;
         while fleet.time_of(fleet.sent) < 5 * S {
@@ -683,10 +809,12 @@ mod tests {
         let shape = Shape {
             hosts: 10,
             rules: 5,
+            groups: 1,
         };
         let c = measure(shape, Plan::TEST).unwrap();
-        // One report per host while learning, then the calibration: a whole second.
-        assert_eq!(c.warmup_reports, 10 + 10);
+        // One report per host while learning, the first past it (every rule allocated
+        // at once, not counted), then the calibration: a whole second.
+        assert_eq!(c.warmup_reports, 10 + 1 + 10);
         let md = markdown(&[c], Plan::TEST, "test");
         assert!(md.contains("| 10 hosts × 5 rules | 10 |"), "{md}");
         assert!(
@@ -700,10 +828,33 @@ mod tests {
     }
 
     #[test]
+    fn a_sharded_leader_is_measured_on_its_own_rules() {
+        let shape = Shape {
+            hosts: 10,
+            rules: 6,
+            groups: 2,
+        };
+        let c = measure(shape, Plan::TEST).unwrap();
+        // Each report carries the leader's 3 rules, and each gets a grant.
+        assert_eq!(c.grants, 5 * 10 * 3);
+        let md = markdown(&[c], Plan::TEST, "test");
+        assert!(
+            md.contains("| 10 hosts × 6 rules, 2 groups (3 rules a leader) | 10 |"),
+            "{md}"
+        );
+        assert!(md.contains("Sharded over 2 groups"), "{md}");
+    }
+
+    #[test]
     fn labels() {
         assert_eq!(thousands(5_000_000), "5,000,000");
         assert_eq!(thousands(500), "500");
         assert_eq!(SHAPES[2].label(), "500 hosts × 10,000 rules");
         assert_eq!(SHAPES[2].required_rule_reports_per_s(), 5e6);
+        assert_eq!(
+            SHAPES[3].label(),
+            "500 hosts × 10,000 rules, 2 groups (5,000 rules a leader)"
+        );
+        assert_eq!(SHAPES[3].required_rule_reports_per_s(), 2.5e6);
     }
 }

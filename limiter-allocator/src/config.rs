@@ -93,6 +93,7 @@ section! {
         ELECTION_CA = "ca", Unset("plain http to etcd"), Kind::Path, "TLS to etcd: the CA that signs etcd's server certificates";
         ELECTION_CERT = "cert", Unset("no client certificate"), Kind::Path, "this replica's client certificate (etcd's --client-cert-auth)";
         ELECTION_KEY = "key", Unset("no client certificate"), Kind::Path, "the client certificate's key";
+        ELECTION_SHARDS = "shards", Unset("no sharding: the group grants every rule it has a quota for"), Kind::String, "sharding: the etcd prefix of the rule → group assignment (the same in every group)";
     }
 }
 
@@ -164,6 +165,10 @@ pub struct Election {
     /// The group: the election is `<name>/leader`, the quotas `<name>/quotas/<rule>`.
     pub name: String,
     pub ttl_ms: u64,
+    /// Sharding (`[election] shards`): the etcd prefix under which `<shards>/<rule>` names
+    /// the group that grants the rule. `None`: this group grants every rule it has a
+    /// quota for.
+    pub shards: Option<String>,
 }
 
 /// `[election] ca`, `cert` and `key`: etcd's server certificate is checked against `ca`;
@@ -416,13 +421,64 @@ fn election(
             );
         }
     }
+    let shards = shards_prefix(c, table, name.as_deref());
     Some(Election {
         etcd: etcd?,
         tls: tls?,
         advertise: advertise?,
         name: name?,
         ttl_ms: ttl_ms?,
+        shards: shards?,
     })
+}
+
+/// The longest `[election] shards` prefix.
+pub const MAX_SHARDS_PREFIX: usize = 200;
+
+/// Whether `prefix` may be `[election] shards`: 1-200 bytes of `[A-Za-z0-9._-/]`, not
+/// ending in `/` (a rule's key is `<prefix>/<rule>`).
+pub fn valid_shards_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix.len() <= MAX_SHARDS_PREFIX
+        && !prefix.ends_with('/')
+        && prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b))
+}
+
+/// `[election] shards`: `Some(None)` when absent; `None` after a problem.
+fn shards_prefix(
+    c: &mut Checker<'_>,
+    table: &DeTable<'_>,
+    name: Option<&str>,
+) -> Option<Option<String>> {
+    let path = format!("election.{}", ELECTION_SHARDS.name);
+    let Some(v) = table.get(ELECTION_SHARDS.name) else {
+        return Some(None);
+    };
+    let text = c.string_key(table, &ELECTION_SHARDS, At::top(&path))?;
+    let span = v.span();
+    let problem = if !valid_shards_prefix(text) {
+        Some(format!(
+            "shards {text:?} must be 1-{MAX_SHARDS_PREFIX} bytes of [A-Za-z0-9._-/], not ending \
+             in \"/\" (the etcd prefix of the rule → group assignment, such as \"limiter/shards\")"
+        ))
+    } else if name.is_some_and(|n| text == n || text.starts_with(&format!("{n}/"))) {
+        Some(format!(
+            "shards {text:?} is inside this group's own keys ({:?}): use a prefix every group \
+             shares, such as \"limiter/shards\"",
+            name.unwrap_or_default()
+        ))
+    } else {
+        None
+    };
+    match problem {
+        Some(p) => {
+            c.report(span, At::top(&path), p);
+            None
+        }
+        None => Some(Some(text.to_string())),
+    }
 }
 
 /// `[election] ca`, `cert`, `key`: `Some(None)` without TLS; `None` after a problem.
@@ -1026,6 +1082,30 @@ mod tests {
                 "is not address:port",
             ),
             (
+                "election shards with a space",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nshards = \"a b\"\n",
+                "election.shards",
+                "must be 1-200 bytes of",
+            ),
+            (
+                "election shards ending in a slash",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nshards = \"limiter/\"\n",
+                "election.shards",
+                "not ending",
+            ),
+            (
+                "election shards inside the group's keys",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nname = \"g\"\nshards = \"g/shards\"\n",
+                "election.shards",
+                "inside this group's own keys",
+            ),
+            (
+                "election shards not a string",
+                "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nshards = 3\n",
+                "election.shards",
+                "expected",
+            ),
+            (
                 "election unknown key",
                 "lease_ttl_ms = 4000\n[election]\netcd = [\"127.0.0.1:2379\"]\nleader = true\n",
                 "election.leader",
@@ -1083,7 +1163,14 @@ mod tests {
                 advertise: "127.0.0.1:7443".parse().unwrap(),
                 name: DEFAULT_ELECTION_NAME.into(),
                 ttl_ms: DEFAULT_ELECTION_TTL_MS,
+                shards: None,
             })
+        );
+        let sharded = format!("{text}shards = \"limiter/shards\"\n");
+        let c = Config::parse(&sharded, Path::new("a.toml")).unwrap();
+        assert_eq!(
+            c.election.and_then(|e| e.shards).as_deref(),
+            Some("limiter/shards")
         );
         // With a ca, bare endpoints are reached over TLS; the client certificate is
         // optional.

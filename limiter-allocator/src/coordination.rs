@@ -3,7 +3,14 @@
 //! Keys of a group named `name` (`[election] name`):
 //! - `<name>/leader/…`: etcd's election (one key per candidate, on its lease; the oldest
 //!   leads; its value is the candidate's advertised address);
-//! - `<name>/quotas/<rule>`: `{"rate":…,"burst":…}`, one per rule.
+//! - `<name>/quotas/<rule>`: `{"rate":…,"burst":…}`, one per rule;
+//! - with sharding (`[election] shards = "<shards>"`, the same prefix in every group):
+//!   `<shards>/<rule>` = the name of the group that grants the rule. Shared by the
+//!   groups; a group grants only the rules assigned to it, and names the owner of the
+//!   others in its replies (`elsewhere`). The config file's `[[quotas]]` seed the
+//!   assignment of each of its rules to this group where the rule has none yet (the same
+//!   version-0 transaction as the quotas); `shard assign` moves a rule, and every replica
+//!   of every group watches the prefix.
 //!
 //! The quotas live in etcd: `quota set` on any replica writes there, every replica
 //! watches the prefix, and a restart reads them back. The config file's `[[quotas]]` only
@@ -21,7 +28,7 @@
 //! leadership itself is [`crate::election::Leadership`], checked on every report.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, HashMap, VecDeque},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -61,6 +68,110 @@ pub fn quota_prefix(name: &str) -> String {
 
 pub fn election_name(name: &str) -> String {
     format!("{name}/leader")
+}
+
+/// The assignment's keys: `<shards>/<rule>`.
+pub fn shard_prefix(shards: &str) -> String {
+    format!("{shards}/")
+}
+
+/// A rule's assignment as stored in etcd: (rule, group), or what is wrong with it.
+pub fn decode_assignment(
+    prefix: &str,
+    key: &[u8],
+    value: &[u8],
+) -> Result<(String, String), String> {
+    let key = std::str::from_utf8(key).map_err(|_| "the key is not UTF-8".to_string())?;
+    let rule = key
+        .strip_prefix(prefix)
+        .ok_or_else(|| format!("{key:?} is not under {prefix:?}"))?;
+    if !limiter_proto::valid_rule_name(rule) {
+        return Err(format!("{key}: {rule:?} is not a rule name"));
+    }
+    let group = std::str::from_utf8(value)
+        .ok()
+        .filter(|g| limiter_proto::valid_rule_name(g))
+        .ok_or_else(|| {
+            format!(
+                "{key}: {:?} is not a group name (1-{} bytes of [A-Za-z0-9._-])",
+                String::from_utf8_lossy(&value[..value.len().min(80)]),
+                limiter_proto::MAX_RULE_LEN
+            )
+        })?;
+    Ok((rule.to_string(), group.to_string()))
+}
+
+/// Assigns each of `rules` to `group` where the rule has no assignment yet.
+pub async fn seed_assignment(
+    client: &mut Client,
+    prefix: &str,
+    rules: &[String],
+    group: &str,
+) -> Result<()> {
+    for rule in rules {
+        let key = format!("{prefix}{rule}");
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), group, None)]);
+        let reply = within("seeding a rule's assignment", client.txn(txn)).await?;
+        if reply.succeeded() {
+            tracing::info!(%rule, %group, "rule assigned to this group in etcd (it had no group)");
+        }
+    }
+    Ok(())
+}
+
+/// The valid assignment under the prefix and the revision it was read at (invalid
+/// entries are logged and left out: their rules are granted by no group).
+pub async fn load_assignment(
+    client: &mut Client,
+    prefix: &str,
+) -> Result<(HashMap<String, String>, i64)> {
+    let reply = within(
+        "reading the rules' assignment to groups",
+        client.get(prefix, Some(GetOptions::new().with_prefix())),
+    )
+    .await?;
+    let revision = reply.header().map_or(0, |h| h.revision());
+    let mut out = HashMap::new();
+    for kv in reply.kvs() {
+        match decode_assignment(prefix, kv.key(), kv.value()) {
+            Ok((rule, group)) => {
+                out.insert(rule, group);
+            }
+            Err(e) => tracing::error!("ignored a rule's assignment in etcd: {e}"),
+        }
+    }
+    Ok((out, revision))
+}
+
+/// `shard assign`: `rule` moves to `group`, refused unless that group has a quota for
+/// it in etcd (a rule moved to a group without one would be granted by nobody).
+pub async fn assign(election: &Election, shards: &str, rule: &str, group: &str) -> Result<()> {
+    let mut client = connect(election).await?;
+    let key = format!("{}{rule}", shard_prefix(shards));
+    let quota = format!("{}{rule}", quota_prefix(group));
+    let txn = Txn::new()
+        .when([Compare::version(quota.clone(), CompareOp::Greater, 0)])
+        .and_then([TxnOp::put(key, group, None)]);
+    let reply = within("writing the rule's assignment", client.txn(txn)).await?;
+    if !reply.succeeded() {
+        bail!(
+            "group {group:?} has no quota for rule {rule:?} in etcd ({quota} is absent): set one \
+             first with `limiter-allocator quota set` on a replica of that group (or list the \
+             rule in its [[quotas]]), so the rule is never left without a group that grants it"
+        );
+    }
+    Ok(())
+}
+
+/// `shard list`: the assignment etcd holds, by rule.
+pub async fn list_assignment(election: &Election, shards: &str) -> Result<Vec<(String, String)>> {
+    let mut client = connect(election).await?;
+    let (map, _) = load_assignment(&mut client, &shard_prefix(shards)).await?;
+    let mut out: Vec<(String, String)> = map.into_iter().collect();
+    out.sort();
+    Ok(out)
 }
 
 /// The quota a key and value of the prefix hold, or what is wrong with them: a value
@@ -196,6 +307,16 @@ pub async fn put_quota(election: &Election, quota: &Quota) -> Result<()> {
     let mut client = connect(election).await?;
     let key = format!("{}{}", quota_prefix(&election.name), quota.rule);
     within("writing the quota", client.put(key, encode(quota)?, None)).await?;
+    // Sharded: a rule no group grants yet is this group's from now on.
+    if let Some(shards) = &election.shards {
+        seed_assignment(
+            &mut client,
+            &shard_prefix(shards),
+            std::slice::from_ref(&quota.rule),
+            &election.name,
+        )
+        .await?;
+    }
     Ok(())
 }
 
@@ -317,6 +438,33 @@ impl Replica {
             }
         }
         replace_quotas(&self.state, &quotas)?;
+        let mut shard_watch = None;
+        if let Some(shards) = &e.shards {
+            let shard_prefix = shard_prefix(shards);
+            let rules: Vec<String> = self.seed.iter().map(|q| q.rule.clone()).collect();
+            seed_assignment(&mut client, &shard_prefix, &rules, &e.name).await?;
+            let (assignment, revision) = load_assignment(&mut client, &shard_prefix).await?;
+            {
+                let mut state = self
+                    .state
+                    .lock()
+                    .map_err(|_| anyhow!("allocator state poisoned"))?;
+                state.replace_assignment(&assignment, now_ns());
+            }
+            let stream = within(
+                "watching the rules' assignment",
+                client.watch(
+                    shard_prefix.clone(),
+                    Some(
+                        WatchOptions::new()
+                            .with_prefix()
+                            .with_start_revision(revision + 1),
+                    ),
+                ),
+            )
+            .await?;
+            shard_watch = Some((shard_prefix, stream));
+        }
         self.set_reachable(true);
         let mut watch = within(
             "watching the quotas",
@@ -431,8 +579,60 @@ impl Replica {
                     }
                     self.apply(&prefix, event.events())?;
                 }
+                event = async {
+                    match &mut shard_watch {
+                        Some((_, stream)) => stream.message().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let event = event
+                        .map_err(|e| anyhow!("the assignment watch: {e}"))?
+                        .ok_or_else(|| anyhow!("etcd closed the assignment watch"))?;
+                    if event.canceled() {
+                        bail!("etcd cancelled the assignment watch: {}", event.cancel_reason());
+                    }
+                    if let Some((shard_prefix, _)) = &shard_watch {
+                        self.apply_assignment(shard_prefix, event.events())?;
+                    }
+                }
             }
         }
+    }
+
+    fn apply_assignment(&self, prefix: &str, events: &[etcd_client::Event]) -> Result<()> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| anyhow!("allocator state poisoned"))?;
+        let now = now_ns();
+        let mine = &self.election.name;
+        for ev in events {
+            let Some(kv) = ev.kv() else { continue };
+            match ev.event_type() {
+                EventType::Put => match decode_assignment(prefix, kv.key(), kv.value()) {
+                    Ok((rule, group)) => {
+                        let was = state.owns(&rule);
+                        state.assign(&rule, Some(&group), now);
+                        if group == *mine && !was {
+                            tracing::info!(%rule, "rule assigned to this group: learning what hosts hold for a lease TTL, then granting");
+                        } else if group != *mine && was {
+                            tracing::info!(%rule, %group, "rule moved to another group: no more grants here");
+                        }
+                    }
+                    Err(e) => tracing::error!(
+                        "ignored a rule's assignment written to etcd: {e}; the rule stays where it was"
+                    ),
+                },
+                EventType::Delete => {
+                    let key = String::from_utf8_lossy(kv.key());
+                    if let Some(rule) = key.strip_prefix(prefix) {
+                        tracing::info!(rule, "rule's assignment deleted in etcd: no group grants it");
+                        state.assign(rule, None, now);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Won: a fresh state that learns what hosts hold for one lease TTL before it
@@ -522,6 +722,29 @@ mod tests {
             (b"g/quotas/\xff", b"{\"rate\":1,\"burst\":1}", "not UTF-8"),
         ] {
             let e = decode(&prefix, key, value).unwrap_err();
+            assert!(e.contains(what), "{e}");
+        }
+    }
+
+    #[test]
+    fn assignments_decode_and_bad_ones_say_what_is_wrong() {
+        let prefix = shard_prefix("limiter/shards");
+        assert_eq!(
+            decode_assignment(&prefix, b"limiter/shards/web", b"alloc-a"),
+            Ok(("web".to_string(), "alloc-a".to_string()))
+        );
+        for (key, value, what) in [
+            (
+                &b"limiter/shards/web"[..],
+                &b"alloc a"[..],
+                "is not a group name",
+            ),
+            (b"limiter/shards/web", b"", "is not a group name"),
+            (b"limiter/shards/a b", b"alloc-a", "is not a rule name"),
+            (b"other/web", b"alloc-a", "is not under"),
+            (b"limiter/shards/\xff", b"alloc-a", "not UTF-8"),
+        ] {
+            let e = decode_assignment(&prefix, key, value).unwrap_err();
             assert!(e.contains(what), "{e}");
         }
     }

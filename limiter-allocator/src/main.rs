@@ -58,6 +58,9 @@ enum Command {
     /// List or change global quotas at runtime (with replicas: in etcd, from any replica).
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// Sharded allocators: which group grants which rule (in etcd, from any replica).
+    #[command(subcommand)]
+    Shard(ShardCommand),
     /// This allocator's role (alone, leader or follower), term, leader and etcd state.
     Status {
         #[arg(long, default_value = DEFAULT_SOCKET)]
@@ -98,6 +101,23 @@ enum QuotaCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum ShardCommand {
+    /// Every rule's group, as etcd holds it.
+    List {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Move a rule to a group (its old group stops granting it; the new one learns what
+    /// hosts hold for a lease TTL, then grants). The group needs a quota for the rule.
+    Assign {
+        rule: String,
+        group: String,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
+}
+
 use limiter_allocator::now_ns;
 
 fn main() -> std::process::ExitCode {
@@ -119,6 +139,15 @@ fn main() -> std::process::ExitCode {
         Command::Quota(QuotaCommand::List { socket }) => {
             control_call(&socket, &ControlRequest::List).map(|v| println!("{v}"))
         }
+        Command::Shard(ShardCommand::List { socket }) => {
+            control_call(&socket, &ControlRequest::ShardList).map(|v| println!("{v}"))
+        }
+        Command::Shard(ShardCommand::Assign {
+            rule,
+            group,
+            socket,
+        }) => control_call(&socket, &ControlRequest::ShardAssign { rule, group })
+            .map(|v| println!("{v}")),
         Command::Status { socket } => {
             control_call(&socket, &ControlRequest::Status).map(|v| println!("{v}"))
         }
@@ -218,6 +247,11 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         },
         now_ns(),
     )));
+    if let Some(election) = config.election.as_ref().filter(|e| e.shards.is_some()) {
+        if let Ok(mut state) = state.lock() {
+            state.shard_as(&election.name);
+        }
+    }
     let leadership = Arc::new(Mutex::new(match &config.election {
         Some(e) => Leadership::replica(e.ttl_ms.saturating_mul(1_000_000), e.advertise),
         None => Leadership::alone(),
@@ -228,6 +262,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             etcd = %election.etcd.join(", "),
             tls = election.tls.is_some(),
             group = %election.name,
+            shards = election.shards.as_deref().unwrap_or("(not sharded)"),
             advertise = %election.advertise,
             "replica: electing the leader in etcd (a follower until it wins)"
         );
@@ -365,6 +400,10 @@ enum ControlRequest {
     },
     /// The replica's role.
     Status,
+    /// The rules' assignment to groups.
+    ShardList,
+    /// Move a rule to a group.
+    ShardAssign { rule: String, group: String },
 }
 
 /// Who answers on the allocator's socket, for the client's errors.
@@ -391,8 +430,60 @@ async fn serve_control(listener: UnixListener, controls: Controls) {
 
 const POISONED: &str = "allocator state is poisoned; restart the allocator";
 
+/// `shard list` and `shard assign`: with sharding only, in etcd.
+async fn shard_control(request: ControlRequest, controls: &Controls) -> Reply {
+    let Some((election, shards)) = controls
+        .election
+        .as_ref()
+        .and_then(|e| e.shards.as_deref().map(|s| (e, s)))
+    else {
+        return Reply::refused(
+            "this allocator is not sharded: [election] shards is not set in its config",
+        );
+    };
+    match request {
+        ControlRequest::ShardAssign { rule, group } => {
+            for (what, name) in [("rule", &rule), ("group", &group)] {
+                if !limiter_proto::valid_rule_name(name) {
+                    return Reply::refused(format!(
+                        "{what} {name:?}: a {what} name must be 1-{} bytes of [A-Za-z0-9._-]",
+                        limiter_proto::MAX_RULE_LEN
+                    ));
+                }
+            }
+            match coordination::assign(election, shards, &rule, &group).await {
+                Ok(()) => {
+                    tracing::info!(%rule, %group, "rule assigned to a group in etcd");
+                    Reply::data(serde_json::json!({ "rule": rule, "group": group }))
+                }
+                Err(e) => Reply::refused_as(
+                    format!(
+                        "rule not moved: the rules' assignment is kept in etcd, which did not \
+                         take the change: {e:#}"
+                    ),
+                    Exit::Failure,
+                ),
+            }
+        }
+        _ => match coordination::list_assignment(election, shards).await {
+            Ok(list) => Reply::data(
+                list.into_iter()
+                    .map(|(rule, group)| serde_json::json!({ "rule": rule, "group": group }))
+                    .collect::<Vec<_>>(),
+            ),
+            Err(e) => Reply::refused_as(
+                format!("the rules' assignment is kept in etcd, which did not answer: {e:#}"),
+                Exit::Failure,
+            ),
+        },
+    }
+}
+
 async fn control(request: ControlRequest, controls: &Controls) -> Reply {
     match request {
+        ControlRequest::ShardList | ControlRequest::ShardAssign { .. } => {
+            shard_control(request, controls).await
+        }
         ControlRequest::Status => status(controls),
         ControlRequest::List => match &controls.election {
             None => match controls.state.lock() {
@@ -462,6 +553,7 @@ fn status(controls: &Controls) -> Reply {
         "etcd_error": l.etcd_error.clone(),
         "etcd_tls": controls.election.as_ref().map(|e| e.tls.is_some()),
         "group": controls.election.as_ref().map(|e| e.name.clone()),
+        "shards": controls.election.as_ref().and_then(|e| e.shards.clone()),
         "elections_won": l.elections_won,
         "step_downs": l.step_downs,
     }))

@@ -4,7 +4,7 @@
 use std::{collections::HashMap, fmt::Write as _, time::Duration};
 
 use limiter_fleet::alloc::{self, Report, RuleAllocator};
-use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant};
+use limiter_proto::pb::{ReportReply, ReportRequest, RuleElsewhere, RuleGrant};
 
 use crate::{
     config::Quota,
@@ -28,6 +28,18 @@ pub struct State {
     pub refused_host_rate: u64,
     /// The term the grants carry: the election's, 0 without one.
     pub term: u64,
+    /// Sharding (`[election] shards`): `None` grants every rule with a quota.
+    shards: Option<Shards>,
+}
+
+/// Sharding: this group's name and the rule → group assignment (as read from etcd).
+#[derive(Clone, Debug, Default)]
+struct Shards {
+    group: String,
+    assignment: HashMap<String, String>,
+    /// When a rule moved here from another group: hosts may hold that group's grants,
+    /// so a quota that arrives after the move still learns from then.
+    moved_in: HashMap<String, u64>,
 }
 
 impl State {
@@ -57,6 +69,92 @@ impl State {
             refused_fleet_full: 0,
             refused_host_rate: 0,
             term: 0,
+            shards: None,
+        }
+    }
+
+    /// Sharding on: this state's group is `group`, and it grants only the rules the
+    /// assignment gives it (none until [`State::assign`] or [`State::replace_assignment`]).
+    pub fn shard_as(&mut self, group: &str) {
+        self.shards = Some(Shards {
+            group: group.to_string(),
+            ..Shards::default()
+        });
+    }
+
+    /// Whether this state grants `rule` (it may still have no quota for it): always
+    /// without sharding, else when the rule is assigned to its group.
+    pub fn owns(&self, rule: &str) -> bool {
+        match &self.shards {
+            None => true,
+            Some(s) => s.assignment.get(rule) == Some(&s.group),
+        }
+    }
+
+    /// The assignment (rule, group), by rule; empty without sharding.
+    pub fn assignment(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.assignment.iter())
+            .map(|(r, g)| (r.clone(), g.clone()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// `rule` is now assigned to `group` (`None`: to no group). A rule that moves here
+    /// from another group learns for one lease TTL (its hosts hold that group's
+    /// grants: renewed, never added to); one that moves away is forgotten, so it learns
+    /// again if it ever comes back. Without sharding, nothing happens.
+    pub fn assign(&mut self, rule: &str, group: Option<&str>, now: u64) {
+        let Some(shards) = &mut self.shards else {
+            return;
+        };
+        let old = match group {
+            Some(g) => shards.assignment.insert(rule.to_string(), g.to_string()),
+            None => shards.assignment.remove(rule),
+        };
+        let was_mine = old.as_deref() == Some(shards.group.as_str());
+        let is_mine = group == Some(shards.group.as_str());
+        if was_mine == is_mine {
+            return;
+        }
+        if is_mine && old.is_some() {
+            shards.moved_in.insert(rule.to_string(), now);
+        } else {
+            shards.moved_in.remove(rule);
+        }
+        // Learning from `now` whichever way it moved: into this group, what hosts hold
+        // comes from the other; out of it, the rule's hosts are no longer this group's.
+        // A rule assigned here from no group was granted by nobody: no learning.
+        let learn = !(is_mine && old.is_none());
+        if let Some(r) = self.rules.get_mut(rule) {
+            let mut fresh = if learn {
+                RuleAllocator::new(r.quota, r.burst, self.lease_ttl, now)
+            } else {
+                RuleAllocator::added(r.quota, r.burst, self.lease_ttl, self.learning_from, now)
+            };
+            fresh.refresh_ns = r.refresh_ns;
+            *r = fresh;
+        }
+    }
+
+    /// Makes the assignment exactly `assignment` (rule → group), each change as by
+    /// [`State::assign`].
+    pub fn replace_assignment(&mut self, assignment: &HashMap<String, String>, now: u64) {
+        let current: Vec<String> = self
+            .shards
+            .iter()
+            .flat_map(|s| s.assignment.keys().cloned())
+            .collect();
+        for rule in current {
+            if !assignment.contains_key(&rule) {
+                self.assign(&rule, None, now);
+            }
+        }
+        for (rule, group) in assignment {
+            self.assign(rule, Some(group), now);
         }
     }
 
@@ -77,7 +175,22 @@ impl State {
     pub fn handle(&mut self, req: &ReportRequest, now: u64) -> ReportReply {
         self.reports += 1;
         let mut grants = Vec::new();
+        let mut elsewhere = Vec::new();
         for r in &req.rules {
+            if let Some(shards) = &self.shards {
+                match shards.assignment.get(&r.rule) {
+                    Some(g) if *g == shards.group => {}
+                    Some(g) => {
+                        elsewhere.push(RuleElsewhere {
+                            rule: r.rule.clone(),
+                            group: g.clone(),
+                        });
+                        continue;
+                    }
+                    // Assigned to no group: nobody grants it (the host bootstraps).
+                    None => continue,
+                }
+            }
             let Some(rule) = self.rules.get_mut(&r.rule) else {
                 continue;
             };
@@ -104,6 +217,7 @@ impl State {
             grants,
             report_interval_ms: self.report_interval.as_millis() as u64,
             term: self.term,
+            elsewhere,
         }
     }
 
@@ -123,6 +237,7 @@ impl State {
         fresh.reports = self.reports;
         fresh.refused_fleet_full = self.refused_fleet_full;
         fresh.refused_host_rate = self.refused_host_rate;
+        fresh.shards = self.shards.clone();
         fresh
     }
 
@@ -141,9 +256,14 @@ impl State {
             }
             None => {
                 // A new rule needs no learning: no host holds a share of it from this
-                // process (unless the process is in its own start-up learning period).
-                let mut r =
-                    RuleAllocator::added(q.rate, q.burst, self.lease_ttl, self.learning_from, now);
+                // process (unless the process is in its own start-up learning period, or
+                // the rule moved here from another group since then).
+                let from = self
+                    .shards
+                    .as_ref()
+                    .and_then(|s| s.moved_in.get(&q.rule).copied())
+                    .map_or(self.learning_from, |moved| moved.max(self.learning_from));
+                let mut r = RuleAllocator::added(q.rate, q.burst, self.lease_ttl, from, now);
                 r.refresh_ns = alloc::refresh_for(self.report_interval);
                 self.rules.insert(q.rule.clone(), r);
             }
@@ -194,11 +314,16 @@ impl State {
                 "limiter_allocator_learning",
                 "1 while a freshly started allocator only renews what hosts hold.",
             ),
+            (
+                "limiter_allocator_assigned",
+                "1 when this allocator's group grants the rule (always, without sharding).",
+            ),
         ];
-        let mut rows: Vec<[f64; 6]> = Vec::new();
+        let mut rows: Vec<[f64; 7]> = Vec::new();
         let mut names: Vec<String> = self.rules.keys().cloned().collect();
         names.sort();
         for name in &names {
+            let owned = f64::from(u8::from(self.owns(name)));
             let Some(r) = self.rules.get_mut(name) else {
                 continue;
             };
@@ -211,6 +336,7 @@ impl State {
                 allocations.iter().filter(|a| a.saturated).count() as f64,
                 alloc::fairness_index(&demands, &allocations),
                 f64::from(u8::from(r.learning(now))),
+                owned,
             ]);
         }
         for (k, (name, help)) in families.iter().enumerate() {
@@ -385,5 +511,126 @@ mod tests {
         s.set_quota(&quota, S);
         assert!(s.handle(&req("a", 900, 0), 2 * S).grants.is_empty());
         assert_eq!(s.handle(&req("a", 900, 0), 3 * S + 1).grants[0].rate, 1000);
+    }
+
+    fn web(rate: u64) -> Quota {
+        Quota {
+            rule: "web".into(),
+            rate,
+            burst: 100,
+        }
+    }
+
+    #[test]
+    fn a_sharded_group_grants_only_its_rules_and_names_the_owner_of_the_others() {
+        let mut s = State::new(
+            &[web(1000)],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
+        s.shard_as("a");
+        // Not assigned: nobody grants it, nothing named.
+        let r = s.handle(&req("h", 900, 0), 4 * S);
+        assert!(r.grants.is_empty() && r.elsewhere.is_empty());
+        s.assign("web", Some("b"), 4 * S);
+        let r = s.handle(&req("h", 900, 0), 4 * S);
+        assert!(r.grants.is_empty());
+        assert_eq!(
+            r.elsewhere,
+            [RuleElsewhere {
+                rule: "web".into(),
+                group: "b".into()
+            }]
+        );
+        assert!(s
+            .metrics(4 * S)
+            .contains("limiter_allocator_assigned{rule=\"web\"} 0"));
+        // Unsharded, the same state grants it.
+        let mut plain = State::new(
+            &[web(1000)],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
+        assert_eq!(plain.handle(&req("h", 900, 0), 3 * S).grants[0].rate, 1000);
+        assert!(plain.owns("web"));
+    }
+
+    #[test]
+    fn a_rule_moved_in_renews_what_hosts_hold_for_a_lease_ttl_then_reallocates() {
+        let mut s = State::new(
+            &[web(1000)],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
+        s.shard_as("b");
+        s.assign("web", Some("a"), 0);
+        // Long after start-up, the rule moves here from group a, whose grants the hosts
+        // hold: x holds 700, y 300, z (a newcomer) nothing.
+        let t = 60 * S;
+        s.assign("web", Some("b"), t);
+        assert!(s.owns("web"));
+        let x = s.handle(&req("x", 900, 700), t + 1);
+        let y = s.handle(&req("y", 900, 300), t + 2);
+        let z = s.handle(&req("z", 900, 0), t + 3);
+        assert_eq!(x.grants[0].rate, 700, "renewed, not reallocated");
+        assert_eq!(y.grants[0].rate, 300);
+        assert!(
+            z.grants.is_empty(),
+            "no grant while learning for a host holding nothing"
+        );
+        // After a lease TTL: the quota split by demand, never above it.
+        let t = t + 3 * S + 1;
+        let rates: Vec<u64> = ["x", "y", "z"]
+            .iter()
+            .map(|h| s.handle(&req(h, 900, 0), t).grants[0].rate)
+            .collect();
+        assert!(rates.iter().sum::<u64>() <= 1000, "{rates:?}");
+        // Moved away: no grants, the owner named; moved back: learning again.
+        s.assign("web", Some("a"), t);
+        let r = s.handle(&req("x", 900, 333), t + 1);
+        assert!(r.grants.is_empty() && r.elsewhere[0].group == "a");
+        s.assign("web", Some("b"), t + 2);
+        assert_eq!(s.handle(&req("x", 900, 333), t + 3).grants[0].rate, 333);
+        // A state restarted by an election keeps the assignment.
+        let fresh = s.restarted(t + 4);
+        assert!(fresh.owns("web"));
+        assert_eq!(fresh.assignment(), [("web".to_string(), "b".to_string())]);
+    }
+
+    #[test]
+    fn a_quota_that_arrives_after_a_move_still_learns() {
+        let mut s = State::new(
+            &[],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
+        s.shard_as("b");
+        s.assign("web", Some("a"), 0);
+        s.assign("web", Some("b"), 60 * S);
+        s.set_quota(&web(1000), 60 * S + 1);
+        assert_eq!(
+            s.handle(&req("x", 900, 400), 60 * S + 2).grants[0].rate,
+            400
+        );
+        assert!(s.handle(&req("y", 900, 0), 60 * S + 3).grants.is_empty());
+        // A rule assigned here from no group was granted by nobody: no learning.
+        let mut s = State::new(
+            &[web(1000)],
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
+        s.shard_as("b");
+        s.assign("web", Some("b"), 60 * S);
+        assert_eq!(s.handle(&req("x", 900, 0), 60 * S + 1).grants[0].rate, 1000);
     }
 }

@@ -5,4 +5,5 @@
 pub mod alloc;
 pub mod clock;
 pub mod failover;
+pub mod shard;
 pub mod share;

@@ -609,11 +609,20 @@ impl Daemon {
         Ok(())
     }
 
-    /// The fleet report for this interval; `None` in standalone mode.
-    pub fn fleet_report(&mut self) -> Result<Option<ReportRequest>, Error> {
+    /// The fleet report for this interval to group `group` of allocators (0 without
+    /// sharding); `None` in standalone mode.
+    pub fn fleet_report(&mut self, group: usize) -> Result<Option<ReportRequest>, Error> {
         let totals = self.fleet_totals()?;
         let now = monotonic_ns();
-        Ok(self.fleet.as_mut().map(|f| f.report(&totals, now)))
+        Ok(self
+            .fleet
+            .as_mut()
+            .map(|f| f.report_to(group, &totals, now)))
+    }
+
+    /// Whether any fleet rule is reported to group `group` now.
+    pub fn fleet_has_rules_for(&self, group: usize) -> bool {
+        self.fleet.as_ref().is_some_and(|f| f.has_rules_for(group))
     }
 
     /// Each rule's offered load in its unit and its refusals (counter totals).
@@ -654,31 +663,40 @@ impl Daemon {
     }
 
     /// Whether refusals on an unsaturated share call for an early report.
-    pub fn fleet_wants_early_report(&self) -> Result<bool, Error> {
+    pub fn fleet_wants_early_report(&self, group: usize) -> Result<bool, Error> {
         let Some(fleet) = &self.fleet else {
             return Ok(false);
         };
-        Ok(fleet.wants_early_report(&self.fleet_totals()?, monotonic_ns()))
+        Ok(fleet.wants_early_report_to(group, &self.fleet_totals()?, monotonic_ns()))
     }
 
     /// Applies the allocator's grants (each checked first: `FleetState::apply`) and
     /// installs the new shares. If the install fails the fleet state goes back to what
     /// is installed.
-    pub fn fleet_apply(&mut self, reply: &ReportReply) -> Result<(), Error> {
+    /// `group`: the group of allocators that replied (0 without sharding). Returns the
+    /// rules a group named an unlisted group for (the caller logs them, rate-limited).
+    pub fn fleet_apply(
+        &mut self,
+        group: usize,
+        reply: &ReportReply,
+    ) -> Result<Vec<(String, String)>, Error> {
         let Some(fleet) = &mut self.fleet else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let mut before = fleet.clone();
-        let refused = fleet.apply(reply, monotonic_ns());
-        for r in &refused {
+        let applied = fleet.apply_from(group, reply, monotonic_ns());
+        for r in &applied.refused {
             tracing::warn!(rule = %r.rule, "grant refused, the share stays as it was: {}", r.reason);
         }
+        for (rule, to) in &applied.moved {
+            tracing::info!(%rule, group = %to, "the allocators say another group grants this rule: reporting it there");
+        }
         if let Err(e) = self.reinstall() {
-            before.add_refused(refused.len() as u64);
+            before.add_refused(applied.refused.len() as u64);
             self.fleet = Some(before);
             return Err(e);
         }
-        Ok(())
+        Ok(applied.unknown)
     }
 
     /// Reinstalls when a share changed state on its own (lease lapsed, fail open) or a
@@ -902,14 +920,7 @@ impl Daemon {
         Ok(Status {
             shares,
             fleet: self.fleet_counters(),
-            allocator: self.fleet.as_ref().map(|f| {
-                f.spec
-                    .allocators
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            }),
+            allocator: self.fleet.as_ref().map(|f| f.spec.allocators_text()),
             bypass: self.maps.control()?.flags & CONTROL_BYPASS != 0,
             detached_unconfigured: self.detached_unconfigured.clone(),
             joined: match self.handoff.spec() {

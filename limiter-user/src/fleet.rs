@@ -26,13 +26,19 @@
 //! `MAX_GRANT_TTL_LEASES` lease TTLs. A restart within a lease resumes the share the
 //! rule's pinned entry holds ([`FleetState::resume`]).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use limiter_common::{
     abi::{RuleConfig, RuleCounters, RULE_CLOSED_UNTIL_LAPSE, RULE_IN_USE},
     gcra::Limit,
 };
-use limiter_fleet::share::{Grant, HeldShare, Share, ShareParams, ShareState};
+use limiter_fleet::{
+    shard::{Learned, Routing},
+    share::{Grant, HeldShare, Share, ShareParams, ShareState},
+};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleGrant, RuleReport};
 
 use crate::{
@@ -113,6 +119,18 @@ fn check_grant(unit: Unit, share: &Share, g: &RuleGrant) -> Result<(), String> {
         .map_err(|e| format!("rate {} burst {}: {e}", g.rate, g.burst))
 }
 
+/// What [`FleetState::apply_from`] did besides installing grants.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Grants refused (their share does not compile).
+    pub refused: Vec<Refusal>,
+    /// Rules now reported to another group: (rule, group).
+    pub moved: Vec<(String, String)>,
+    /// Rules a group said another group grants, naming a group this host does not list:
+    /// (rule, group); they are reported to the first group.
+    pub unknown: Vec<(String, String)>,
+}
+
 /// Counter totals of one rule at the last report.
 type Sample = RuleTotals;
 
@@ -124,12 +142,17 @@ pub struct FleetState {
     shares: BTreeMap<String, Share>,
     /// Each share's unit (a rule whose unit changes starts a new share).
     units: BTreeMap<String, Unit>,
-    last: BTreeMap<String, Sample>,
-    last_at: u64,
+    /// Each rule's counter totals at its last report, and when that was: with sharded
+    /// allocators, a rule's reports go to its group on that group's schedule.
+    last: BTreeMap<String, (Sample, u64)>,
     /// Rules whose bucket a grant (or a rejoin) takes over, with the units it holds then.
     pub pending_tokens: BTreeMap<String, u64>,
-    /// A closed share rejoined: report at once (its grant request).
-    asking: bool,
+    /// Closed shares that rejoined: their group's report goes at once (their grant
+    /// request).
+    asking: BTreeSet<String>,
+    /// Which group of allocators each rule is reported to (sharded allocators; one group
+    /// without).
+    routing: Routing,
     /// Grants refused because their share does not compile, since start.
     grants_refused: u64,
 }
@@ -142,6 +165,7 @@ impl FleetState {
         rules: &[RuleSpec],
         now: u64,
     ) -> FleetState {
+        let routing = Routing::new(spec.groups.iter().map(|g| g.name.clone()).collect());
         let mut fleet = FleetState {
             params: share_params(&spec, fleet_size),
             spec,
@@ -149,9 +173,9 @@ impl FleetState {
             shares: BTreeMap::new(),
             units: BTreeMap::new(),
             last: BTreeMap::new(),
-            last_at: now,
             pending_tokens: BTreeMap::new(),
-            asking: false,
+            asking: BTreeSet::new(),
+            routing,
             grants_refused: 0,
         };
         fleet.sync_rules(rules, now);
@@ -173,6 +197,9 @@ impl FleetState {
                 .is_some_and(|(_, r)| self.units.get(name) == Some(&r.unit))
         });
         self.units.retain(|name, _| self.shares.contains_key(name));
+        let shares = &self.shares;
+        self.routing.retain(|name| shares.contains_key(name));
+        self.asking.retain(|name| shares.contains_key(name));
         for (name, (quota, rule)) in fleet_rules {
             match self.shares.get_mut(name) {
                 Some(share) => share.set_quota(quota.rate),
@@ -330,14 +357,41 @@ impl FleetState {
             .collect()
     }
 
-    /// The report for this interval from counter totals: demand is the offered load in
-    /// the rule's unit ([`RuleTotals::offered`]) per second.
+    /// The report for this interval from counter totals (every rule: one group of
+    /// allocators).
     pub fn report(&mut self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> ReportRequest {
-        let elapsed = now.saturating_sub(self.last_at).max(1) as f64 / 1e9;
+        self.report_to(0, totals, now)
+    }
+
+    /// The group of allocators each rule is reported to.
+    pub fn routing(&self) -> &Routing {
+        &self.routing
+    }
+
+    /// Whether any fleet rule is reported to `group` now.
+    pub fn has_rules_for(&self, group: usize) -> bool {
+        self.shares
+            .keys()
+            .any(|name| self.routing.group_of(name) == group)
+    }
+
+    /// The report to group `group` (an index of `spec.groups`) from counter totals: the
+    /// rules routed to it ([`Routing`]); demand is each rule's offered load in its unit
+    /// ([`RuleTotals::offered`]) per second since its own last report.
+    pub fn report_to(
+        &mut self,
+        group: usize,
+        totals: &BTreeMap<String, RuleTotals>,
+        now: u64,
+    ) -> ReportRequest {
         let mut rules = Vec::new();
         for (name, share) in &self.shares {
+            if self.routing.group_of(name) != group {
+                continue;
+            }
             let sample = totals.get(name).copied().unwrap_or_default();
-            let last = self.last.get(name).copied().unwrap_or(sample);
+            let (last, at) = self.last.get(name).copied().unwrap_or((sample, now));
+            let elapsed = now.saturating_sub(at).max(1) as f64 / 1e9;
             let held = match share.state(now) {
                 ShareState::Leased | ShareState::Sticky => share.rate(),
                 _ => 0,
@@ -348,10 +402,9 @@ impl FleetState {
                 held,
                 denials: sample.refused.saturating_sub(last.refused),
             });
-            self.last.insert(name.clone(), sample);
+            self.last.insert(name.clone(), (sample, now));
+            self.asking.remove(name);
         }
-        self.last_at = now;
-        self.asking = false;
         ReportRequest {
             version: limiter_proto::VERSION,
             host: self.spec.host_id.clone(),
@@ -362,18 +415,28 @@ impl FleetState {
     /// Refusals since the last report, per the counter totals.
     fn denials(&self, name: &str, totals: &BTreeMap<String, RuleTotals>) -> u64 {
         let refused = totals.get(name).map_or(0, |t| t.refused);
-        let last = self.last.get(name).map_or(refused, |s| s.refused);
+        let last = self.last.get(name).map_or(refused, |(s, _)| s.refused);
         refused.saturating_sub(last)
     }
 
     /// Whether refusals since the last report call for an early one, or a closed share
     /// rejoined and asks for its grant.
     pub fn wants_early_report(&self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> bool {
-        self.asking
-            || self
-                .shares
-                .iter()
-                .any(|(name, share)| share.wants_early_report(self.denials(name, totals), now))
+        self.wants_early_report_to(0, totals, now)
+    }
+
+    /// [`FleetState::wants_early_report`] for the rules routed to group `group`.
+    pub fn wants_early_report_to(
+        &self,
+        group: usize,
+        totals: &BTreeMap<String, RuleTotals>,
+        now: u64,
+    ) -> bool {
+        self.shares.iter().any(|(name, share)| {
+            self.routing.group_of(name) == group
+                && (self.asking.contains(name)
+                    || share.wants_early_report(self.denials(name, totals), now))
+        })
     }
 
     /// Lapsed closed shares that refused frames since the last report rejoin
@@ -394,10 +457,10 @@ impl FleetState {
             if share.rejoin(d, now) {
                 self.pending_tokens
                     .insert(name.clone(), share.token_units(1));
+                self.asking.insert(name.clone());
                 rejoined.push(name);
             }
         }
-        self.asking |= !rejoined.is_empty();
         rejoined
     }
 
@@ -406,6 +469,23 @@ impl FleetState {
     /// [`FleetState::grants_refused`]) and the rule keeps what it had, so one bad grant
     /// neither blocks the others nor stops reporting. Returns the grants refused.
     pub fn apply(&mut self, reply: &ReportReply, now: u64) -> Vec<Refusal> {
+        self.apply_from(0, reply, now).refused
+    }
+
+    /// [`FleetState::apply`] for a reply of group `group`, whose `elsewhere` routes rules
+    /// to other groups ([`Routing::learn`]).
+    pub fn apply_from(&mut self, group: usize, reply: &ReportReply, now: u64) -> Applied {
+        let mut applied = Applied::default();
+        for e in &reply.elsewhere {
+            if !self.shares.contains_key(&e.rule) {
+                continue;
+            }
+            match self.routing.learn(group, &e.rule, &e.group) {
+                Learned::Moved(_) => applied.moved.push((e.rule.clone(), e.group.clone())),
+                Learned::Unknown => applied.unknown.push((e.rule.clone(), e.group.clone())),
+                Learned::Unchanged => {}
+            }
+        }
         let mut refused = Vec::new();
         for g in &reply.grants {
             let (Some(share), Some(unit)) = (self.shares.get_mut(&g.rule), self.units.get(&g.rule))
@@ -436,7 +516,8 @@ impl FleetState {
             share.on_grant(&grant, now);
         }
         self.grants_refused += refused.len() as u64;
-        refused
+        applied.refused = refused;
+        applied
     }
 }
 
@@ -473,7 +554,10 @@ mod tests {
 
     fn spec() -> FleetSpec {
         FleetSpec {
-            allocators: vec!["127.0.0.1:1".parse().unwrap()],
+            groups: vec![crate::config::AllocatorGroup {
+                name: String::new(),
+                allocators: vec!["127.0.0.1:1".parse().unwrap()],
+            }],
             server_name: "allocator".into(),
             host_id: "lb001".into(),
             ca: "ca.pem".into(),
@@ -498,6 +582,7 @@ mod tests {
             }],
             report_interval_ms: 1_000,
             term: 0,
+            elsewhere: Vec::new(),
         }
     }
 
@@ -639,6 +724,7 @@ mod tests {
             }],
             report_interval_ms: 1_000,
             term: 0,
+            elsewhere: Vec::new(),
         }
     }
 
@@ -854,5 +940,57 @@ mod tests {
         assert_eq!(new.states(4 * S)["a"], ShareState::Sticky);
         let r = new.report(&BTreeMap::new(), 3 * S);
         assert_eq!(r.rules[0].held, 3_000, "reported as held");
+    }
+
+    #[test]
+    fn sharded_rules_are_reported_to_the_group_that_grants_them() {
+        use limiter_proto::pb::RuleElsewhere;
+        let mut spec = spec();
+        spec.groups = vec![
+            crate::config::AllocatorGroup {
+                name: "a".into(),
+                allocators: vec!["127.0.0.1:1".parse().unwrap()],
+            },
+            crate::config::AllocatorGroup {
+                name: "b".into(),
+                allocators: vec!["127.0.0.1:2".parse().unwrap()],
+            },
+        ];
+        let rules = [rule(FailMode::Open)];
+        let mut fleet = FleetState::new(spec, 500, XdpMode::Auto, &rules, 0);
+        let totals = |offered: u64| {
+            BTreeMap::from([(
+                "contoso".to_string(),
+                RuleTotals {
+                    offered,
+                    refused: 0,
+                },
+            )])
+        };
+        // Not routed yet: the first group.
+        assert!(fleet.has_rules_for(0) && !fleet.has_rules_for(1));
+        assert!(fleet.report_to(1, &totals(0), 0).rules.is_empty());
+        assert_eq!(fleet.report_to(0, &totals(0), 0).rules.len(), 1);
+        // Group a says b grants it: reported to b only, its demand over the time since
+        // its own last report (to a).
+        let mut moved = reply(0, false);
+        moved.grants.clear();
+        moved.elsewhere = vec![RuleElsewhere {
+            rule: "contoso".into(),
+            group: "b".into(),
+        }];
+        let applied = fleet.apply_from(0, &moved, S);
+        assert_eq!(applied.moved, [("contoso".to_string(), "b".to_string())]);
+        assert!(fleet.report_to(0, &totals(1000), 2 * S).rules.is_empty());
+        let to_b = fleet.report_to(1, &totals(1000), 2 * S);
+        assert_eq!(to_b.rules[0].demand, 500);
+        // A late word of a about it changes nothing; b naming a group the host does not
+        // list sends it back to the first group, and says so.
+        moved.elsewhere[0].group = "c".into();
+        assert!(fleet.apply_from(0, &moved, 3 * S).unknown.is_empty());
+        assert!(fleet.has_rules_for(1));
+        let applied = fleet.apply_from(1, &moved, 3 * S);
+        assert_eq!(applied.unknown, [("contoso".to_string(), "c".to_string())]);
+        assert!(fleet.has_rules_for(0) && !fleet.has_rules_for(1));
     }
 }

@@ -4,7 +4,9 @@
 //! checks at start that the allocator will know this host by its name. With replicated
 //! allocators it reports to one replica of `[fleet] allocator` at a time, follows a
 //! follower's redirect only within that list, and applies no reply of an older term
-//! than one it applied ([`limiter_fleet::failover`]).
+//! than one it applied ([`limiter_fleet::failover`]). With sharded allocators
+//! (`[[fleet.groups]]`) one loop runs per group, each with its own replicas and term
+//! fence, and reports the rules routed to its group ([`limiter_fleet::shard`]).
 
 use std::{
     net::SocketAddr,
@@ -45,14 +47,24 @@ fn lock(d: &Mutex<Daemon>) -> Result<MutexGuard<'_, Daemon>, Error> {
         .map_err(|_| Error::Fleet("daemon state poisoned".into()))
 }
 
-/// Reports to the allocator until shutdown: every report interval, and early when an
-/// unsaturated share refuses frames (at most every 200 ms). Every call has a deadline; a
-/// failed call changes nothing: shares move to STICKY and FAIL_OPEN on their deadlines.
+/// Reports to group `group` of allocators (an index of `spec.groups`; 0 without
+/// sharding) until shutdown: every report interval, and early when an unsaturated share
+/// refuses frames (at most every 200 ms). Every call has a deadline; a failed call changes
+/// nothing: shares move to STICKY and FAIL_OPEN on their deadlines. The first group's
+/// loop also ages the shares (`fleet_tick`); another group's sends nothing while no rule
+/// is routed to it.
 pub async fn report_loop(
     daemon: Arc<Mutex<Daemon>>,
     spec: FleetSpec,
+    group: usize,
     shutdown: broadcast::Sender<Shutdown>,
 ) -> Result<(), Error> {
+    let Some(allocators) = spec.groups.get(group).map(|g| g.allocators.clone()) else {
+        return Err(Error::Fleet(format!(
+            "no allocator group {group} configured"
+        )));
+    };
+    let group_name = spec.groups[group].name.clone();
     let tls = limiter_proto::client_tls(
         &limiter_proto::TlsFiles {
             ca: &spec.ca,
@@ -64,8 +76,8 @@ pub async fn report_loop(
     .map_err(|e| Error::Fleet(e.to_string()))?;
     let deadline = Duration::from_millis(spec.report_interval_ms.clamp(100, 2000) / 2);
     // One lazy channel per replica: a switch costs no reconnect to one used before.
-    let mut clients = Vec::with_capacity(spec.allocators.len());
-    for address in &spec.allocators {
+    let mut clients = Vec::with_capacity(allocators.len());
+    for address in &allocators {
         let endpoint = Endpoint::from_shared(format!("https://{address}"))
             .and_then(|e| e.tls_config(tls.clone()))
             .map_err(|e| Error::Fleet(format!("allocator endpoint {address}: {e}")))?
@@ -78,7 +90,10 @@ pub async fn report_loop(
                 .max_encoding_message_size(limiter_proto::MAX_MESSAGE_BYTES),
         );
     }
-    let mut replicas = Replicas::new(spec.allocators.clone());
+    let mut replicas = Replicas::new(allocators.clone());
+    // Rules a group named an unlisted group for: logged at most every 10 s.
+    let mut unknown_logged: Option<Instant> = None;
+    let mut unknown_held_back = 0u64;
     let mut fence = TermFence::new(spec.lease_ttl_ms.saturating_mul(1_000_000));
     let mut interval = Duration::from_millis(spec.report_interval_ms);
     let mut next = Instant::now();
@@ -93,9 +108,10 @@ pub async fn report_loop(
         }
         let early = last_sent.elapsed()
             >= Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS)
-            && lock(&daemon)?.fleet_wants_early_report()?;
-        if Instant::now() >= next || early {
-            let Some(report) = lock(&daemon)?.fleet_report()? else {
+            && lock(&daemon)?.fleet_wants_early_report(group)?;
+        let idle = group > 0 && !lock(&daemon)?.fleet_has_rules_for(group);
+        if (Instant::now() >= next || early) && !idle {
+            let Some(report) = lock(&daemon)?.fleet_report(group)? else {
                 return Ok(());
             };
             last_sent = Instant::now();
@@ -108,7 +124,7 @@ pub async fn report_loop(
                 Ok(reply) => {
                     let reply = reply.into_inner();
                     if failures > 0 {
-                        tracing::info!(after = failures, allocator = %spec.allocators[at], "allocator reachable again");
+                        tracing::info!(after = failures, allocator = %allocators[at], group = %group_name, "allocator reachable again");
                     }
                     failures = 0;
                     // A deposed leader's late reply must not override its successor's.
@@ -116,7 +132,8 @@ pub async fn report_loop(
                         tracing::warn!(
                             term = reply.term,
                             highest = fence.highest(),
-                            allocator = %spec.allocators[at],
+                            allocator = %allocators[at],
+                            group = %group_name,
                             "ignored grants of an older leader's term"
                         );
                         replicas.failed();
@@ -127,8 +144,32 @@ pub async fn report_loop(
                         // A failure to install the shares is this host's problem, not the
                         // allocator's: log it and keep reporting (the shares in force
                         // stay, and move to STICKY on their deadlines).
-                        if let Err(e) = lock(&daemon)?.fleet_apply(&reply) {
-                            tracing::warn!("installing the allocator's grants failed: {e}");
+                        match lock(&daemon)?.fleet_apply(group, &reply) {
+                            Err(e) => {
+                                tracing::warn!("installing the allocator's grants failed: {e}");
+                            }
+                            Ok(unknown) if !unknown.is_empty() => {
+                                let due = unknown_logged
+                                    .is_none_or(|t| t.elapsed() >= Duration::from_secs(10));
+                                if due {
+                                    let (rule, named) = &unknown[0];
+                                    tracing::warn!(
+                                        %rule,
+                                        named_group = %named,
+                                        rules = unknown.len(),
+                                        held_back = unknown_held_back,
+                                        allocator = %allocators[at],
+                                        "the allocators say a group this host does not list in \
+                                         [[fleet.groups]] grants these rules: they stay with \
+                                         the first group"
+                                    );
+                                    unknown_logged = Some(Instant::now());
+                                    unknown_held_back = 0;
+                                } else {
+                                    unknown_held_back += 1;
+                                }
+                            }
+                            Ok(_) => {}
                         }
                     }
                 }
@@ -138,14 +179,14 @@ pub async fn report_loop(
                         .get(limiter_proto::LEADER_METADATA)
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.parse::<SocketAddr>().ok());
-                    let from = spec.allocators[at];
+                    let from = allocators[at];
                     let followed = match leader.map(|l| (l, replicas.redirected(&l))) {
                         Some((leader, Redirect::Followed(_))) => {
                             tracing::info!(%from, %leader, "following the allocators' leader");
                             true
                         }
                         Some((leader, Redirect::Unlisted(_))) => {
-                            tracing::warn!(%from, %leader, "a replica named a leader that is not in [fleet] allocator: ignored");
+                            tracing::warn!(%from, %leader, group = %group_name, "a replica named a leader that is not in its group's allocator list: ignored");
                             false
                         }
                         Some((_, Redirect::Next(_))) => false,
@@ -166,13 +207,14 @@ pub async fn report_loop(
                         tracing::warn!(
                             failures,
                             allocator = %from,
+                            group = %group_name,
                             "report to the allocator failed: {}",
                             status.message()
                         );
                     }
                     // With replicas, the next one is tried soon rather than an interval
                     // later: the shares in force keep their deadlines meanwhile.
-                    if !followed && spec.allocators.len() > 1 {
+                    if !followed && allocators.len() > 1 {
                         next = Instant::now()
                             + Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS);
                     }
@@ -181,6 +223,10 @@ pub async fn report_loop(
         }
         // Like a failed install of grants, a failed tick must not end reporting: the
         // shares in force stay, the kernel keeps their deadlines, the next tick retries.
+        // One loop ticks: the shares are the same whichever group grants them.
+        if group > 0 {
+            continue;
+        }
         if let Err(e) = lock(&daemon)?.fleet_tick() {
             tick_failures += 1;
             if tick_failures == 1 || tick_failures.is_multiple_of(100) {

@@ -109,15 +109,19 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Re
         });
     }
     if let Some(spec) = fleet_spec {
-        tracing::info!(allocator = ?spec.allocators, host = %spec.host_id, "fleet mode: reporting to the allocator");
-        let (d, tx) = (Arc::clone(&daemon), shutdown.clone());
-        tasks.spawn(async move {
-            // The report loop ends only on a local fault; enforcement carries on, and the
-            // shares age through STICKY and FAIL_OPEN in the kernel on their deadlines.
-            if let Err(e) = reporter::report_loop(d, spec, tx).await {
-                tracing::error!("fleet reporting stopped: {e}");
-            }
-        });
+        tracing::info!(allocator = %spec.allocators_text(), host = %spec.host_id, "fleet mode: reporting to the allocator");
+        // One report loop per group of allocators (one without sharding).
+        for group in 0..spec.groups.len() {
+            let (d, tx, spec) = (Arc::clone(&daemon), shutdown.clone(), spec.clone());
+            tasks.spawn(async move {
+                // The report loop ends only on a local fault; enforcement carries on, and
+                // the shares age through STICKY and FAIL_OPEN in the kernel on their
+                // deadlines.
+                if let Err(e) = reporter::report_loop(d, spec, group, tx).await {
+                    tracing::error!("fleet reporting stopped: {e}");
+                }
+            });
+        }
     }
     // The interfaces were attached by Daemon::start and the control socket's accept loop
     // is spawned: a client that connects from now on is answered.

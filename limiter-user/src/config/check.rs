@@ -306,13 +306,31 @@ impl Walk<'_> {
         let ca = required_path(self, "ca", "fleet.ca");
         let cert = required_path(self, "cert", "fleet.cert");
         let key = required_path(self, "key", "fleet.key");
-        let allocators = match table.get("allocator") {
-            Some(v) => self.allocator_addresses(v),
-            None => {
+        let groups = match (table.get("allocator"), table.get("groups")) {
+            (Some(v), None) => self
+                .allocator_addresses(v, "fleet.allocator")
+                .map(|allocators| {
+                    vec![AllocatorGroup {
+                        name: String::new(),
+                        allocators,
+                    }]
+                }),
+            (None, Some(v)) => self.allocator_groups(v),
+            (Some(_), Some(v)) => {
+                self.report(
+                    v.span(),
+                    top("fleet.groups"),
+                    "groups and allocator are mutually exclusive: list the allocators either \
+                     in allocator (one group) or in [[fleet.groups]] (sharded allocators)",
+                );
+                None
+            }
+            (None, None) => {
                 self.report(
                     value.span(),
                     top("fleet.allocator"),
-                    "allocator is required in [fleet]",
+                    "allocator is required in [fleet] (or [[fleet.groups]], for sharded \
+                     allocators)",
                 );
                 None
             }
@@ -368,7 +386,7 @@ impl Walk<'_> {
             return None;
         }
         Some(FleetSpec {
-            allocators: allocators?,
+            groups: groups?,
             server_name: server_name?,
             host_id: host_id?,
             ca: ca?,
@@ -381,9 +399,122 @@ impl Walk<'_> {
         })
     }
 
-    /// `[fleet] allocator`: one address, or the replicas' addresses in the order they
-    /// are tried (replicated allocators). Each is checked; one listed twice is refused.
-    fn allocator_addresses(&mut self, value: &Value<'_>) -> Option<Vec<SocketAddr>> {
+    /// `[[fleet.groups]]`: each group's name (unique, a rule name's alphabet) and
+    /// allocators (as `[fleet] allocator`); an address in two groups is refused.
+    fn allocator_groups(&mut self, value: &Value<'_>) -> Option<Vec<AllocatorGroup>> {
+        let DeValue::Array(items) = value.get_ref() else {
+            self.report(
+                value.span(),
+                At::top("fleet.groups"),
+                format!(
+                    "expected an array of tables ([[fleet.groups]]), found {}",
+                    value.get_ref().type_str()
+                ),
+            );
+            return None;
+        };
+        if items.is_empty() {
+            self.report(
+                value.span(),
+                At::top("fleet.groups"),
+                "groups is an empty list: name at least one group",
+            );
+            return None;
+        }
+        let before = self.count();
+        let mut groups: Vec<AllocatorGroup> = Vec::new();
+        // Where each name and address was first given, for the duplicate's message.
+        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        let mut addresses: BTreeMap<SocketAddr, usize> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            let prefix = format!("fleet.groups[{i}]");
+            let DeValue::Table(table) = item.get_ref() else {
+                self.report(
+                    item.span(),
+                    At::top(&prefix),
+                    format!("expected a table, found {}", item.get_ref().type_str()),
+                );
+                continue;
+            };
+            self.unknown_keys(table, &FLEET_GROUP_KEYS, At::top(&prefix));
+            let name_path = format!("{prefix}.name");
+            let name = match table.get("name") {
+                Some(v) => match self.string(v, At::top(&name_path)) {
+                    Some(n) => match check_rule_name(n) {
+                        Err(e) => {
+                            self.report(
+                                v.span(),
+                                At::top(&name_path),
+                                e.replace("rule name", "group name"),
+                            );
+                            None
+                        }
+                        Ok(()) => match names.get(n) {
+                            Some(first) => {
+                                self.report(
+                                    v.span(),
+                                    At::top(&name_path),
+                                    format!("group {n:?} is listed twice (first in fleet.groups[{first}])"),
+                                );
+                                None
+                            }
+                            None => {
+                                names.insert(n.to_string(), i);
+                                Some(n.to_string())
+                            }
+                        },
+                    },
+                    None => None,
+                },
+                None => {
+                    self.report(
+                        item.span(),
+                        At::top(&name_path),
+                        "name is required in [[fleet.groups]] (the group's [election] name)",
+                    );
+                    None
+                }
+            };
+            let allocator_path = format!("{prefix}.allocator");
+            let allocators = match table.get("allocator") {
+                Some(v) => self.allocator_addresses(v, &allocator_path),
+                None => {
+                    self.report(
+                        item.span(),
+                        At::top(&allocator_path),
+                        "allocator is required in [[fleet.groups]] (the group's replicas' addresses)",
+                    );
+                    None
+                }
+            };
+            if let Some(list) = &allocators {
+                for a in list {
+                    if let Some(first) = addresses.get(a) {
+                        let span = table.get("allocator").map_or(item.span(), |v| v.span());
+                        self.report(
+                            span,
+                            At::top(&allocator_path),
+                            format!(
+                                "{a} is also in fleet.groups[{first}]: an allocator belongs \
+                                 to one group"
+                            ),
+                        );
+                    } else {
+                        addresses.insert(*a, i);
+                    }
+                }
+            }
+            if let (Some(name), Some(allocators)) = (name, allocators) {
+                groups.push(AllocatorGroup { name, allocators });
+            }
+        }
+        (self.count() == before).then_some(groups)
+    }
+
+    /// `[fleet] allocator` (or a group's): one address, or the replicas' addresses in
+    /// the order they are tried (replicated allocators). Each is checked; one listed twice
+    /// is refused. `field` names the key in errors.
+    fn allocator_addresses(&mut self, value: &Value<'_>, field: &str) -> Option<Vec<SocketAddr>> {
         let (items, array): (Vec<&Value<'_>>, bool) = match value.get_ref() {
             DeValue::Array(items) => (items.iter().collect(), true),
             _ => (vec![value], false),
@@ -391,7 +522,7 @@ impl Walk<'_> {
         if array && items.is_empty() {
             self.report(
                 value.span(),
-                At::top("fleet.allocator"),
+                At::top(field),
                 "allocator is an empty list: name at least one address:port",
             );
             return None;
@@ -400,9 +531,9 @@ impl Walk<'_> {
         let mut valid = true;
         for (i, item) in items.iter().enumerate() {
             let path = if array {
-                format!("fleet.allocator[{i}]")
+                format!("{field}[{i}]")
             } else {
-                "fleet.allocator".to_string()
+                field.to_string()
             };
             let Some(text) = self.string(item, At::top(&path)) else {
                 valid = false;

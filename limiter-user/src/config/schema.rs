@@ -69,8 +69,11 @@ section! {
 section! {
     /// `[fleet]`.
     FLEET_KEYS = "[fleet]" {
-        FLEET_ALLOCATOR = "allocator", Required, Other("address:port, or a list of them"),
+        FLEET_ALLOCATOR = "allocator", Unset("required unless groups"),
+            Other("address:port, or a list of them"),
             "the allocator's gRPC address (replicas: every replica's, tried in order)";
+        FLEET_GROUPS = "groups", Unset("one group: allocator"), Tables(&FLEET_GROUP_KEYS),
+            "sharded allocators: each group's name and replicas (instead of allocator)";
         FLEET_SERVER_NAME = "server_name", Str("limiter-allocator"), Kind::String,
             "the name in the allocator's certificate";
         FLEET_HOST_ID = "host_id", Unset("the hostname"), Kind::String,
@@ -86,6 +89,16 @@ section! {
             Integer { min: 1, max: 86_400 * 30 }, "how long a lapsed share is kept";
         FLEET_REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS),
             Integer { min: 1, max: 3_600_000 }, "how often the host reports";
+    }
+}
+
+section! {
+    /// One `[[fleet.groups]]` entry: a group of sharded allocators.
+    FLEET_GROUP_KEYS = "[[fleet.groups]]" {
+        GROUP_NAME = "name", Required, Kind::String,
+            "the group's name (its replicas' [election] name)";
+        GROUP_ALLOCATOR = "allocator", Required, Other("address:port, or a list of them"),
+            "the group's replicas' gRPC addresses, tried in order";
     }
 }
 

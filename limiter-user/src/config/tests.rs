@@ -958,8 +958,90 @@ fn fleet_cases() {
         top("bad bind", &fleet("bind = ^\"lb\""), "fleet.bind", "is not an IP address"),
         top("zero ttl", &fleet("lease_ttl_ms = ^0"), "fleet.lease_ttl_ms", "between 1 and 3600000"),
         top("interval not below ttl", &fleet("lease_ttl_ms = 1000\nreport_interval_ms = ^1000"), "fleet.report_interval_ms", "must be below lease_ttl_ms (1000)"),
-        top("unknown fleet key", &fleet("^ttl = 3"), "fleet.ttl", "unknown key \"ttl\"; expected one of: allocator, server_name, host_id, ca, cert, key, bind, lease_ttl_ms, sticky_max_s, report_interval_ms"),
+        top("unknown fleet key", &fleet("^ttl = 3"), "fleet.ttl", "unknown key \"ttl\"; expected one of: allocator, groups, server_name, host_id, ca, cert, key, bind, lease_ttl_ms, sticky_max_s, report_interval_ms"),
     ]);
+}
+
+/// `[[fleet.groups]]` (sharded allocators): each problem at its own position.
+#[test]
+fn fleet_group_cases() {
+    let base = "[fleet]\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n";
+    let group = |name: &str, allocator: &str| {
+        format!("[[fleet.groups]]\nname = {name}\nallocator = {allocator}\n")
+    };
+    let a = group("\"a\"", "[\"127.0.0.1:1\", \"127.0.0.1:2\"]");
+    run(&[
+        top(
+            "groups and allocator",
+            &format!("[fleet]\nallocator = \"127.0.0.1:9\"\nca = \"/c\"\ncert = \"/c\"\nkey = \"/k\"\n^{a}"),
+            "fleet.groups",
+            "groups and allocator are mutually exclusive",
+        ),
+        top(
+            "group name listed twice",
+            &format!("{base}{a}{}", group("^\"a\"", "\"127.0.0.1:3\"")),
+            "fleet.groups[1].name",
+            "group \"a\" is listed twice (first in fleet.groups[0])",
+        ),
+        top(
+            "bad group name",
+            &format!("{base}{}", group("^\"a b\"", "\"127.0.0.1:3\"")),
+            "fleet.groups[0].name",
+            "name contains ' '; only letters, digits",
+        ),
+        top(
+            "an address in two groups",
+            &format!("{base}{a}{}", group("\"b\"", "^[\"127.0.0.1:2\"]")),
+            "fleet.groups[1].allocator",
+            "127.0.0.1:2 is also in fleet.groups[0]",
+        ),
+        top(
+            "group address not an address",
+            &format!("{base}{}", group("\"a\"", "[^\"lb\"]")),
+            "fleet.groups[0].allocator[0]",
+            "is not an address:port",
+        ),
+        top(
+            "group without allocator",
+            &format!("{base}^[[fleet.groups]]\nname = \"a\"\n"),
+            "fleet.groups[0].allocator",
+            "allocator is required in [[fleet.groups]]",
+        ),
+        top(
+            "group without name",
+            &format!("{base}^[[fleet.groups]]\nallocator = \"127.0.0.1:1\"\n"),
+            "fleet.groups[0].name",
+            "name is required in [[fleet.groups]]",
+        ),
+        top(
+            "unknown group key",
+            &format!("{base}{a}^leader = 1\n"),
+            "fleet.groups[0].leader",
+            "unknown key",
+        ),
+    ]);
+    let text = format!("{base}{a}{}", group("\"b\"", "\"127.0.0.1:3\""));
+    let spec = parse(&text).unwrap().fleet.unwrap();
+    assert_eq!(
+        spec.groups,
+        [
+            AllocatorGroup {
+                name: "a".into(),
+                allocators: vec![
+                    "127.0.0.1:1".parse().unwrap(),
+                    "127.0.0.1:2".parse().unwrap()
+                ],
+            },
+            AllocatorGroup {
+                name: "b".into(),
+                allocators: vec!["127.0.0.1:3".parse().unwrap()],
+            },
+        ]
+    );
+    assert_eq!(
+        spec.allocators_text(),
+        "a: 127.0.0.1:1, 127.0.0.1:2; b: 127.0.0.1:3"
+    );
 }
 
 /// A case that fails says which: the runner's own check.

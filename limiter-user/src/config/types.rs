@@ -107,9 +107,10 @@ impl fmt::Display for HandoffSpec {
 /// and `burst` are its *global* quota, split across hosts by the allocator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetSpec {
-    /// The allocator's gRPC address, `address:port`; with replicated allocators every
-    /// replica's, in the order they are tried (never empty).
-    pub allocators: Vec<SocketAddr>,
+    /// The groups of allocators, in order (never empty): `[fleet] allocator` is one
+    /// group named `""`; `[[fleet.groups]]` are sharded allocators, each group granting
+    /// its own rules (a rule not yet routed is reported to the first).
+    pub groups: Vec<AllocatorGroup>,
     /// The name in the allocator's certificate.
     pub server_name: String,
     /// This host's fleet-unique id (default: the hostname); `limiter run` refuses to start
@@ -124,6 +125,38 @@ pub struct FleetSpec {
     pub lease_ttl_ms: u64,
     pub sticky_max_s: u64,
     pub report_interval_ms: u64,
+}
+
+/// One group of allocators: its name (`""` for `[fleet] allocator`) and its replicas'
+/// gRPC addresses, `address:port`, in the order they are tried (never empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatorGroup {
+    pub name: String,
+    pub allocators: Vec<SocketAddr>,
+}
+
+impl FleetSpec {
+    /// Every allocator address of every group, for display: `a, b` for one unnamed
+    /// group, `g1: a, b; g2: c` for sharded groups.
+    pub fn allocators_text(&self) -> String {
+        self.groups
+            .iter()
+            .map(|g| {
+                let list = g
+                    .allocators
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if g.name.is_empty() {
+                    list
+                } else {
+                    format!("{}: {list}", g.name)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
 }
 
 /// One `[[rules]]` entry, validated: every limit compiles, names are unique and no two

@@ -282,6 +282,16 @@ fn a_killed_leader_is_replaced_and_no_host_leaves_leased() {
     running.stop();
 }
 
+/// Drops the traffic between a replica and the etcd address it alone uses (both ways),
+/// until dropped.
+fn cut_off_from_etcd(address: std::net::SocketAddr) -> Partition {
+    let (ip, port) = (address.ip(), address.port());
+    Partition::dropping(&[
+        format!("ip daddr {ip} tcp dport {port}"),
+        format!("ip saddr {ip} tcp sport {port}"),
+    ])
+}
+
 #[test]
 fn a_leader_cut_off_from_etcd_steps_down_before_another_leads() {
     let dir = tempfile::tempdir().unwrap();
@@ -292,19 +302,7 @@ fn a_leader_cut_off_from_etcd_steps_down_before_another_leads() {
     let running = Traffic::start(&labs, 16);
     let all: Vec<&Lab> = labs.iter().collect();
 
-    let cut_address = g.etcd.clients[leader];
-    let cut = Partition::dropping(&[
-        format!(
-            "ip daddr {} tcp dport {}",
-            cut_address.ip(),
-            cut_address.port()
-        ),
-        format!(
-            "ip saddr {} tcp sport {}",
-            cut_address.ip(),
-            cut_address.port()
-        ),
-    ]);
+    let cut = cut_off_from_etcd(g.etcd.clients[leader]);
     let cut_at = Instant::now();
     // Sampled every 50 ms: the old leader's gauge drops before any other rises.
     let mut stepped_down = None;
@@ -948,4 +946,123 @@ fn shard_assign_moves_a_rule_under_traffic_without_over_granting() {
         &["rule not moved", "etcd"],
     );
     refused(&s, &["list"], &["etcd"]);
+}
+
+/// The shares in force of `rule` (rates), summed over `labs`.
+fn shares_in_force(labs: &[&Lab], rule: &str) -> u64 {
+    labs.iter()
+        .map(|lab| lab.rule_stats(rule)["rate"].as_u64().unwrap())
+        .sum()
+}
+
+/// Sharded allocators, the etcd failures of one group: its leader cut off from etcd
+/// (nftables) steps down before its group's other replica leads, while the other group
+/// keeps its leader and no host leaves `leased` for either rule; then every replica of
+/// both groups restarted at once: the new leaders learn what hosts hold, so neither
+/// rule's shares in force ever sum above its quota, and each group grants its own rule
+/// again.
+#[test]
+fn a_sharded_leader_cut_off_from_etcd_steps_down_and_a_full_restart_never_over_grants() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut s = Sharded::new(&pki, dir.path());
+    let leaders: Vec<usize> = s
+        .groups
+        .iter()
+        .map(|g| g.wait_leader(Duration::from_secs(10)))
+        .collect();
+    let labs = s.hosts(&pki);
+    let running = Traffic::start(&labs, 40);
+    let all: Vec<&Lab> = labs.iter().collect();
+    wait_state(&all, "cap", "leased", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(LEASE + 2 * REPORT));
+    let owner = BTreeMap::from([("web", 0), ("cap", 1)]);
+    s.check_ownership(&owner);
+
+    // Group 0's leader reaches etcd at loopback address 2 × 0 + its index.
+    let cut = cut_off_from_etcd(s.etcd.clients[leaders[0]]);
+    let cut_at = Instant::now();
+    let mut stepped_down = None;
+    let mut next = None;
+    while cut_at.elapsed() < Duration::from_secs(10) && next.is_none() {
+        let a = s.groups[0].leaders();
+        assert!(a.len() <= 1, "group {} has two leaders: {a:?}", GROUPS[0]);
+        if stepped_down.is_none() && !a.contains(&leaders[0]) {
+            stepped_down = Some(cut_at.elapsed());
+        }
+        if let Some(&other) = a.iter().find(|&&i| i != leaders[0]) {
+            assert!(
+                stepped_down.is_some(),
+                "replica {other} leads while the cut-off one does"
+            );
+            next = Some((other, cut_at.elapsed()));
+        }
+        assert_eq!(
+            s.groups[1].leaders(),
+            [leaders[1]],
+            "group {}'s leader changed over the other group's cut",
+            GROUPS[1]
+        );
+        for lab in &all {
+            let now = states(lab);
+            assert!(
+                now.values().all(|s| s == "leased"),
+                "a share left leased during the cut: {now:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stepped_down = stepped_down.expect("the cut-off leader never stepped down");
+    let (other, took) = next.expect("no other replica of the cut-off group leads within 10 s");
+    eprintln!(
+        "group {} leader {} cut off from etcd: stepped down after {stepped_down:?}, replica \
+         {other} leads after {took:?}; group {} kept its leader",
+        GROUPS[0], leaders[0], GROUPS[1]
+    );
+    assert!(
+        stepped_down <= Duration::from_millis(ELECTION_TTL * 2 / 3 + 300),
+        "{stepped_down:?}"
+    );
+    hold_leased_one_leader_per_group(&s, &all, Duration::from_millis(LEASE), "after the cut");
+    s.check_ownership(&owner);
+    drop(cut);
+
+    // Every replica of both groups at once.
+    for g in &mut s.groups {
+        for r in &mut g.replicas {
+            r.kill();
+        }
+    }
+    for g in &mut s.groups {
+        for r in &mut g.replicas {
+            r.start();
+        }
+    }
+    let until = Instant::now() + Duration::from_millis(2 * LEASE);
+    let mut peak = [0u64; 2];
+    while Instant::now() < until {
+        for (k, rule) in RULES.iter().enumerate() {
+            let sum = shares_in_force(&all, rule);
+            peak[k] = peak[k].max(sum);
+            assert!(
+                sum <= QUOTA,
+                "after a full restart {rule}'s shares in force sum to {sum}/s, quota {QUOTA}/s"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for g in &s.groups {
+        g.wait_leader(Duration::from_secs(5));
+    }
+    for rule in RULES {
+        wait_state(&all, rule, "leased", Duration::from_secs(5));
+    }
+    std::thread::sleep(Duration::from_millis(LEASE + 2 * REPORT));
+    eprintln!(
+        "every replica of both groups restarted: shares in force peaked at web {}/s, cap {}/s \
+         (quota {QUOTA}/s each)",
+        peak[0], peak[1]
+    );
+    s.check_ownership(&owner);
+    running.stop();
 }

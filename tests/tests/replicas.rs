@@ -708,6 +708,23 @@ impl Sharded {
         }
     }
 
+    /// The fleet every sharded test starts from: each group with its leader, three daemons
+    /// with `secs` of traffic, both rules' shares leased and settled, and each group's
+    /// leader granting its own rule and nothing of the other's.
+    fn running(pki: &Pki, dir: &std::path::Path, secs: u64) -> (Sharded, Vec<Lab>, Traffic) {
+        let s = Sharded::new(pki, dir);
+        for g in &s.groups {
+            g.wait_leader(Duration::from_secs(10));
+        }
+        let labs = s.hosts(pki);
+        let running = Traffic::start(&labs, secs);
+        let all: Vec<&Lab> = labs.iter().collect();
+        wait_state(&all, "cap", "leased", Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(LEASE + 2 * REPORT));
+        s.check_ownership(&BTreeMap::from([("web", 0), ("cap", 1)]));
+        (s, labs, running)
+    }
+
     /// Three daemons, each listing both groups in `[[fleet.groups]]`.
     fn hosts(&self, pki: &Pki) -> Vec<Lab> {
         (1..=3)
@@ -805,17 +822,9 @@ fn admitted_totals(labs: &[&Lab]) -> [u64; 2] {
 fn sharded_groups_each_fail_over_and_no_host_leaves_leased() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let mut s = Sharded::new(&pki, dir.path());
-    for g in &s.groups {
-        g.wait_leader(Duration::from_secs(10));
-    }
-    let labs = s.hosts(&pki);
-    let running = Traffic::start(&labs, 30);
+    let (mut s, labs, running) = Sharded::running(&pki, dir.path(), 30);
     let all: Vec<&Lab> = labs.iter().collect();
-    wait_state(&all, "cap", "leased", Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(LEASE + 2 * REPORT));
     let owner = BTreeMap::from([("web", 0), ("cap", 1)]);
-    s.check_ownership(&owner);
 
     for (k, group) in GROUPS.iter().enumerate() {
         let leader = s.groups[k].wait_leader(Duration::from_secs(1));
@@ -857,16 +866,8 @@ fn sharded_groups_each_fail_over_and_no_host_leaves_leased() {
 fn shard_assign_moves_a_rule_under_traffic_without_over_granting() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let mut s = Sharded::new(&pki, dir.path());
-    for g in &s.groups {
-        g.wait_leader(Duration::from_secs(10));
-    }
-    let labs = s.hosts(&pki);
-    let running = Traffic::start(&labs, 20);
+    let (mut s, labs, running) = Sharded::running(&pki, dir.path(), 20);
     let all: Vec<&Lab> = labs.iter().collect();
-    wait_state(&all, "cap", "leased", Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(LEASE + 2 * REPORT));
-    s.check_ownership(&BTreeMap::from([("web", 0), ("cap", 1)]));
 
     // On a follower of the group that gives the rule up.
     let follower = 1 - s.groups[0].wait_leader(Duration::from_secs(1));
@@ -965,19 +966,14 @@ fn shares_in_force(labs: &[&Lab], rule: &str) -> u64 {
 fn a_sharded_leader_cut_off_from_etcd_steps_down_and_a_full_restart_never_over_grants() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
-    let mut s = Sharded::new(&pki, dir.path());
+    let (mut s, labs, running) = Sharded::running(&pki, dir.path(), 40);
+    let all: Vec<&Lab> = labs.iter().collect();
+    let owner = BTreeMap::from([("web", 0), ("cap", 1)]);
     let leaders: Vec<usize> = s
         .groups
         .iter()
-        .map(|g| g.wait_leader(Duration::from_secs(10)))
+        .map(|g| g.wait_leader(Duration::from_secs(1)))
         .collect();
-    let labs = s.hosts(&pki);
-    let running = Traffic::start(&labs, 40);
-    let all: Vec<&Lab> = labs.iter().collect();
-    wait_state(&all, "cap", "leased", Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(LEASE + 2 * REPORT));
-    let owner = BTreeMap::from([("web", 0), ("cap", 1)]);
-    s.check_ownership(&owner);
 
     // Group 0's leader reaches etcd at loopback address 2 × 0 + its index.
     let cut = cut_off_from_etcd(s.etcd.clients[leaders[0]]);

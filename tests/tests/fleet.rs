@@ -579,9 +579,10 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
     // The fairness index counts hosts with demand: 1 while only lb-1 has any.
     let fairness = || metric("limiter_allocator_fairness{rule=\"web\"}");
     assert_eq!(granted(), QUOTA as f64, "a zero share counts nothing");
-    // lb-1's first report with traffic can cover a part of an interval (demand below the
-    // quota, so the whole quota but not saturated); the report after it covers a whole
-    // interval of 3 × the quota, and saturates it.
+    // The metric reads lb-1's latest smoothed demand against its share; one report in which
+    // the sender offered less than the quota (a sender descheduled on a busy machine) reads
+    // unsaturated while the shares the hosts hold still show the split. lb-1 offers 3 × the
+    // quota, so within two report intervals it must read saturated.
     let saturated = || metric("limiter_allocator_saturated_hosts{rule=\"web\"}");
     let start = Instant::now();
     while saturated() != 1.0 {

@@ -180,6 +180,7 @@ pub async fn serve<R, H, F>(
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut connections = tokio::task::JoinSet::new();
+    let mut accept_failures = 0u64;
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -206,7 +207,12 @@ pub async fn serve<R, H, F>(
                 });
             }
             Err(e) => {
-                tracing::warn!(error = %e, "accepting a control connection failed");
+                // The first failure and then one in 100: running out of descriptors must
+                // not also flood the log.
+                accept_failures += 1;
+                if accept_failures == 1 || accept_failures.is_multiple_of(100) {
+                    tracing::warn!(error = %e, failures = accept_failures, "accepting a control connection failed");
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }

@@ -496,29 +496,55 @@ pub struct RuleCpuState {
     pub clock: TickClock,
 }
 
-/// Per-rule counters (one copy per CPU in [`RuleCpuState`]).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RuleCounters {
-    pub passed_packets: u64,
-    pub passed_bytes: u64,
-    pub dropped_packets: u64,
-    pub dropped_bytes: u64,
-    pub would_drop_packets: u64,
-    pub would_drop_bytes: u64,
+/// Defines a struct of `u64` counters, one copy per CPU in its map, from one list of
+/// fields: `accumulate` (adds another CPU's copy), `since` (the change from an earlier
+/// reading) and `named` (each field with its name, in order: what `limiter stats`,
+/// `limiter top` and the tests list). Both wrap, as the kernel's increments do.
+macro_rules! counters {
+    ($(#[$meta:meta])* pub struct $name:ident {
+        $($(#[$fmeta:meta])* pub $field:ident: u64,)+
+    }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        #[cfg_attr(feature = "user", derive(serde::Serialize))]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: u64,)+
+        }
+
+        impl $name {
+            /// How many counters there are.
+            pub const COUNT: usize = [$(stringify!($field)),+].len();
+
+            /// Adds another CPU's copy.
+            pub fn accumulate(&mut self, other: &$name) {
+                $(self.$field = self.$field.wrapping_add(other.$field);)+
+            }
+
+            /// What each counter gained since `before`.
+            pub fn since(&self, before: &$name) -> $name {
+                $name {
+                    $($field: self.$field.wrapping_sub(before.$field),)+
+                }
+            }
+
+            /// Each counter with its field name, in declaration order.
+            pub fn named(&self) -> [(&'static str, u64); $name::COUNT] {
+                [$((stringify!($field), self.$field)),+]
+            }
+        }
+    };
 }
 
-impl RuleCounters {
-    /// Adds another CPU's copy (wrapping, as the kernel's increments wrap).
-    pub fn accumulate(&mut self, other: &RuleCounters) {
-        self.passed_packets = self.passed_packets.wrapping_add(other.passed_packets);
-        self.passed_bytes = self.passed_bytes.wrapping_add(other.passed_bytes);
-        self.dropped_packets = self.dropped_packets.wrapping_add(other.dropped_packets);
-        self.dropped_bytes = self.dropped_bytes.wrapping_add(other.dropped_bytes);
-        self.would_drop_packets = self
-            .would_drop_packets
-            .wrapping_add(other.would_drop_packets);
-        self.would_drop_bytes = self.would_drop_bytes.wrapping_add(other.would_drop_bytes);
+counters! {
+    /// Per-rule counters (one copy per CPU in [`RuleCpuState`]).
+    pub struct RuleCounters {
+        pub passed_packets: u64,
+        pub passed_bytes: u64,
+        pub dropped_packets: u64,
+        pub dropped_bytes: u64,
+        pub would_drop_packets: u64,
+        pub would_drop_bytes: u64,
     }
 }
 
@@ -534,30 +560,20 @@ pub struct SynCounters {
     pub offered: u64,
 }
 
-/// Program-wide counters, one copy per CPU (`GLOBAL_COUNTERS[0]`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GlobalCounters {
-    /// Frames the parser could not read (passed).
-    pub malformed: u64,
-    /// Frames that are not IPv4/IPv6 (passed).
-    pub non_ip: u64,
-    /// IP frames no rule matched (passed).
-    pub unmatched: u64,
-    /// Frames a per-source limit could not meter (the sketch not set up yet: no seed);
-    /// metered by the aggregate only. The name is the LRU's, whose inserts could fail.
-    pub insert_failures: u64,
-    /// Bucket updates that lost the CAS race too often and were passed.
-    pub contended: u64,
-}
-
-impl GlobalCounters {
-    pub fn accumulate(&mut self, other: &GlobalCounters) {
-        self.malformed = self.malformed.wrapping_add(other.malformed);
-        self.non_ip = self.non_ip.wrapping_add(other.non_ip);
-        self.unmatched = self.unmatched.wrapping_add(other.unmatched);
-        self.insert_failures = self.insert_failures.wrapping_add(other.insert_failures);
-        self.contended = self.contended.wrapping_add(other.contended);
+counters! {
+    /// Program-wide counters, one copy per CPU (`GLOBAL_COUNTERS[0]`).
+    pub struct GlobalCounters {
+        /// Frames the parser could not read (passed).
+        pub malformed: u64,
+        /// Frames that are not IPv4/IPv6 (passed).
+        pub non_ip: u64,
+        /// IP frames no rule matched (passed).
+        pub unmatched: u64,
+        /// Frames a per-source limit could not meter (the sketch not set up yet: no seed);
+        /// metered by the aggregate only. The name is the LRU's, whose inserts could fail.
+        pub insert_failures: u64,
+        /// Bucket updates that lost the CAS race too often and were passed.
+        pub contended: u64,
     }
 }
 
@@ -702,43 +718,28 @@ pub struct FragmentRecord {
     pub first_end: u32,
 }
 
-/// Counters of frames whose headers needed more than the plain parse: fragments and the
-/// evasions the program refuses (README, "What each kind of frame gets"). One copy per
-/// CPU (`HEADER_COUNTERS[0]`); a map of its own, so that pins of builds without it are
-/// adopted as they are.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HeaderCounters {
-    /// IPv4 and IPv6 fragments (first and later ones).
-    pub fragments: u64,
-    /// First fragments that do not hold the whole transport header (RFC 1858, RFC 3128)
-    /// or, for IPv6, the whole header chain (RFC 8200, RFC 7112): refused.
-    pub tiny_fragments: u64,
-    /// Later fragments whose first fragment did not pass here and whose rule depends on
-    /// ports, which only the first fragment shows: refused.
-    pub orphan_fragments: u64,
-    /// Later fragments that overlap the headers of the first one (RFC 1858): refused.
-    pub overlapping_fragments: u64,
-    /// IPv6 frames with a longer extension-header chain than the program walks: refused
-    /// when a rule covers the destination.
-    pub long_header_chains: u64,
-    /// Frames with more VLAN tags than the program walks (it cannot see their
-    /// destination): dropped.
-    pub deep_vlan_stacks: u64,
-}
-
-impl HeaderCounters {
-    pub fn accumulate(&mut self, other: &HeaderCounters) {
-        self.fragments = self.fragments.wrapping_add(other.fragments);
-        self.tiny_fragments = self.tiny_fragments.wrapping_add(other.tiny_fragments);
-        self.orphan_fragments = self.orphan_fragments.wrapping_add(other.orphan_fragments);
-        self.overlapping_fragments = self
-            .overlapping_fragments
-            .wrapping_add(other.overlapping_fragments);
-        self.long_header_chains = self
-            .long_header_chains
-            .wrapping_add(other.long_header_chains);
-        self.deep_vlan_stacks = self.deep_vlan_stacks.wrapping_add(other.deep_vlan_stacks);
+counters! {
+    /// Counters of frames whose headers needed more than the plain parse: fragments and the
+    /// evasions the program refuses (README, "What each kind of frame gets"). One copy per
+    /// CPU (`HEADER_COUNTERS[0]`); a map of its own, so that pins of builds without it are
+    /// adopted as they are.
+    pub struct HeaderCounters {
+        /// IPv4 and IPv6 fragments (first and later ones).
+        pub fragments: u64,
+        /// First fragments that do not hold the whole transport header (RFC 1858, RFC 3128)
+        /// or, for IPv6, the whole header chain (RFC 8200, RFC 7112): refused.
+        pub tiny_fragments: u64,
+        /// Later fragments whose first fragment did not pass here and whose rule depends on
+        /// ports, which only the first fragment shows: refused.
+        pub orphan_fragments: u64,
+        /// Later fragments that overlap the headers of the first one (RFC 1858): refused.
+        pub overlapping_fragments: u64,
+        /// IPv6 frames with a longer extension-header chain than the program walks: refused
+        /// when a rule covers the destination.
+        pub long_header_chains: u64,
+        /// Frames with more VLAN tags than the program walks (it cannot see their
+        /// destination): dropped.
+        pub deep_vlan_stacks: u64,
     }
 }
 

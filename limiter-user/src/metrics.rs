@@ -177,18 +177,18 @@ pub fn render(s: &Snapshot) -> String {
         (
             "limiter_malformed_total",
             "Frames the parser could not read (passed).",
-            g.malformed,
+            g.counters.malformed,
         ),
-        ("limiter_non_ip_total", "Non-IP frames (passed).", g.non_ip),
+        ("limiter_non_ip_total", "Non-IP frames (passed).", g.counters.non_ip),
         (
             "limiter_unmatched_total",
             "IP frames no rule matched (passed).",
-            g.unmatched,
+            g.counters.unmatched,
         ),
         (
             "limiter_source_insert_failures_total",
             "Frames a per-source limit could not meter (the sketch not set up yet).",
-            g.insert_failures,
+            g.counters.insert_failures,
         ),
         (
             "limiter_new_sources_total",
@@ -203,37 +203,37 @@ pub fn render(s: &Snapshot) -> String {
         (
             "limiter_contended_total",
             "Frames passed unmetered after losing the bucket update race.",
-            g.contended,
+            g.counters.contended,
         ),
         (
             "limiter_fragments_total",
             "IP fragments (first and later ones).",
-            g.fragments,
+            g.headers.fragments,
         ),
         (
             "limiter_tiny_fragments_total",
             "First fragments without the whole transport header or IPv6 header chain (refused).",
-            g.tiny_fragments,
+            g.headers.tiny_fragments,
         ),
         (
             "limiter_orphan_fragments_total",
             "Later fragments without a passed first fragment, to a rule that depends on ports (refused).",
-            g.orphan_fragments,
+            g.headers.orphan_fragments,
         ),
         (
             "limiter_overlapping_fragments_total",
             "Later fragments overlapping the first fragment's headers (refused).",
-            g.overlapping_fragments,
+            g.headers.overlapping_fragments,
         ),
         (
             "limiter_long_header_chains_total",
             "IPv6 extension-header chains longer than the program walks (refused where a rule covers the destination).",
-            g.long_header_chains,
+            g.headers.long_header_chains,
         ),
         (
             "limiter_deep_vlan_stacks_total",
             "Frames with more VLAN tags than the program walks (dropped).",
-            g.deep_vlan_stacks,
+            g.headers.deep_vlan_stacks,
         ),
         (
             "limiter_handoff_missing_total",
@@ -337,6 +337,8 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
+    use limiter_common::abi::{GlobalCounters, HeaderCounters};
+
     use super::*;
     use crate::stats::{GlobalStats, RuleStats};
 
@@ -358,17 +360,21 @@ mod tests {
                     would_drop_bytes: 0,
                 }],
                 global: GlobalStats {
-                    malformed: 1,
-                    non_ip: 2,
-                    unmatched: 3,
-                    insert_failures: 4,
-                    contended: 5,
-                    fragments: 6,
-                    tiny_fragments: 7,
-                    orphan_fragments: 8,
-                    overlapping_fragments: 9,
-                    long_header_chains: 10,
-                    deep_vlan_stacks: 11,
+                    counters: GlobalCounters {
+                        malformed: 1,
+                        non_ip: 2,
+                        unmatched: 3,
+                        insert_failures: 4,
+                        contended: 5,
+                    },
+                    headers: HeaderCounters {
+                        fragments: 6,
+                        tiny_fragments: 7,
+                        orphan_fragments: 8,
+                        overlapping_fragments: 9,
+                        long_header_chains: 10,
+                        deep_vlan_stacks: 11,
+                    },
                     handoff_missing: 12,
                     new_sources: 13,
                     source_refusals: 14,

@@ -1,7 +1,10 @@
 //! Counters and rule state as operators read them (`limiter stats`).
 
 use limiter_common::{
-    abi::{RuleConfig, CONTROL_BYPASS, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_SHADOW},
+    abi::{
+        GlobalCounters, HeaderCounters, RuleConfig, CONTROL_BYPASS, RULE_FAIL_STATIC,
+        RULE_HAS_AGGREGATE, RULE_SHADOW,
+    },
     share::ShareState,
 };
 use serde::Serialize;
@@ -36,27 +39,15 @@ pub struct RuleStats {
     pub would_drop_bytes: u64,
 }
 
+/// `stats --json`'s `global`: one flat object. The kernel's counter structs are
+/// flattened into it, so their field names are the JSON's and are listed once.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct GlobalStats {
-    pub malformed: u64,
-    pub non_ip: u64,
-    pub unmatched: u64,
-    pub insert_failures: u64,
-    pub contended: u64,
-    /// IP fragments seen (first and later ones).
-    pub fragments: u64,
-    /// First fragments without the whole transport header (IPv6: header chain): refused.
-    pub tiny_fragments: u64,
-    /// Later fragments whose first fragment did not pass and whose rule depends on ports:
-    /// refused.
-    pub orphan_fragments: u64,
-    /// Later fragments overlapping the first fragment's headers: refused.
-    pub overlapping_fragments: u64,
-    /// IPv6 header chains longer than the program walks: refused where a rule covers the
-    /// destination.
-    pub long_header_chains: u64,
-    /// Frames with more VLAN tags than the program walks: dropped.
-    pub deep_vlan_stacks: u64,
+    #[serde(flatten)]
+    pub counters: GlobalCounters,
+    /// Fragments and header evasions ([`HeaderCounters`]).
+    #[serde(flatten)]
+    pub headers: HeaderCounters,
     /// Frames the limiter passed whose next program (`next_program`,
     /// `join_program_array`) was missing: passed to the stack instead (fail open).
     pub handoff_missing: u64,
@@ -129,23 +120,20 @@ pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
         rules,
         bypass: maps.control()?.flags & CONTROL_BYPASS != 0,
         global: GlobalStats {
-            malformed: g.malformed,
-            non_ip: g.non_ip,
-            unmatched: g.unmatched,
-            insert_failures: g.insert_failures,
-            contended: g.contended,
-            fragments: h.fragments,
-            tiny_fragments: h.tiny_fragments,
-            orphan_fragments: h.orphan_fragments,
-            overlapping_fragments: h.overlapping_fragments,
-            long_header_chains: h.long_header_chains,
-            deep_vlan_stacks: h.deep_vlan_stacks,
+            counters: g,
+            headers: h,
             handoff_missing: maps.handoff_counters()?.missing,
             new_sources: sketch.new_sources,
             source_refusals: sketch.refused,
             sketch_busy_ppm: (fill.ratio() * 1e6).round() as u64,
         },
     })
+}
+
+/// `title: name value name value …`, a line.
+fn line(title: &str, counters: &[(&str, u64)]) -> String {
+    let pairs: Vec<String> = counters.iter().map(|(n, v)| format!("{n} {v}")).collect();
+    format!("{title}: {}\n", pairs.join(" "))
 }
 
 /// A fixed-width table for terminals.
@@ -176,20 +164,8 @@ pub fn render_table(report: &StatsReport) -> String {
         out.push_str("bypass: off\n");
     }
     let g = &report.global;
-    out.push_str(&format!(
-        "global: malformed {} non_ip {} unmatched {} insert_failures {} contended {}\n",
-        g.malformed, g.non_ip, g.unmatched, g.insert_failures, g.contended
-    ));
-    out.push_str(&format!(
-        "headers: fragments {} tiny_fragments {} orphan_fragments {} overlapping_fragments {} \
-         long_header_chains {} deep_vlan_stacks {}\n",
-        g.fragments,
-        g.tiny_fragments,
-        g.orphan_fragments,
-        g.overlapping_fragments,
-        g.long_header_chains,
-        g.deep_vlan_stacks
-    ));
+    out.push_str(&line("global", &g.counters.named()));
+    out.push_str(&line("headers", &g.headers.named()));
     out.push_str(&format!(
         "handoff: next program missing {}\n",
         g.handoff_missing
@@ -245,5 +221,51 @@ mod tests {
         for (what, rule, want) in cases {
             assert_eq!(share_state_at(&rule, now), want, "{what}");
         }
+    }
+}
+
+#[cfg(test)]
+mod json_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+    use super::*;
+
+    /// `stats --json` is a user contract: the shape the README shows is the shape
+    /// printed, key for key and in order (the kernel's counter structs flattened into
+    /// `global`).
+    #[test]
+    fn stats_json_is_the_readme_example() {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("`stats --json` prints:\n\n```json\n")
+            .expect("README: the stats --json example");
+        let block = &readme[start..];
+        let block = &block[block.find("{").unwrap()..block.find("\n```\n").unwrap()];
+        let shown: String = block.split_whitespace().collect();
+        let report = StatsReport {
+            rules: vec![RuleStats {
+                name: "contoso-web".into(),
+                mode: "enforce",
+                state: ShareState::Standalone.as_str(),
+                rate: Some(10_000),
+                burst: Some(2_000),
+                passed_packets: 0,
+                passed_bytes: 0,
+                dropped_packets: 0,
+                dropped_bytes: 0,
+                would_drop_packets: 0,
+                would_drop_bytes: 0,
+            }],
+            global: GlobalStats {
+                counters: GlobalCounters::default(),
+                headers: HeaderCounters::default(),
+                handoff_missing: 0,
+                new_sources: 0,
+                source_refusals: 0,
+                sketch_busy_ppm: 0,
+            },
+            bypass: false,
+        };
+        assert_eq!(serde_json::to_string(&report).unwrap(), shown);
     }
 }

@@ -121,39 +121,16 @@ pub fn xdp_verdict_of_tc(code: u32) -> u32 {
 
 /// Counter changes between two snapshots.
 pub fn delta(before: &Snapshot, after: &Snapshot) -> Snapshot {
-    let sub = |a: &RuleCounters, b: &RuleCounters| RuleCounters {
-        passed_packets: b.passed_packets - a.passed_packets,
-        passed_bytes: b.passed_bytes - a.passed_bytes,
-        dropped_packets: b.dropped_packets - a.dropped_packets,
-        dropped_bytes: b.dropped_bytes - a.dropped_bytes,
-        would_drop_packets: b.would_drop_packets - a.would_drop_packets,
-        would_drop_bytes: b.would_drop_bytes - a.would_drop_bytes,
-    };
-    let g = |a: &GlobalCounters, b: &GlobalCounters| GlobalCounters {
-        malformed: b.malformed - a.malformed,
-        non_ip: b.non_ip - a.non_ip,
-        unmatched: b.unmatched - a.unmatched,
-        insert_failures: b.insert_failures - a.insert_failures,
-        contended: b.contended - a.contended,
-    };
-    let h = |a: &HeaderCounters, b: &HeaderCounters| HeaderCounters {
-        fragments: b.fragments - a.fragments,
-        tiny_fragments: b.tiny_fragments - a.tiny_fragments,
-        orphan_fragments: b.orphan_fragments - a.orphan_fragments,
-        overlapping_fragments: b.overlapping_fragments - a.overlapping_fragments,
-        long_header_chains: b.long_header_chains - a.long_header_chains,
-        deep_vlan_stacks: b.deep_vlan_stacks - a.deep_vlan_stacks,
-    };
     Snapshot {
-        headers: h(&before.headers, &after.headers),
+        headers: after.headers.since(&before.headers),
         rules: after
             .rules
             .iter()
             .map(|(name, b)| {
                 let a = before.rules.get(name).copied().unwrap_or_default();
-                (name.clone(), sub(&a, b))
+                (name.clone(), b.since(&a))
             })
             .collect(),
-        global: g(&before.global, &after.global),
+        global: after.global.since(&before.global),
     }
 }

@@ -148,23 +148,15 @@ pub struct Rates {
 
 /// The global counters by their `stats --json` keys, in its order; `sketch_busy_ppm` is
 /// a gauge and not among them.
-pub fn global_counters(g: &GlobalStats) -> [(&'static str, u64); 14] {
-    [
-        ("malformed", g.malformed),
-        ("non_ip", g.non_ip),
-        ("unmatched", g.unmatched),
-        ("insert_failures", g.insert_failures),
-        ("contended", g.contended),
-        ("fragments", g.fragments),
-        ("tiny_fragments", g.tiny_fragments),
-        ("orphan_fragments", g.orphan_fragments),
-        ("overlapping_fragments", g.overlapping_fragments),
-        ("long_header_chains", g.long_header_chains),
-        ("deep_vlan_stacks", g.deep_vlan_stacks),
+pub fn global_counters(g: &GlobalStats) -> Vec<(&'static str, u64)> {
+    let mut all: Vec<(&'static str, u64)> = g.counters.named().to_vec();
+    all.extend(g.headers.named());
+    all.extend([
         ("handoff_missing", g.handoff_missing),
         ("new_sources", g.new_sources),
         ("source_refusals", g.source_refusals),
-    ]
+    ]);
+    all
 }
 
 fn rule_rates(
@@ -246,6 +238,7 @@ pub fn rates(before: Option<&Sample>, after: &Sample) -> Rates {
             name,
             total,
             per_second: then
+                .as_ref()
                 .zip(elapsed)
                 .and_then(|(then, elapsed)| counter_rate(then[i].1, total, elapsed)),
         })
@@ -290,6 +283,7 @@ pub fn compact(value: f64) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
+    use limiter_common::abi::{GlobalCounters, HeaderCounters};
     use proptest::prelude::*;
 
     use super::*;
@@ -314,17 +308,11 @@ mod tests {
 
     fn global(malformed: u64, new_sources: u64) -> GlobalStats {
         GlobalStats {
-            malformed,
-            non_ip: 0,
-            unmatched: 0,
-            insert_failures: 0,
-            contended: 0,
-            fragments: 0,
-            tiny_fragments: 0,
-            orphan_fragments: 0,
-            overlapping_fragments: 0,
-            long_header_chains: 0,
-            deep_vlan_stacks: 0,
+            counters: GlobalCounters {
+                malformed,
+                ..GlobalCounters::default()
+            },
+            headers: HeaderCounters::default(),
             handoff_missing: 0,
             new_sources,
             source_refusals: 0,

@@ -301,6 +301,7 @@ mod tests {
 
     use std::collections::BTreeMap;
 
+    use limiter_common::abi::{GlobalCounters, HeaderCounters};
     use ratatui::{backend::TestBackend, Terminal};
 
     use super::*;
@@ -327,17 +328,11 @@ mod tests {
 
     fn global(unmatched: u64) -> GlobalStats {
         GlobalStats {
-            malformed: 0,
-            non_ip: 0,
-            unmatched,
-            insert_failures: 0,
-            contended: 0,
-            fragments: 0,
-            tiny_fragments: 0,
-            orphan_fragments: 0,
-            overlapping_fragments: 0,
-            long_header_chains: 0,
-            deep_vlan_stacks: 0,
+            counters: GlobalCounters {
+                unmatched,
+                ..GlobalCounters::default()
+            },
+            headers: HeaderCounters::default(),
             handoff_missing: 0,
             new_sources: 0,
             source_refusals: 0,

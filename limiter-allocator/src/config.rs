@@ -548,25 +548,13 @@ fn etcd_tls(
 /// (`[election] ca` is set) and none otherwise.
 fn etcd_endpoints(c: &mut Checker<'_>, value: &Value<'_>, tls: bool) -> Option<Vec<String>> {
     let at = At::top("election.etcd");
-    let DeValue::Array(items) = value.get_ref() else {
-        c.report(
-            value.span(),
-            at,
-            format!(
-                "expected a list of endpoints such as [\"10.0.0.1:2379\"], found {}",
-                value.get_ref().type_str()
-            ),
-        );
-        return None;
-    };
-    if items.is_empty() {
-        c.report(
-            value.span(),
-            at,
-            "etcd is an empty list: name at least one endpoint",
-        );
-        return None;
-    }
+    let items = c.non_empty_array(
+        value,
+        at,
+        "a list of endpoints such as [\"10.0.0.1:2379\"]",
+        "etcd",
+        "endpoint",
+    )?;
     let mut out: Vec<String> = Vec::new();
     let mut valid = true;
     for (i, item) in items.iter().enumerate() {
@@ -721,17 +709,7 @@ fn tls(c: &mut Checker<'_>, value: &Value<'_>) -> Option<TlsConfig> {
 }
 
 fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<Quota>> {
-    let DeValue::Array(items) = value.get_ref() else {
-        c.report(
-            value.span(),
-            At::top("quotas"),
-            format!(
-                "expected an array of tables ([[quotas]]), found {}",
-                value.get_ref().type_str()
-            ),
-        );
-        return None;
-    };
+    let items = c.array(value, At::top("quotas"), "an array of tables ([[quotas]])")?;
     let mut quotas = Vec::new();
     let mut first_at: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut all_good = true;
@@ -819,6 +797,8 @@ fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<Quota>> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+    use limiter_config::cases::ErrorCase;
 
     use super::*;
 
@@ -980,18 +960,6 @@ mod tests {
                 "rule is required",
             ),
             (
-                "quota rate too high",
-                "[[quotas]]\nrule = \"x\"\nrate = 1000000000001\nburst = 1\n",
-                "quotas[0].rate",
-                "at most",
-            ),
-            (
-                "quota burst a year",
-                "[[quotas]]\nrule = \"x\"\nrate = 1\nburst = 100000000\n",
-                "quotas[0].burst",
-                "year",
-            ),
-            (
                 "election without etcd",
                 "lease_ttl_ms = 4000\n[election]\nttl_ms = 2000\n",
                 "election.etcd",
@@ -1112,38 +1080,43 @@ mod tests {
                 "unknown key",
             ),
         ];
-        let mut failed = Vec::new();
-        for (name, extra, field, message) in cases {
-            let tls = if *name == "no tls" { "" } else { TLS };
-            let listen = if *name == "no listen" { "" } else { base };
+        let text = |name: &str, extra: &str| {
+            let tls = if name == "no tls" { "" } else { TLS };
+            let listen = if name == "no listen" { "" } else { base };
             // Tables come last in TOML: the [tls] table before any [[quotas]].
-            let text = format!(
+            format!(
                 "{listen}{}{tls}{}",
                 if extra.starts_with('[') { "" } else { extra },
                 if extra.starts_with('[') { extra } else { "" }
-            );
-            match Config::parse(&text, Path::new("a.toml")) {
-                Ok(_) => failed.push(format!("{name}: accepted")),
-                Err(err) => {
-                    let shown = err.to_string();
-                    let ok = err.problems().len() == 1
-                        && err.problems()[0].field == *field
-                        && shown.contains(message);
-                    if !ok {
-                        failed.push(format!(
-                            "{name}: expected {field}: {message:?}, got:\n{shown}"
-                        ));
-                    }
-                }
-            }
-        }
-        assert!(
-            failed.is_empty(),
-            "{} of {} cases failed:\n{}",
-            failed.len(),
-            cases.len(),
-            failed.join("\n")
-        );
+            )
+        };
+        let mut rows: Vec<ErrorCase> = cases
+            .iter()
+            .map(|(name, extra, field, message)| {
+                ErrorCase::new(name, &text(name, extra), field, message)
+            })
+            .collect();
+        // A quota's problems name the quota's rule.
+        let quota = "[[quotas]]\nrule = \"x\"\n";
+        rows.extend([
+            ErrorCase::new(
+                "quota rate too high",
+                &text("", &format!("{quota}rate = 1000000000001\nburst = 1\n")),
+                "quotas[0].rate",
+                "at most",
+            )
+            .of("x"),
+            ErrorCase::new(
+                "quota burst a year",
+                &text("", &format!("{quota}rate = 1\nburst = 100000000\n")),
+                "quotas[0].burst",
+                "year",
+            )
+            .of("x"),
+        ]);
+        limiter_config::cases::run(&rows, "a.toml", |text| {
+            Config::parse(text, Path::new("a.toml"))
+        });
     }
 
     /// `[election]` with its defaults: advertise is listen, the name and TTL defaults; a

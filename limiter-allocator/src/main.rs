@@ -21,6 +21,7 @@ use limiter_proto::{
     pb::allocator_server::AllocatorServer, server_tls, TlsFiles, MAX_MESSAGE_BYTES,
 };
 use limiter_service::{
+    cli_args::QuotaSetArgs,
     cli_docs::{self, CompletionsArgs, ManPagesArgs},
     control::Reply,
     exit::{self, Exit},
@@ -90,12 +91,8 @@ enum QuotaCommand {
     },
     /// Change a rule's global quota (hosts get new shares with their next report).
     Set {
-        rule: String,
-        #[arg(long)]
-        rate: u64,
-        /// Default: keep the current burst (required for a new rule).
-        #[arg(long)]
-        burst: Option<u64>,
+        #[command(flatten)]
+        quota: QuotaSetArgs,
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
     },
@@ -152,9 +149,7 @@ fn main() -> std::process::ExitCode {
             control_call(&socket, &ControlRequest::Status).map(|v| println!("{v}"))
         }
         Command::Quota(QuotaCommand::Set {
-            rule,
-            rate,
-            burst,
+            quota: QuotaSetArgs { rule, rate, burst },
             socket,
         }) => control_call(&socket, &ControlRequest::Set { rule, rate, burst })
             .map(|v| println!("{v}")),

@@ -372,8 +372,6 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use limiter_proto::pb::RuleReport;
-
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -385,16 +383,7 @@ mod tests {
     };
 
     fn req(host: &str, demand: u64, held: u64) -> ReportRequest {
-        ReportRequest {
-            version: 1,
-            host: host.into(),
-            rules: vec![RuleReport {
-                rule: "web".into(),
-                demand,
-                held,
-                denials: 0,
-            }],
-        }
+        ReportRequest::one_rule(host, "web", demand, held)
     }
 
     #[test]

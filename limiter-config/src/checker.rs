@@ -7,7 +7,7 @@ use std::{
 };
 
 use toml::{
-    de::{DeTable, DeValue},
+    de::{DeArray, DeTable, DeValue},
     Spanned,
 };
 
@@ -179,6 +179,49 @@ impl<'t> Checker<'t> {
                 None
             }
         }
+    }
+
+    /// The items of the array `value` is; else a problem saying what the key takes
+    /// (`expected`: "an array of interface names") and what it found.
+    pub fn array<'v, 'i>(
+        &mut self,
+        value: &'v Value<'i>,
+        at: At<'_>,
+        expected: &str,
+    ) -> Option<&'v DeArray<'i>> {
+        match value.get_ref() {
+            DeValue::Array(items) => Some(items),
+            other => {
+                self.report(
+                    value.span(),
+                    at,
+                    format!("expected {expected}, found {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    /// [`Checker::array`], and a problem when it is empty: `name` is the key, `one` what
+    /// one item is ("name at least one {one}").
+    pub fn non_empty_array<'v, 'i>(
+        &mut self,
+        value: &'v Value<'i>,
+        at: At<'_>,
+        expected: &str,
+        name: &str,
+        one: &str,
+    ) -> Option<&'v DeArray<'i>> {
+        let items = self.array(value, at, expected)?;
+        if items.is_empty() {
+            self.report(
+                value.span(),
+                at,
+                format!("{name} is an empty list: name at least one {one}"),
+            );
+            return None;
+        }
+        Some(items)
     }
 
     pub fn string<'v>(&mut self, value: &'v Value<'_>, at: At<'_>) -> Option<&'v str> {

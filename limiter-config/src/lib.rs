@@ -18,6 +18,7 @@
 //! `limiter-service` is their async serving plumbing (tokio, hyper); whatever reads a
 //! config (a simulator, a test) need not build a server.
 
+pub mod cases;
 mod checker;
 mod problem;
 pub mod schema;

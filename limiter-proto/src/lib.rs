@@ -29,6 +29,23 @@ pub const MAX_RULE_LEN: usize = 63;
 /// The response metadata key in which a follower replica names the leader's address.
 pub const LEADER_METADATA: &str = "limiter-leader";
 
+impl pb::ReportRequest {
+    /// A report in this build's protocol version of one rule's demand and held share,
+    /// with no refusals: what tests and tools that speak for one host send.
+    pub fn one_rule(host: &str, rule: &str, demand: u64, held: u64) -> pb::ReportRequest {
+        pb::ReportRequest {
+            version: VERSION,
+            host: host.into(),
+            rules: vec![pb::RuleReport {
+                rule: rule.into(),
+                demand,
+                held,
+                denials: 0,
+            }],
+        }
+    }
+}
+
 /// Why a report is refused (sent back as INVALID_ARGUMENT with this text).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ReportError {

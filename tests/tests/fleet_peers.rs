@@ -16,9 +16,7 @@ use std::{
 };
 
 use common::{join, pki::Pki, Lab, LIMITER};
-use limiter_proto::pb::{
-    allocator_client::AllocatorClient, ReportReply, ReportRequest, RuleReport,
-};
+use limiter_proto::pb::{allocator_client::AllocatorClient, ReportReply, ReportRequest};
 use limiter_tests::{frame::FrameBuilder, scenario::PEER_V4, traffic::SendPlan};
 use limiter_user::maps::Maps;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -138,16 +136,7 @@ fn client(pki: &Pki, cert: &str, port: u16, local: Option<IpAddr>) -> AllocatorC
 }
 
 fn report(host: &str, demand: u64, held: u64) -> ReportRequest {
-    ReportRequest {
-        version: limiter_proto::VERSION,
-        host: host.into(),
-        rules: vec![RuleReport {
-            rule: "web".into(),
-            demand,
-            held,
-            denials: 0,
-        }],
-    }
+    ReportRequest::one_rule(host, "web", demand, held)
 }
 
 fn web_rate(reply: &ReportReply) -> Option<u64> {

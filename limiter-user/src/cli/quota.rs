@@ -1,4 +1,5 @@
 use clap::Subcommand;
+use limiter_service::cli_args::QuotaSetArgs;
 use limiter_user::control::{call, Request};
 
 use super::{print_json, SocketArg};
@@ -16,14 +17,8 @@ pub enum QuotaCommand {
     /// Change a rule's aggregate rate (and burst) now, keeping every bucket. Lasts until
     /// the next reload or restart: edit the config to make it permanent.
     Set {
-        /// Rule name.
-        rule: String,
-        /// New rate, in the rule's unit per second.
-        #[arg(long)]
-        rate: u64,
-        /// New burst (default: keep the current one).
-        #[arg(long)]
-        burst: Option<u64>,
+        #[command(flatten)]
+        quota: QuotaSetArgs,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -54,9 +49,7 @@ pub fn execute(cmd: QuotaCommand) -> anyhow::Result<()> {
             Ok(())
         }
         QuotaCommand::Set {
-            rule,
-            rate,
-            burst,
+            quota: QuotaSetArgs { rule, rate, burst },
             socket,
         } => {
             let q = call(&socket.socket, &Request::QuotaSet { rule, rate, burst })?;

@@ -402,25 +402,13 @@ impl Walk<'_> {
     /// `[[fleet.groups]]`: each group's name (unique, a rule name's alphabet) and
     /// allocators (as `[fleet] allocator`); an address in two groups is refused.
     fn allocator_groups(&mut self, value: &Value<'_>) -> Option<Vec<AllocatorGroup>> {
-        let DeValue::Array(items) = value.get_ref() else {
-            self.report(
-                value.span(),
-                At::top("fleet.groups"),
-                format!(
-                    "expected an array of tables ([[fleet.groups]]), found {}",
-                    value.get_ref().type_str()
-                ),
-            );
-            return None;
-        };
-        if items.is_empty() {
-            self.report(
-                value.span(),
-                At::top("fleet.groups"),
-                "groups is an empty list: name at least one group",
-            );
-            return None;
-        }
+        let items = self.non_empty_array(
+            value,
+            At::top("fleet.groups"),
+            "an array of tables ([[fleet.groups]])",
+            "groups",
+            "group",
+        )?;
         let before = self.count();
         let mut groups: Vec<AllocatorGroup> = Vec::new();
         // Where each name and address was first given, for the duplicate's message.
@@ -567,15 +555,7 @@ impl Walk<'_> {
             path: "interfaces",
             rule: None,
         };
-        let DeValue::Array(items) = value.get_ref() else {
-            self.report(
-                value.span(),
-                at,
-                format!(
-                    "expected an array of interface names, found {}",
-                    value.get_ref().type_str()
-                ),
-            );
+        let Some(items) = self.array(value, at, "an array of interface names") else {
             return Vec::new();
         };
         let mut names: Vec<String> = Vec::new();
@@ -604,15 +584,7 @@ impl Walk<'_> {
             path: "rules",
             rule: None,
         };
-        let DeValue::Array(items) = value.get_ref() else {
-            self.report(
-                value.span(),
-                at,
-                format!(
-                    "expected an array of tables ([[rules]]), found {}",
-                    value.get_ref().type_str()
-                ),
-            );
+        let Some(items) = self.array(value, at, "an array of tables ([[rules]])") else {
             return Vec::new();
         };
         if items.len() > abi::MAX_RULES as usize {
@@ -916,14 +888,7 @@ impl Walk<'_> {
         at: At<'_>,
         unit: Option<Unit>,
     ) -> Option<PerSourceSpec> {
-        let DeValue::Table(table) = value.get_ref() else {
-            self.report(
-                value.span(),
-                at,
-                format!("expected a table, found {}", value.get_ref().type_str()),
-            );
-            return None;
-        };
+        let table = self.table(value, at)?;
         let prefix = at.path;
         self.unknown_keys(table, &PER_SOURCE_KEYS, at);
         let before = self.count();

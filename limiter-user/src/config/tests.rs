@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
 use limiter_common::{abi, gcra::LimitError};
+use limiter_config::cases::ErrorCase;
 
 use super::*;
 
@@ -51,106 +52,22 @@ fn assert_problem(err: &ConfigError, line: usize, field: &str, rule: Option<&str
 
 /// One bad input and what it is told: the only problem of `text`, at the position of the
 /// `^` in it (removed before parsing), on `field` of `rule`, with a message containing
-/// `message`.
-struct Case {
-    name: &'static str,
-    text: String,
-    field: &'static str,
-    rule: Option<String>,
-    message: String,
-}
+/// `message` ([`limiter_config::cases`], shared with the allocator's tests).
+type Case = ErrorCase;
 
 /// A case whose input is a top-level snippet.
-fn top(name: &'static str, text: &str, field: &'static str, message: &str) -> Case {
-    Case {
-        name,
-        text: text.to_string(),
-        field,
-        rule: None,
-        message: message.to_string(),
-    }
+fn top(name: &str, text: &str, field: &str, message: &str) -> Case {
+    ErrorCase::new(name, text, field, message)
 }
 
 /// A case whose input is the body of the rule "contoso-web" (see [`rule`]).
-fn in_rule(name: &'static str, body: &str, field: &'static str, message: &str) -> Case {
-    Case {
-        name,
-        text: rule(body),
-        field,
-        rule: Some("contoso-web".to_string()),
-        message: message.to_string(),
-    }
-}
-
-impl Case {
-    /// The case's field belongs to the rule named `rule`.
-    fn of(self, rule: &str) -> Case {
-        Case {
-            rule: Some(rule.to_string()),
-            ..self
-        }
-    }
-}
-
-/// (line, column), 1-based, of byte `offset` of `text`.
-fn position(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset];
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    (
-        before.matches('\n').count() + 1,
-        before[line_start..].chars().count() + 1,
-    )
-}
-
-impl Case {
-    fn check(&self) -> Result<(), String> {
-        let marker = self
-            .text
-            .find('^')
-            .ok_or("no ^ marks where the problem is")?;
-        let text = self.text.replacen('^', "", 1);
-        let (line, column) = position(&text, marker);
-        let err = match parse(&text) {
-            Ok(_) => return Err(format!("accepted:\n{text}")),
-            Err(err) => err,
-        };
-        let rendered = err.to_string();
-        if err.problems().len() != 1 {
-            return Err(format!("expected one problem, got:\n{rendered}"));
-        }
-        let mut head = format!("{ORIGIN}:{line}:{column}: {}", self.field);
-        if let Some(rule) = &self.rule {
-            head.push_str(&format!(" ({rule:?})"));
-        }
-        head.push_str(": ");
-        if rendered.starts_with(&head) && rendered.contains(&self.message) {
-            Ok(())
-        } else {
-            Err(format!(
-                "expected {head:?} and {:?}, got:\n{rendered}",
-                self.message
-            ))
-        }
-    }
+fn in_rule(name: &str, body: &str, field: &str, message: &str) -> Case {
+    ErrorCase::new(name, &rule(body), field, message).of("contoso-web")
 }
 
 /// Runs every case; a failure names each failing case and what it got.
 fn run(cases: &[Case]) {
-    let failed: Vec<String> = cases
-        .iter()
-        .filter_map(|case| {
-            case.check()
-                .err()
-                .map(|why| format!("{}: {why}", case.name))
-        })
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} cases failed:\n{}",
-        failed.len(),
-        cases.len(),
-        failed.join("\n")
-    );
+    limiter_config::cases::run(cases, ORIGIN, parse);
 }
 
 const FULL: &str = r#"
@@ -708,15 +625,17 @@ fn limit_cases() {
         ("name not ASCII", "ünïcode", "only letters, digits"),
         ("name too long", x64.as_str(), "at most 63"),
     ] {
-        cases.push(Case {
-            name,
-            text: format!(
-                "[[rules]]\nname = ^\"{bad}\"\ndst = \"198.18.0.0/15\"\nrate = 1\nburst = 1\n"
-            ),
-            field: "rules[0].name",
-            rule: Some(bad.to_string()),
-            message: message.to_string(),
-        });
+        cases.push(
+            top(
+                name,
+                &format!(
+                    "[[rules]]\nname = ^\"{bad}\"\ndst = \"198.18.0.0/15\"\nrate = 1\nburst = 1\n"
+                ),
+                "rules[0].name",
+                message,
+            )
+            .of(bad),
+        );
     }
     run(&cases);
 }

@@ -33,12 +33,8 @@ use tokio::{
 
 /// limiter-allocator: the fleet's quota allocator.
 #[derive(Debug, Parser)]
-#[command(
-    name = "limiter-allocator",
-    version,
-    about,
-    after_help = limiter_service::exit::HELP
-)]
+// The command's name is the package's, `limiter-allocator`.
+#[command(version, about, after_help = limiter_service::exit::HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -61,32 +61,32 @@ pub fn render(s: &Snapshot) -> String {
         (
             "limiter_rule_passed_packets_total",
             "Frames the rule passed.",
-            |r| r.passed_packets,
+            |r| r.counters.passed_packets,
         ),
         (
             "limiter_rule_passed_bytes_total",
             "Bytes of the frames the rule passed.",
-            |r| r.passed_bytes,
+            |r| r.counters.passed_bytes,
         ),
         (
             "limiter_rule_dropped_packets_total",
             "Frames the rule dropped (enforce mode).",
-            |r| r.dropped_packets,
+            |r| r.counters.dropped_packets,
         ),
         (
             "limiter_rule_dropped_bytes_total",
             "Bytes of the frames the rule dropped.",
-            |r| r.dropped_bytes,
+            |r| r.counters.dropped_bytes,
         ),
         (
             "limiter_rule_would_drop_packets_total",
             "Frames a shadow-mode rule would have dropped.",
-            |r| r.would_drop_packets,
+            |r| r.counters.would_drop_packets,
         ),
         (
             "limiter_rule_would_drop_bytes_total",
             "Bytes a shadow-mode rule would have dropped.",
-            |r| r.would_drop_bytes,
+            |r| r.counters.would_drop_bytes,
         ),
     ];
     for (name, help, field) in counters {
@@ -337,7 +337,7 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use limiter_common::abi::{GlobalCounters, HeaderCounters};
+    use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
 
     use super::*;
     use crate::stats::{GlobalStats, RuleStats};
@@ -352,12 +352,14 @@ mod tests {
                     state: "standalone",
                     rate: Some(10),
                     burst: Some(5),
-                    passed_packets: 7,
-                    passed_bytes: 700,
-                    dropped_packets: 3,
-                    dropped_bytes: 300,
-                    would_drop_packets: 0,
-                    would_drop_bytes: 0,
+                    counters: RuleCounters {
+                        passed_packets: 7,
+                        passed_bytes: 700,
+                        dropped_packets: 3,
+                        dropped_bytes: 300,
+                        would_drop_packets: 0,
+                        would_drop_bytes: 0,
+                    },
                 }],
                 global: GlobalStats {
                     counters: GlobalCounters {

@@ -2,7 +2,7 @@
 
 use limiter_common::{
     abi::{
-        GlobalCounters, HeaderCounters, RuleConfig, CONTROL_BYPASS, RULE_FAIL_STATIC,
+        GlobalCounters, HeaderCounters, RuleConfig, RuleCounters, CONTROL_BYPASS, RULE_FAIL_STATIC,
         RULE_HAS_AGGREGATE, RULE_SHADOW,
     },
     share::ShareState,
@@ -31,12 +31,9 @@ pub struct RuleStats {
     /// Aggregate rate and burst in the rule's unit; null without an aggregate limit.
     pub rate: Option<u64>,
     pub burst: Option<u64>,
-    pub passed_packets: u64,
-    pub passed_bytes: u64,
-    pub dropped_packets: u64,
-    pub dropped_bytes: u64,
-    pub would_drop_packets: u64,
-    pub would_drop_bytes: u64,
+    /// The kernel's counters, flattened: `passed_packets` … `would_drop_bytes`.
+    #[serde(flatten)]
+    pub counters: RuleCounters,
 }
 
 /// `stats --json`'s `global`: one flat object. The kernel's counter structs are
@@ -94,12 +91,14 @@ fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Er
         state: share_state_at(rule, limiter_fleet::clock::monotonic_ns()).as_str(),
         rate: has_aggregate.then_some(rule.rate),
         burst: has_aggregate.then_some(rule.burst),
-        passed_packets: c.passed_packets,
-        passed_bytes: c.passed_bytes,
-        dropped_packets: c.dropped_packets,
-        dropped_bytes: c.dropped_bytes,
-        would_drop_packets: c.would_drop_packets,
-        would_drop_bytes: c.would_drop_bytes,
+        counters: RuleCounters {
+            passed_packets: c.passed_packets,
+            passed_bytes: c.passed_bytes,
+            dropped_packets: c.dropped_packets,
+            dropped_bytes: c.dropped_bytes,
+            would_drop_packets: c.would_drop_packets,
+            would_drop_bytes: c.would_drop_bytes,
+        },
     })
 }
 
@@ -150,9 +149,9 @@ pub fn render_table(report: &StatsReport) -> String {
             r.mode,
             r.state,
             rate,
-            r.passed_packets,
-            r.dropped_packets,
-            r.would_drop_packets
+            r.counters.passed_packets,
+            r.counters.dropped_packets,
+            r.counters.would_drop_packets
         ));
     }
     if report.bypass {
@@ -249,12 +248,14 @@ mod json_tests {
                 state: ShareState::Standalone.as_str(),
                 rate: Some(10_000),
                 burst: Some(2_000),
-                passed_packets: 0,
-                passed_bytes: 0,
-                dropped_packets: 0,
-                dropped_bytes: 0,
-                would_drop_packets: 0,
-                would_drop_bytes: 0,
+                counters: RuleCounters {
+                    passed_packets: 0,
+                    passed_bytes: 0,
+                    dropped_packets: 0,
+                    dropped_bytes: 0,
+                    would_drop_packets: 0,
+                    would_drop_bytes: 0,
+                },
             }],
             global: GlobalStats {
                 counters: GlobalCounters::default(),

@@ -337,7 +337,7 @@ fn main() -> Result<()> {
     let report = stats::collect(&maps)?;
     println!("\nfinal:\n{}", stats::render_table(&report));
     if let Some(lb) = &lb {
-        let passed: u64 = report.rules.iter().map(|r| r.passed_packets).sum();
+        let passed: u64 = report.rules.iter().map(|r| r.counters.passed_packets).sum();
         println!(
             "stand-in load balancer: saw {} frames; the limiter passed {passed} frames of its \
              rules (the rest it passed: unmatched, non-IP)",

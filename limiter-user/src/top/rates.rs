@@ -64,12 +64,12 @@ pub struct Traffic<T> {
 impl Traffic<u64> {
     pub fn of(rule: &RuleStats) -> Traffic<u64> {
         Traffic {
-            passed_packets: rule.passed_packets,
-            passed_bytes: rule.passed_bytes,
-            dropped_packets: rule.dropped_packets,
-            dropped_bytes: rule.dropped_bytes,
-            would_drop_packets: rule.would_drop_packets,
-            would_drop_bytes: rule.would_drop_bytes,
+            passed_packets: rule.counters.passed_packets,
+            passed_bytes: rule.counters.passed_bytes,
+            dropped_packets: rule.counters.dropped_packets,
+            dropped_bytes: rule.counters.dropped_bytes,
+            would_drop_packets: rule.counters.would_drop_packets,
+            would_drop_bytes: rule.counters.would_drop_bytes,
         }
     }
 
@@ -283,7 +283,7 @@ pub fn compact(value: f64) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
-    use limiter_common::abi::{GlobalCounters, HeaderCounters};
+    use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
     use proptest::prelude::*;
 
     use super::*;
@@ -297,12 +297,14 @@ mod tests {
             state: "standalone",
             rate: Some(1000),
             burst: Some(100),
-            passed_packets: passed,
-            passed_bytes: passed * 100,
-            dropped_packets: dropped,
-            dropped_bytes: dropped * 100,
-            would_drop_packets: 0,
-            would_drop_bytes: 0,
+            counters: RuleCounters {
+                passed_packets: passed,
+                passed_bytes: passed * 100,
+                dropped_packets: dropped,
+                dropped_bytes: dropped * 100,
+                would_drop_packets: 0,
+                would_drop_bytes: 0,
+            },
         }
     }
 
@@ -368,7 +370,7 @@ mod tests {
         let rates = rates(None, &first);
         assert_eq!(rates.elapsed, None);
         assert_eq!(rates.rules[0].per_second, None);
-        assert_eq!(rates.rules[0].stats.dropped_packets, 5);
+        assert_eq!(rates.rules[0].stats.counters.dropped_packets, 5);
         assert_eq!(rates.global[0].total, 3);
         assert_eq!(rates.global[0].per_second, None);
     }

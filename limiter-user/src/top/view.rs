@@ -301,7 +301,7 @@ mod tests {
 
     use std::collections::BTreeMap;
 
-    use limiter_common::abi::{GlobalCounters, HeaderCounters};
+    use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
     use ratatui::{backend::TestBackend, Terminal};
 
     use super::*;
@@ -317,12 +317,14 @@ mod tests {
             state: "leased",
             rate: Some(if unit_bytes { 125_000_000 } else { 1_000 }),
             burst: Some(100),
-            passed_packets: passed,
-            passed_bytes: passed * 1_200,
-            dropped_packets: dropped,
-            dropped_bytes: dropped * 1_200,
-            would_drop_packets: would,
-            would_drop_bytes: would * 1_200,
+            counters: RuleCounters {
+                passed_packets: passed,
+                passed_bytes: passed * 1_200,
+                dropped_packets: dropped,
+                dropped_bytes: dropped * 1_200,
+                would_drop_packets: would,
+                would_drop_bytes: would * 1_200,
+            },
         }
     }
 
@@ -469,9 +471,9 @@ mod tests {
         let lines = draw_lines(&rates, Mode::Totals, None);
         let web = row(&lines, "contoso-web");
         let totals = &after.report.rules[0];
-        assert_eq!(web[5], compact(totals.passed_packets as f64));
-        assert_eq!(web[6], compact(totals.dropped_packets as f64));
-        assert_eq!(web[9], compact(totals.dropped_bytes as f64));
+        assert_eq!(web[5], compact(totals.counters.passed_packets as f64));
+        assert_eq!(web[6], compact(totals.counters.dropped_packets as f64));
+        assert_eq!(web[9], compact(totals.counters.dropped_bytes as f64));
         let text = lines.join("\n");
         assert!(
             text.contains("totals since the maps were created"),

@@ -104,10 +104,24 @@ fn nightly_rust_src() -> Result<()> {
             "minimal",
             "--component",
             "rust-src",
+            "--component",
+            "rustfmt",
         ]))
         .context("the eBPF program needs a nightly toolchain")?;
         return Ok(());
     };
+    // rustfmt.toml's import grouping needs nightly rustfmt (CI checks it).
+    if output_ok(Command::new("rustup").args(["run", "nightly", "rustfmt", "--version"])).is_none()
+    {
+        eprintln!("setup: adding rustfmt to nightly");
+        run_cmd(Command::new("rustup").args([
+            "component",
+            "add",
+            "rustfmt",
+            "--toolchain",
+            "nightly",
+        ]))?;
+    }
     let core_src = Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core");
     if !core_src.exists() {
         eprintln!("setup: adding rust-src to nightly");

@@ -212,6 +212,77 @@ pub fn send_observed(
     })
 }
 
+/// Sends `frames` in turn, one a syscall, as a Poisson process of `rate` frames a second
+/// (exponential gaps drawn from `seed`) for `duration`: the arrivals of many independent
+/// clients, which a small bucket meets with gaps and clumps, where [`send`]'s paced
+/// batches arrive `BATCH` at a time. A sender that falls behind its schedule sends at
+/// once, so a late stretch is denser, never thinner, than planned.
+pub fn send_poisson(
+    socket: &PacketSocket,
+    frames: &[Vec<u8>],
+    rate: f64,
+    duration: Duration,
+    seed: u64,
+) -> Result<SendReport> {
+    if frames.is_empty() || !(rate > 0.0) {
+        bail!("nothing to send: {} frames at {rate}/s", frames.len());
+    }
+    let mut gaps = PoissonGaps::new(rate, seed);
+    let start = Instant::now();
+    let mut due = 0.0f64;
+    let mut sent = 0u64;
+    let mut first: Option<Instant> = None;
+    let mut last = start;
+    loop {
+        due += gaps.next_gap();
+        if due >= duration.as_secs_f64() {
+            break;
+        }
+        let at = start + Duration::from_secs_f64(due);
+        let now = Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+        let frame = &frames[(sent % frames.len() as u64) as usize];
+        if socket.send_batch(&[frame.as_slice()])? == 1 {
+            let now = Instant::now();
+            first.get_or_insert(now);
+            last = now;
+            sent += 1;
+        }
+    }
+    Ok(SendReport {
+        sent,
+        span: last.duration_since(first.unwrap_or(start)),
+    })
+}
+
+/// The gaps of a Poisson process of `rate` events a second, in seconds: exponential, from
+/// xorshift64* (a fixed sequence per seed, so a run can be repeated).
+pub struct PoissonGaps {
+    rate: f64,
+    state: u64,
+}
+
+impl PoissonGaps {
+    pub fn new(rate: f64, seed: u64) -> PoissonGaps {
+        PoissonGaps {
+            rate,
+            state: seed | 1,
+        }
+    }
+
+    pub fn next_gap(&mut self) -> f64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        // 53 bits in (0, 1]: its logarithm is finite.
+        let u = ((self.state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) + 1) as f64
+            / (1u64 << 53) as f64;
+        -u.ln() / self.rate
+    }
+}
+
 /// Counts frames arriving at an interface (after XDP has passed them).
 pub struct Receiver {
     stop: Arc<AtomicBool>,
@@ -323,4 +394,32 @@ fn receive_loop(
         report.socket_drops = u64::from(stats.tp_drops);
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Exponential gaps: mean 1/rate and standard deviation 1/rate (a Poisson process),
+    /// not a pacing with jitter; and the same sequence for the same seed.
+    #[test]
+    fn poisson_gaps_are_exponential() {
+        let rate = 1_200.0;
+        let n = 200_000;
+        let mut gaps = PoissonGaps::new(rate, 7);
+        let drawn: Vec<f64> = (0..n).map(|_| gaps.next_gap()).collect();
+        let mean = drawn.iter().sum::<f64>() / n as f64;
+        let var = drawn.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / n as f64;
+        assert!(
+            (mean * rate - 1.0).abs() < 0.01,
+            "mean {mean} vs {}",
+            1.0 / rate
+        );
+        assert!((var.sqrt() * rate - 1.0).abs() < 0.02, "sd {}", var.sqrt());
+        // P(gap > mean) = e^-1 for an exponential.
+        let above = drawn.iter().filter(|&&g| g > 1.0 / rate).count() as f64 / n as f64;
+        assert!((above - (-1.0f64).exp()).abs() < 0.005, "{above}");
+        let mut again = PoissonGaps::new(rate, 7);
+        assert!(drawn[..100].iter().all(|&g| g == again.next_gap()));
+    }
 }

@@ -1143,3 +1143,83 @@ fn a_host_fails_over_to_the_next_listed_allocator_without_leaving_leased() {
     drop(second);
     daemon.stop();
 }
+
+/// The fleet's steady accuracy at small bursts: a global burst of 12 over 3 hosts (4
+/// tokens a host), each host offered 40 % of the quota as Poisson arrivals (120 % in
+/// all). What the fleet admits is compared with the quota, and the shares in force,
+/// sampled throughout, never sum above it.
+#[test]
+fn at_four_tokens_per_host_the_fleet_admits_its_quota() {
+    const BURST: u64 = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::new(dir.path(), &pki);
+    let labs = hosts(3, &pki, allocator.port);
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    let out = Command::new(Allocator::binary())
+        .args(["quota", "set", "web", "--rate"])
+        .arg(QUOTA.to_string())
+        .args(["--burst", &BURST.to_string(), "--socket"])
+        .arg(allocator.socket())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let offered = QUOTA as f64 * 1.2 / 3.0;
+    let run = Duration::from_secs(16);
+    let senders: Vec<_> = labs
+        .iter()
+        .enumerate()
+        .map(|(i, lab)| {
+            lab.send_poisson_in_background(vec![web_frame(lab)], offered, run, 17 + i as u64)
+        })
+        .collect();
+    wait_state(&all, "web", "leased", Duration::from_secs(8));
+    // Shares settle within a few report intervals of the first demand.
+    std::thread::sleep(Duration::from_millis(10 * REPORT_MS));
+    let bursts: Vec<u64> = labs
+        .iter()
+        .map(|l| l.rule_stats("web")["burst"].as_u64().unwrap())
+        .collect();
+    let before: u64 = counters(&all, "web").iter().map(|c| c.0).sum();
+    let start = Instant::now();
+    let mut peak_in_force = 0;
+    while start.elapsed() < Duration::from_secs(6) {
+        let in_force: u64 = labs.iter().map(web_share).sum();
+        peak_in_force = peak_in_force.max(in_force);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after: u64 = counters(&all, "web").iter().map(|c| c.0).sum();
+    let admitted = (after - before) as f64 / start.elapsed().as_secs_f64();
+    let reports: Vec<_> = senders.into_iter().map(join).collect();
+    let sent: Vec<f64> = reports.iter().map(|r| r.frames_per_second()).collect();
+    eprintln!(
+        "bursts in force {bursts:?}; offered {sent:.0?}/s a host; admitted {admitted:.0}/s = \
+         {:.1} % of the quota {QUOTA}; shares in force peaked at {peak_in_force}/s",
+        100.0 * admitted / QUOTA as f64
+    );
+    assert!(
+        peak_in_force <= QUOTA,
+        "shares in force summed to {peak_in_force}/s"
+    );
+    assert!(
+        sent.iter().all(|&s| s > offered * 0.9),
+        "the senders fell behind: {sent:.0?}/s, planned {offered:.0}/s"
+    );
+    assert!(
+        admitted <= QUOTA as f64 * 1.02,
+        "admitted {admitted:.0}/s over the quota"
+    );
+    assert!(
+        admitted >= QUOTA as f64 * 0.98,
+        "admitted {admitted:.0}/s, {:.1} % of the quota",
+        100.0 * admitted / QUOTA as f64
+    );
+    for d in daemons {
+        d.stop();
+    }
+}

@@ -179,6 +179,15 @@ pub fn traffic(lab: &Lab, rate_per_rule: u64, duration: Duration) -> SendPlan {
     }
 }
 
+/// One frame to the `web` rule's destination, from the lab's peer.
+pub fn web_frame(lab: &Lab) -> Vec<u8> {
+    FrameBuilder::ipv4(PEER_V4, Ipv4Addr::new(198, 18, 0, 2))
+        .macs(lab.pair.peer_mac, lab.pair.host_mac)
+        .udp(1, 9)
+        .frame_len(64)
+        .build()
+}
+
 /// (passed, dropped) of `rule` on each lab, read from the pins.
 pub fn counters(labs: &[&Lab], rule: &str) -> Vec<(u64, u64)> {
     labs.iter()

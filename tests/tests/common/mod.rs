@@ -202,6 +202,22 @@ impl Lab {
         .expect("starting the sender")
     }
 
+    /// `frames` from the peer as a Poisson process ([`limiter_tests::traffic::send_poisson`]).
+    pub fn send_poisson_in_background(
+        &self,
+        frames: Vec<Vec<u8>>,
+        rate: f64,
+        duration: Duration,
+        seed: u64,
+    ) -> std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>> {
+        let peer = self.pair.peer.clone();
+        spawn_in_netns(&self.pair.ns, move || {
+            let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+            limiter_tests::traffic::send_poisson(&socket, &frames, rate, duration, seed)
+        })
+        .expect("starting the sender")
+    }
+
     /// [`Lab::send_in_background`], recording when each batch went out, so that a test
     /// can model what the meter should have admitted of the arrivals that really
     /// happened ([`limiter_tests::scenario::model_admits`]): a sender descheduled while

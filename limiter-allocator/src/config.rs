@@ -99,10 +99,10 @@ section! {
 
 section! {
     /// `[tls]`.
-    TLS_KEYS = "[tls]" {
-        TLS_CA = "ca", Required, Kind::Path, "signs the hosts' client certificates";
-        TLS_CERT = "cert", Required, Kind::Path, "the allocator's certificate";
-        TLS_KEY = "key", Required, Kind::Path, "its key";
+    TLS_KEYS = "[tls]" => #[derive(Clone, Debug, PartialEq, Eq)] struct TlsConfig {
+        TLS_CA = "ca" => ca: PathBuf, Required, Kind::Path, "signs the hosts' client certificates";
+        TLS_CERT = "cert" => cert: PathBuf, Required, Kind::Path, "the allocator's certificate";
+        TLS_KEY = "key" => key: PathBuf, Required, Kind::Path, "its key";
     }
 }
 
@@ -120,14 +120,6 @@ section! {
 /// they may.
 pub fn daemon_max_reports_per_s(report_interval_ms: u64) -> u64 {
     1000u64.div_ceil(report_interval_ms.clamp(1, MIN_REPORT_SPACING_MS))
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq, serde::Serialize)]
@@ -686,26 +678,7 @@ fn peer_limits(
 fn tls(c: &mut Checker<'_>, value: &Value<'_>) -> Option<TlsConfig> {
     let table = c.table(value, At::top("tls"))?;
     c.unknown_keys(table, &TLS_KEYS, At::top("tls"));
-    let mut file = |key: &limiter_config::Key| {
-        let path = format!("tls.{}", key.name);
-        match table.get(key.name) {
-            Some(_) => c.path_key(table, key, At::top(&path)),
-            None => {
-                c.report(
-                    value.span(),
-                    At::top(&path),
-                    format!("{} is required in [tls]", key.name),
-                );
-                None
-            }
-        }
-    };
-    let (ca, cert, key) = (file(&TLS_CA), file(&TLS_CERT), file(&TLS_KEY));
-    Some(TlsConfig {
-        ca: ca?,
-        cert: cert?,
-        key: key?,
-    })
+    TlsConfig::read(c, table, value.span(), "tls")
 }
 
 fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<Quota>> {

@@ -287,7 +287,7 @@ impl<'t> Checker<'t> {
 
     /// A schema row the code reads in a way the row does not describe: a bug of the
     /// program, reported like a problem (never a panic) so a test finds it.
-    fn schema_bug(&mut self, key: &Key, at: At<'_>, what: &str) {
+    pub(crate) fn schema_bug(&mut self, key: &Key, at: At<'_>, what: &str) {
         self.report(
             0..0,
             at,

@@ -21,11 +21,13 @@
 pub mod cases;
 mod checker;
 mod problem;
+mod row;
 pub mod schema;
 mod word;
 
 pub use checker::{At, Checker, Value};
 pub use problem::{read_file, ConfigError, LineIndex, Problem, MAX_CONFIG_BYTES, MAX_PROBLEMS};
+pub use row::{field_path, FromRow};
 pub use schema::{Absent, Key, Kind, Section};
 pub use toml;
 pub use word::{unknown_value, ConfigWord};

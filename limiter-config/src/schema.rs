@@ -132,10 +132,100 @@ impl Section {
     }
 }
 
+/// `KEY is required in [TABLE]` (`KEY is required` at the top level).
+pub fn required_message(section: &Section, key: &Key) -> String {
+    if section.name.is_empty() {
+        format!("{} is required", key.name)
+    } else {
+        format!("{} is required in {}", key.name, section.name)
+    }
+}
+
 /// Defines a [`Section`] and a named [`Key`] constant for each of its rows, so that a
 /// key is one row: `CONST = "name", absent, kind, "help";`.
+///
+/// With `=> struct NAME` after the title, a row may also name the field it fills,
+/// `CONST = "name" => field: Type, absent, kind, "help";`: the macro then defines the
+/// struct of those fields (the help as their doc) and `NAME::read(checker, table,
+/// prefix)`, which reads each by its row ([`FromRow`](crate::FromRow)). A plain key is
+/// then its row alone; rows without a field are read by hand.
 #[macro_export]
 macro_rules! section {
+    ($(#[$meta:meta])* $section:ident = $title:literal => $(#[$smeta:meta])* struct $strukt:ident {
+        $($(#[$kmeta:meta])* $konst:ident = $name:literal $(=> $field:ident : $ty:ty)?,
+            $absent:expr, $kind:expr, $help:literal;)+
+    }) => {
+        $crate::section! {
+            $(#[$meta])* $section = $title {
+                $($(#[$kmeta])* $konst = $name, $absent, $kind, $help;)+
+            }
+        }
+
+        $(#[$smeta])*
+        pub struct $strukt {
+            $($(#[doc = $help] pub $field: $ty,)?)+
+        }
+
+        impl $strukt {
+            /// Each field's key in `table`, read by its row (`None`: wrong or missing,
+            /// reported). `span` is the table's (where a missing required key is
+            /// reported), `prefix` its field path (`""` at the top level).
+            fn read_fields(
+                checker: &mut $crate::Checker<'_>,
+                table: &$crate::toml::de::DeTable<'_>,
+                span: ::std::ops::Range<usize>,
+                prefix: &str,
+            ) -> ($($(::std::option::Option<$ty>,)?)+) {
+                $($(
+                    let path = $crate::field_path(prefix, $name);
+                    let $field = <$ty as $crate::FromRow>::read(
+                        checker,
+                        table,
+                        &$konst,
+                        $crate::At::top(&path),
+                    );
+                    if $konst.required() && table.get($name).is_none() {
+                        checker.report(
+                            span.clone(),
+                            $crate::At::top(&path),
+                            $crate::schema::required_message(&$section, &$konst),
+                        );
+                    }
+                )?)+
+                ($($($field,)?)+)
+            }
+
+            /// Reads every field's key (see `read_fields`); `None` when any is wrong or
+            /// missing. Every problem is reported, not only the first.
+            pub fn read(
+                checker: &mut $crate::Checker<'_>,
+                table: &$crate::toml::de::DeTable<'_>,
+                span: ::std::ops::Range<usize>,
+                prefix: &str,
+            ) -> ::std::option::Option<$strukt> {
+                let ($($($field,)?)+) = Self::read_fields(checker, table, span, prefix);
+                ::std::option::Option::Some($strukt {
+                    $($($field: $field?,)?)+
+                })
+            }
+
+            /// [`Self::read`], a wrong or missing key taking its value from `fallback`,
+            /// so that the checks relating keys see the others as the file gives them.
+            pub fn read_or(
+                checker: &mut $crate::Checker<'_>,
+                table: &$crate::toml::de::DeTable<'_>,
+                span: ::std::ops::Range<usize>,
+                prefix: &str,
+                fallback: &$strukt,
+            ) -> $strukt {
+                let ($($($field,)?)+) = Self::read_fields(checker, table, span, prefix);
+                $strukt {
+                    $($($field: $field
+                        .unwrap_or_else(|| ::std::clone::Clone::clone(&fallback.$field)),)?)+
+                }
+            }
+        }
+    };
     ($(#[$meta:meta])* $section:ident = $title:literal {
         $($(#[$kmeta:meta])* $konst:ident = $name:literal, $absent:expr, $kind:expr, $help:literal;)+
     }) => {
@@ -156,6 +246,8 @@ macro_rules! section {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
     use super::*;
 
     crate::section! {
@@ -169,6 +261,95 @@ mod tests {
             NAME = "name", Absent::Required, Kind::String, "who";
             TABLE = "inner", Absent::Unset("none"), Kind::Table(&INNER), "more";
         }
+    }
+
+    crate::config_enum!(
+        Speed, "speed" {
+            Fast = "fast",
+            Slow = "slow",
+        }
+    );
+
+    crate::section! {
+        PLAIN = "[plain]" => #[derive(Debug, PartialEq)] struct Plain {
+            PLAIN_SPEED = "speed" => speed: Speed, Absent::Str("fast"), Kind::Word(Speed::SPELLINGS), "how fast";
+            PLAIN_COUNT = "count" => count: u8, Absent::Int(3), Kind::Integer { min: 1, max: 9 }, "how many";
+            PLAIN_OTHER = "other", Absent::Unset("none"), Kind::Other("by hand"), "read by hand";
+            PLAIN_LABEL = "label" => label: String, Absent::Required, Kind::String, "a label";
+        }
+    }
+
+    fn read_plain(text: &str) -> (Option<Plain>, String) {
+        let path = std::path::Path::new("t.toml");
+        let Ok(root) = crate::Checker::parse(text, path) else {
+            panic!("not TOML: {text}");
+        };
+        let mut c = crate::Checker::new(text);
+        let plain = Plain::read(&mut c, root.get_ref(), root.span(), "plain");
+        let shown = c
+            .finish(path)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        (plain, shown)
+    }
+
+    /// A struct section: each field read by its row (defaults from the row, bounds and
+    /// words checked, on the field's path), every wrong key reported before `None`.
+    #[test]
+    fn a_struct_section_reads_each_field_by_its_row() {
+        assert_eq!(
+            read_plain("label = \"x\"\n"),
+            (
+                Some(Plain {
+                    speed: Speed::Fast,
+                    count: 3,
+                    label: "x".into()
+                }),
+                String::new()
+            )
+        );
+        assert_eq!(
+            read_plain("speed = \"slow\"\ncount = 9\nlabel = \"y\"\nother = 1\n").0,
+            Some(Plain {
+                speed: Speed::Slow,
+                count: 9,
+                label: "y".into()
+            })
+        );
+        let (plain, shown) = read_plain("speed = \"warp\"\ncount = 10\n");
+        assert_eq!(plain, None);
+        assert_eq!(
+            shown,
+            "t.toml:1:1: plain.label: label is required in [plain]\n\
+             t.toml:1:9: plain.speed: unknown speed \"warp\"; expected one of \"fast\", \"slow\"\n\
+             t.toml:2:9: plain.count: must be between 1 and 9, got 10"
+        );
+        // read_or: a wrong key takes the fallback's value, the others the file's.
+        let text = "speed = \"slow\"\ncount = 0\nlabel = \"z\"\n";
+        let root = crate::Checker::parse(text, std::path::Path::new("t.toml")).unwrap();
+        let mut c = crate::Checker::new(text);
+        let fallback = Plain {
+            speed: Speed::Fast,
+            count: 5,
+            label: "f".into(),
+        };
+        let read = Plain::read_or(&mut c, root.get_ref(), root.span(), "plain", &fallback);
+        assert_eq!(
+            (read, c.count()),
+            (
+                Plain {
+                    speed: Speed::Slow,
+                    count: 5,
+                    label: "z".into()
+                },
+                1
+            )
+        );
+        assert_eq!(
+            PLAIN.names().collect::<Vec<_>>(),
+            ["speed", "count", "other", "label"]
+        );
     }
 
     #[test]

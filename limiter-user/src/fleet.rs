@@ -554,19 +554,21 @@ mod tests {
 
     fn spec() -> FleetSpec {
         FleetSpec {
+            keys: crate::config::FleetKeys {
+                server_name: "allocator".into(),
+                ca: "ca.pem".into(),
+                cert: "cert.pem".into(),
+                key: "key.pem".into(),
+                lease_ttl_ms: 3_000,
+                sticky_max_s: 300,
+                report_interval_ms: 1_000,
+            },
             groups: vec![crate::config::AllocatorGroup {
                 name: String::new(),
                 allocators: vec!["127.0.0.1:1".parse().unwrap()],
             }],
-            server_name: "allocator".into(),
             host_id: "lb001".into(),
-            ca: "ca.pem".into(),
-            cert: "cert.pem".into(),
-            key: "key.pem".into(),
             bind: None,
-            lease_ttl_ms: 3_000,
-            sticky_max_s: 300,
-            report_interval_ms: 1_000,
         }
     }
 

@@ -224,7 +224,7 @@ pub fn send_poisson(
     duration: Duration,
     seed: u64,
 ) -> Result<SendReport> {
-    if frames.is_empty() || !(rate > 0.0) {
+    if frames.is_empty() || !rate.is_finite() || rate <= 0.0 {
         bail!("nothing to send: {} frames at {rate}/s", frames.len());
     }
     let mut gaps = PoissonGaps::new(rate, seed);

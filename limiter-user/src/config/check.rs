@@ -21,10 +21,10 @@ use limiter_config::{
         de::{DeTable, DeValue},
         Spanned,
     },
-    Absent, At, Checker, ConfigError, ConfigWord, Key, Value,
+    Absent, At, Checker, ConfigError, Value,
 };
 
-use super::{schema::*, types::*};
+use super::{schema::*, types::*, words::*};
 
 impl Config {
     /// Reads and validates the config file at `path`.
@@ -52,6 +52,16 @@ impl Default for Config {
 /// The configuration of an empty file: what every schema row says an absent key means.
 fn defaults() -> Config {
     Walk(Checker::new("")).config(&DeTable::new())
+}
+
+/// The top level's plain keys as an empty file has them (no row of theirs is required).
+fn top_key_defaults() -> TopKeys {
+    let mut empty = Checker::new("");
+    TopKeys::read(&mut empty, &DeTable::new(), 0..0, "").unwrap_or_else(|| {
+        unreachable!(
+            "every plain top-level row has a default (the schema's tests read an empty file)"
+        )
+    })
 }
 
 /// The limiter's walk over a file, on the shared checker (whose readers it calls as its
@@ -89,36 +99,6 @@ struct RuleSite {
 type MatchKey = (IpNet, Option<u16>, Proto);
 
 impl Walk<'_> {
-    /// A word key's value, else (absent or wrong: reported) the row's default.
-    fn word_or_default<E: ConfigWord>(&mut self, root: &DeTable<'_>, key: &Key) -> E {
-        self.word_key(root, key, At::top(key.name))
-            .or_else(|| match key.absent {
-                Absent::Str(spelling) => E::from_spelling(spelling).ok(),
-                _ => None,
-            })
-            .unwrap_or(E::all()[0])
-    }
-
-    /// An integer key's value, else (absent or wrong: reported) the row's default.
-    fn integer_or_default(&mut self, root: &DeTable<'_>, key: &Key) -> u64 {
-        self.integer_key(root, key, At::top(key.name))
-            .or(match key.absent {
-                Absent::Int(n) => Some(n),
-                _ => None,
-            })
-            .unwrap_or_default()
-    }
-
-    /// A path key's value, else (absent or wrong: reported) the row's default.
-    fn path_or_default(&mut self, root: &DeTable<'_>, key: &Key) -> PathBuf {
-        self.path_key(root, key, At::top(key.name))
-            .or(match key.absent {
-                Absent::Str(path) => Some(PathBuf::from(path)),
-                _ => None,
-            })
-            .unwrap_or_default()
-    }
-
     fn config(&mut self, root: &DeTable<'_>) -> Config {
         self.unknown_keys(root, &TOP_KEYS, At::top(""));
         let top = At::top;
@@ -127,10 +107,10 @@ impl Walk<'_> {
             Some(value) => self.interfaces(value),
             None => Vec::new(),
         };
-        let xdp_mode: XdpMode = self.word_or_default(root, &XDP_MODE);
-        let xdp_share: XdpShare = self.word_or_default(root, &XDP_SHARE);
-        let xdp_priority = self.integer_or_default(root, &XDP_PRIORITY);
-        let xdp_share_fallback: XdpShareFallback = self.word_or_default(root, &XDP_SHARE_FALLBACK);
+        // A wrong plain key is reported and its row's default stands in for the checks
+        // below (the config then never leaves the checker).
+        let keys = TopKeys::read_or(&mut self.0, root, 0..0, "", &top_key_defaults());
+        let (xdp_mode, xdp_share) = (keys.xdp_mode, keys.xdp_share);
         if xdp_share == XdpShare::Libxdp && xdp_mode == XdpMode::Tc {
             if let Some(value) = root.get("xdp_share") {
                 self.report(
@@ -159,27 +139,16 @@ impl Walk<'_> {
                 );
             }
         }
-        let pin_dir = self.path_or_default(root, &PIN_DIR);
-        let control_socket = self.path_or_default(root, &CONTROL_SOCKET);
         let metrics = self.metrics(root);
-        let max_sources = self.integer_or_default(root, &MAX_SOURCES);
-        let fleet_size = self.integer_or_default(root, &FLEET_SIZE);
         let rules = match root.get(RULES.name) {
             Some(value) => self.rules(value),
             None => Vec::new(),
         };
         let fleet = root.get(FLEET.name).and_then(|value| self.fleet(value));
         let mut config = Config {
+            keys,
             interfaces,
-            xdp_mode,
-            xdp_share,
-            xdp_priority: u32::try_from(xdp_priority).unwrap_or(u32::MAX),
-            xdp_share_fallback,
-            pin_dir,
-            control_socket,
             metrics,
-            max_sources: u32::try_from(max_sources).unwrap_or(MAX_MAX_SOURCES),
-            fleet_size: u32::try_from(fleet_size).unwrap_or(u32::MAX),
             rules,
             fleet,
             handoff: None,
@@ -291,21 +260,7 @@ impl Walk<'_> {
         };
         self.unknown_keys(table, &FLEET_KEYS, At::top("fleet"));
         let before = self.count();
-        let required_path =
-            |this: &mut Self, key: &'static str, path: &'static str| match table.get(key) {
-                Some(v) => this.path(v, top(path)),
-                None => {
-                    this.report(
-                        value.span(),
-                        top(path),
-                        format!("{key} is required in [fleet]"),
-                    );
-                    None
-                }
-            };
-        let ca = required_path(self, "ca", "fleet.ca");
-        let cert = required_path(self, "cert", "fleet.cert");
-        let key = required_path(self, "key", "fleet.key");
+        let keys = FleetKeys::read(&mut self.0, table, value.span(), "fleet");
         let groups = match (table.get("allocator"), table.get("groups")) {
             (Some(v), None) => self
                 .allocator_addresses(v, "fleet.allocator")
@@ -335,9 +290,6 @@ impl Walk<'_> {
                 None
             }
         };
-        let server_name = self
-            .string_key(table, &FLEET_SERVER_NAME, top("fleet.server_name"))
-            .map(str::to_string);
         let host_id = match table.get("host_id") {
             Some(v) => self.string(v, top("fleet.host_id")).map(str::to_string),
             None => Some(default_host_id()),
@@ -367,14 +319,12 @@ impl Walk<'_> {
                 }),
             None => Some(None),
         };
-        let lease_ttl_ms = self.integer_key(table, &FLEET_LEASE_TTL_MS, top("fleet.lease_ttl_ms"));
-        let sticky_max_s = self.integer_key(table, &FLEET_STICKY_MAX_S, top("fleet.sticky_max_s"));
-        let report_interval_ms = self.integer_key(
-            table,
-            &FLEET_REPORT_INTERVAL_MS,
-            top("fleet.report_interval_ms"),
-        );
-        if let (Some(ttl), Some(interval)) = (lease_ttl_ms, report_interval_ms) {
+        if let Some(FleetKeys {
+            lease_ttl_ms: ttl,
+            report_interval_ms: interval,
+            ..
+        }) = keys
+        {
             if interval >= ttl {
                 let at = table
                     .get("report_interval_ms")
@@ -386,16 +336,10 @@ impl Walk<'_> {
             return None;
         }
         Some(FleetSpec {
+            keys: keys?,
             groups: groups?,
-            server_name: server_name?,
             host_id: host_id?,
-            ca: ca?,
-            cert: cert?,
-            key: key?,
             bind: bind?,
-            lease_ttl_ms: lease_ttl_ms?,
-            sticky_max_s: sticky_max_s?,
-            report_interval_ms: report_interval_ms?,
         })
     }
 

@@ -1,8 +1,12 @@
 //! Every key of the config file, once: one row a key (name, what its absence means, how
 //! its value is read, help), a section a table. The unknown-key check accepts exactly
 //! these names, absent keys take these defaults, and a test holds the README and
-//! `limiter.example.toml` to them. A new key is a row here, a field of its struct in
-//! [`super::types`] and the line of [`super::check`] that reads it.
+//! `limiter.example.toml` to them. A plain key (an integer, a word, a path, a string) is
+//! one row here: `CONST = "name" => field: Type, ...` declares its field in [`TopKeys`] or
+//! [`FleetKeys`], read by the row. A key with logic of its own (a list, an address, a key
+//! that needs another) is a row here and its reading in `check`.
+
+use std::path::PathBuf;
 
 use limiter_common::gcra::MAX_RATE;
 use limiter_config::{
@@ -15,7 +19,7 @@ use limiter_fleet::share::{
     DEFAULT_STICKY_MAX_S,
 };
 
-use super::types::{
+use super::words::{
     Mode, Proto, Unit, XdpMode, XdpShare, XdpShareFallback, DEFAULT_CONTROL_SOCKET,
     DEFAULT_METRICS, DEFAULT_PIN_DIR, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, DEFAULT_XDP_PRIORITY,
     MAX_MAX_SOURCES,
@@ -33,28 +37,28 @@ const _: () = assert!(MAX_RATE < u64::MAX);
 
 section! {
     /// The top level of the file.
-    TOP_KEYS = "" {
+    TOP_KEYS = "" => #[derive(Debug, Clone, PartialEq, Eq)] struct TopKeys {
         INTERFACES = "interfaces", Unset("the --iface options"), Other("an array of interface names"),
             "interfaces to attach to";
-        XDP_MODE = "xdp_mode", Str(XdpMode::Auto.as_str()), Word(XdpMode::SPELLINGS),
+        XDP_MODE = "xdp_mode" => xdp_mode: XdpMode, Str(XdpMode::Auto.as_str()), Word(XdpMode::SPELLINGS),
             "how the program is attached";
-        XDP_SHARE = "xdp_share", Str(XdpShare::Exclusive.as_str()), Word(XdpShare::SPELLINGS),
+        XDP_SHARE = "xdp_share" => xdp_share: XdpShare, Str(XdpShare::Exclusive.as_str()), Word(XdpShare::SPELLINGS),
             "whether the limiter has the XDP hook to itself";
-        XDP_PRIORITY = "xdp_priority", Int(DEFAULT_XDP_PRIORITY as u64),
+        XDP_PRIORITY = "xdp_priority" => xdp_priority: u32, Int(DEFAULT_XDP_PRIORITY as u64),
             Integer { min: 0, max: u32::MAX as u64 },
             "run priority in a libxdp dispatcher (with xdp_share = \"libxdp\")";
-        XDP_SHARE_FALLBACK = "xdp_share_fallback", Str(XdpShareFallback::None.as_str()),
+        XDP_SHARE_FALLBACK = "xdp_share_fallback" => xdp_share_fallback: XdpShareFallback, Str(XdpShareFallback::None.as_str()),
             Word(XdpShareFallback::SPELLINGS),
             "what xdp_share = \"libxdp\" does where the kernel refuses freplace";
-        PIN_DIR = "pin_dir", Str(DEFAULT_PIN_DIR), Kind::Path, "where the maps are pinned";
-        CONTROL_SOCKET = "control_socket", Str(DEFAULT_CONTROL_SOCKET), Kind::Path,
+        PIN_DIR = "pin_dir" => pin_dir: PathBuf, Str(DEFAULT_PIN_DIR), Kind::Path, "where the maps are pinned";
+        CONTROL_SOCKET = "control_socket" => control_socket: PathBuf, Str(DEFAULT_CONTROL_SOCKET), Kind::Path,
             "the daemon's control socket";
         METRICS = "metrics", Str(DEFAULT_METRICS), SocketAddr,
             "Prometheus listen address; \"\" disables";
-        MAX_SOURCES = "max_sources", Int(limiter_common::abi::DEFAULT_MAX_SOURCES as u64),
+        MAX_SOURCES = "max_sources" => max_sources: u32, Int(limiter_common::abi::DEFAULT_MAX_SOURCES as u64),
             Integer { min: 1, max: MAX_MAX_SOURCES as u64 },
             "cells in each row of the per-source sketch";
-        FLEET_SIZE = "fleet_size", Int(DEFAULT_FLEET_SIZE as u64),
+        FLEET_SIZE = "fleet_size" => fleet_size: u32, Int(DEFAULT_FLEET_SIZE as u64),
             Integer { min: 1, max: u32::MAX as u64 },
             "hosts sharing a quota while bootstrapping (quota / fleet_size)";
         RULES = "rules", Unset("no rules"), Tables(&RULE_KEYS), "the rules, in file order";
@@ -68,26 +72,26 @@ section! {
 
 section! {
     /// `[fleet]`.
-    FLEET_KEYS = "[fleet]" {
+    FLEET_KEYS = "[fleet]" => #[derive(Debug, Clone, PartialEq, Eq)] struct FleetKeys {
         FLEET_ALLOCATOR = "allocator", Unset("required unless groups"),
             Other("address:port, or a list of them"),
             "the allocator's gRPC address (replicas: every replica's, tried in order)";
         FLEET_GROUPS = "groups", Unset("one group: allocator"), Tables(&FLEET_GROUP_KEYS),
             "sharded allocators: each group's name and replicas (instead of allocator)";
-        FLEET_SERVER_NAME = "server_name", Str("limiter-allocator"), Kind::String,
+        FLEET_SERVER_NAME = "server_name" => server_name: String, Str("limiter-allocator"), Kind::String,
             "the name in the allocator's certificate";
         FLEET_HOST_ID = "host_id", Unset("the hostname"), Kind::String,
             "this host's fleet-unique id, a name of cert";
-        FLEET_CA = "ca", Required, Kind::Path, "CA of the allocator's certificate";
-        FLEET_CERT = "cert", Required, Kind::Path, "this host's client certificate";
-        FLEET_KEY = "key", Required, Kind::Path, "this host's client key";
+        FLEET_CA = "ca" => ca: PathBuf, Required, Kind::Path, "CA of the allocator's certificate";
+        FLEET_CERT = "cert" => cert: PathBuf, Required, Kind::Path, "this host's client certificate";
+        FLEET_KEY = "key" => key: PathBuf, Required, Kind::Path, "this host's client key";
         FLEET_BIND = "bind", Unset("chosen by the kernel"), IpAddr,
             "local address for allocator traffic";
-        FLEET_LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS),
+        FLEET_LEASE_TTL_MS = "lease_ttl_ms" => lease_ttl_ms: u64, Int(DEFAULT_LEASE_TTL_MS),
             Integer { min: 1, max: 3_600_000 }, "how long a grant is valid";
-        FLEET_STICKY_MAX_S = "sticky_max_s", Int(DEFAULT_STICKY_MAX_S),
+        FLEET_STICKY_MAX_S = "sticky_max_s" => sticky_max_s: u64, Int(DEFAULT_STICKY_MAX_S),
             Integer { min: 1, max: 86_400 * 30 }, "how long a lapsed share is kept";
-        FLEET_REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS),
+        FLEET_REPORT_INTERVAL_MS = "report_interval_ms" => report_interval_ms: u64, Int(DEFAULT_REPORT_INTERVAL_MS),
             Integer { min: 1, max: 3_600_000 }, "how often the host reports";
     }
 }

@@ -49,28 +49,7 @@ impl Group {
 
     /// `n` replicas on `etcd`, replica `i`'s `[election]` table ending with `extra(i)`.
     fn over(pki: &Pki, etcd: Etcd, n: usize, extra: impl Fn(usize) -> String) -> Group {
-        let mut replicas = Vec::new();
-        let mut metrics = Vec::new();
-        let mut dirs = Vec::new();
-        for i in 0..n {
-            let d = tempfile::tempdir().unwrap();
-            let m = free_port();
-            let election = format!(
-                "[election]\netcd = [\"{}\"]\nttl_ms = {ELECTION_TTL}\n{}",
-                etcd.endpoint(i),
-                extra(i)
-            );
-            replicas.push(Allocator::configured(
-                d.path(),
-                pki,
-                Some(m),
-                LEASE,
-                REPORT,
-                &election,
-            ));
-            metrics.push(m);
-            dirs.push(d);
-        }
+        let (Members { replicas, metrics }, dirs) = replicas_on(pki, &etcd, 0..n, extra);
         Group {
             etcd,
             replicas,
@@ -609,6 +588,40 @@ fn over_tls_etcd_is_verified_and_a_replica_that_cannot_verify_it_never_leads() {
     assert_eq!(g.leaders().len(), 1, "{:?}", g.roles());
 }
 
+/// Replicas started on `etcd`, replica `i` (of `ids`) reaching it at its own endpoint,
+/// each with metrics, and its `[election]` table ending with `extra(i)`; with the
+/// directories that hold their files.
+fn replicas_on(
+    pki: &Pki,
+    etcd: &Etcd,
+    ids: std::ops::Range<usize>,
+    extra: impl Fn(usize) -> String,
+) -> (Members, Vec<tempfile::TempDir>) {
+    let mut replicas = Vec::new();
+    let mut metrics = Vec::new();
+    let mut dirs = Vec::new();
+    for i in ids {
+        let d = tempfile::tempdir().unwrap();
+        let m = free_port();
+        let election = format!(
+            "[election]\netcd = [\"{}\"]\nttl_ms = {ELECTION_TTL}\n{}",
+            etcd.endpoint(i),
+            extra(i)
+        );
+        replicas.push(Allocator::configured(
+            d.path(),
+            pki,
+            Some(m),
+            LEASE,
+            REPORT,
+            &election,
+        ));
+        metrics.push(m);
+        dirs.push(d);
+    }
+    (Members { replicas, metrics }, dirs)
+}
+
 /// The etcd prefix of the sharded tests' rule → group assignment.
 const SHARDS: &str = "limiter/shards";
 /// The sharded tests' two groups: `web` is the first's, `cap` the second's.
@@ -678,28 +691,11 @@ impl Sharded {
         let mut groups = Vec::new();
         let mut dirs = Vec::new();
         for (k, name) in GROUPS.iter().enumerate() {
-            let mut replicas = Vec::new();
-            let mut metrics = Vec::new();
-            for i in 2 * k..2 * k + 2 {
-                let d = tempfile::tempdir().unwrap();
-                let m = free_port();
-                let election = format!(
-                    "[election]\netcd = [\"{}\"]\nttl_ms = {ELECTION_TTL}\nname = \"{name}\"\n\
-                     shards = \"{SHARDS}\"\n",
-                    etcd.endpoint(i),
-                );
-                replicas.push(Allocator::configured(
-                    d.path(),
-                    pki,
-                    Some(m),
-                    LEASE,
-                    REPORT,
-                    &election,
-                ));
-                metrics.push(m);
-                dirs.push(d);
-            }
-            groups.push(Members { replicas, metrics });
+            let (members, d) = replicas_on(pki, &etcd, 2 * k..2 * k + 2, |_| {
+                format!("name = \"{name}\"\nshards = \"{SHARDS}\"\n")
+            });
+            groups.push(members);
+            dirs.extend(d);
         }
         Sharded {
             groups,

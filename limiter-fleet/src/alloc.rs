@@ -88,6 +88,21 @@ pub struct Report {
     pub held: u64,
 }
 
+/// What a host counted for a rule since its previous report (the credit's input).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Frames admitted (its credit included).
+    pub admitted: u64,
+    /// Frames refused.
+    pub denials: u64,
+    /// Frames admitted on credit (refused by the bucket, admitted by the credit).
+    pub credited: u64,
+}
+
+/// Frame-nanoseconds per frame: the credit's level is kept in frames × 10⁻⁹ so that
+/// `share × elapsed` needs no rounding.
+const FRAME: i128 = 1_000_000_000;
+
 #[derive(Clone, Copy, Debug)]
 struct HostState {
     /// This host's part of the last allocation (outside learning).
@@ -101,12 +116,37 @@ struct HostState {
     /// The share last granted to this host (outstanding until its lease lapses); `None`
     /// while it holds no grant (BOOTSTRAP, or no grant while learning).
     granted: Option<u64>,
+    /// Frames it refused in its last reported interval (0 without usage).
+    denials: u64,
+    /// The shares it held since its last report, integrated over time (frame-ns) up
+    /// to `held_since`: what it could use, against which its usage is measured.
+    entitled: i128,
+    held_since: u64,
+    /// Whether it held a positive share through its whole current interval (its grant
+    /// before the last one was positive too): only then does its usage say what a bucket
+    /// of that share wastes (a host that just took over from BOOTSTRAP or a closed share
+    /// starts with at most one token, and its grant reached it half a round trip late).
+    steady: bool,
 }
 
 impl HostState {
     /// What this host enforces under its grant (a zero grant is closed: nothing).
     fn enforced(&self) -> u64 {
         self.granted.unwrap_or(0)
+    }
+
+    /// A host with demand that has not held a positive share for a whole interval yet
+    /// (BOOTSTRAP, a first grant, a closed share whose demand appeared).
+    fn joining(&self) -> bool {
+        !self.steady && self.demand > 0
+    }
+
+    /// Adds the share held since `held_since` to `entitled` (before the share changes,
+    /// and at a report).
+    fn entitle(&mut self, now: u64) {
+        let held = i128::from(now.saturating_sub(self.held_since));
+        self.entitled += i128::from(self.enforced()) * held;
+        self.held_since = now;
     }
 }
 
@@ -138,12 +178,41 @@ pub struct RuleAllocator {
     held_sum: u64,
     /// No host lapses before this (a lower bound: the oldest report plus the TTL).
     next_expiry: u64,
+    /// The most credit (frames) the fleet may hold at once; 0: no credit. See
+    /// [`RuleAllocator::report_usage`].
+    pub credit_cap: u64,
+    /// The credit level (frame-nanoseconds): quota the fleet left unused, net of what it
+    /// admitted beyond its shares, clamped to `[0, min(credit_cap, denials_sum)]`.
+    credit_level: i128,
+    /// Σ of the hosts' last reported denials.
+    denials_sum: u64,
+    /// Hosts with demand that are not `steady` (BOOTSTRAP, a first grant, a closed share):
+    /// no credit is granted while there are any, since their bootstrap frames are
+    /// outside every share (the design's bootstrap budget) and a credit must not add to
+    /// them.
+    joining: usize,
+    /// Whether a host's unused share counts towards the level even when its demand fell
+    /// well below the share (a loser of issue 17, kept for the simulator's comparison:
+    /// hosts a demand shift leaves idle then wind the level up, and the fleet overshoots
+    /// once the shares have followed the shift).
+    pub credit_idle_unused: bool,
+    /// Carried remainder of the credit split (so rounding loses nothing).
+    credit_carry: u128,
+    /// While learning, a host that holds nothing (BOOTSTRAP, or FAIL_OPEN after an
+    /// outage longer than sticky_max) is granted this (the hosts' bootstrap share,
+    /// quota ÷ fleet_size) with one token, capped like every grant by what the others
+    /// hold, instead of nothing: a FAIL_OPEN host is limited at once rather than pass
+    /// everything for the learning period. 0: it gets nothing while learning.
+    pub learning_joiner_share: u64,
 }
 
 /// While learning: renew what a host holds, scaled down if together the hosts' holdings
-/// (`held_sum`) exceed the quota; a host holding nothing stays in bootstrap.
-fn renewal(h: &HostState, held_sum: u64, quota: u64) -> Allocation {
-    let share = if held_sum > quota {
+/// (`held_sum`) exceed the quota; a host holding nothing gets `joiner` (a joiner's share,
+/// quota ÷ fleet_size; 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends).
+fn renewal(h: &HostState, held_sum: u64, quota: u64, joiner: u64) -> Allocation {
+    let share = if h.held == 0 {
+        joiner
+    } else if held_sum > quota {
         (u128::from(h.held) * u128::from(quota) / u128::from(held_sum)) as u64
     } else {
         h.held
@@ -182,6 +251,13 @@ impl RuleAllocator {
             enforced_sum: 0,
             held_sum: 0,
             next_expiry: u64::MAX,
+            credit_cap: 0,
+            credit_level: 0,
+            denials_sum: 0,
+            credit_idle_unused: false,
+            joining: 0,
+            credit_carry: 0,
+            learning_joiner_share: 0,
         }
     }
 
@@ -213,25 +289,88 @@ impl RuleAllocator {
     /// never below the newest): growth is seen at once, a drop counts fully from the
     /// second report that shows it, and one noisy interval moves a share by half.
     pub fn report(&mut self, host: &str, report: Report, now: u64) {
+        self.report_usage(host, report, None, now);
+    }
+
+    /// [`RuleAllocator::report`] with what the host admitted and refused since its last
+    /// report: the input of the credit (DRL's "unused share reassigned").
+    ///
+    /// Each host's bucket wastes tokens whenever it is full (at a few tokens per host,
+    /// Poisson arrivals overflow often), while others refuse frames: the fleet admits
+    /// less than its quota. The allocator keeps a credit level, a virtual global bucket
+    /// of `credit_cap` frames: each report adds what the host left unused of the share it
+    /// was granted (`share × elapsed − admitted`, negative when it admitted more, its
+    /// credit included), and the level is clamped to `[0, min(credit_cap, Σ denials)]`
+    /// (never more credit than frames the fleet refused in its last intervals). Grants
+    /// to saturated hosts that refused frames carry their part of the level as a credit
+    /// (in proportion to their shares, at most what each refused): one-time frames
+    /// beyond the bucket, replaced by the next grant. Shares (rates) are untouched, so
+    /// they still sum to at most the quota; the credits outstanding sum to at most the
+    /// level, so at most `credit_cap`. The level is an integrator of the fleet's
+    /// shortfall: over n report intervals the fleet admits at most n × quota × interval
+    /// + the level at the start + the buckets' bursts.
+    pub fn report_usage(&mut self, host: &str, report: Report, usage: Option<Usage>, now: u64) {
+        let learning = self.learning(now);
+        if let (Some(u), Some(h)) = (usage, self.hosts.get_mut(host)) {
+            // What the bucket refused: a credit spent on a frame does not make it less
+            // wanted (else the credit would cap itself).
+            let refused = u.denials.saturating_add(u.credited);
+            self.denials_sum = self.denials_sum - h.denials + refused;
+            h.denials = refused;
+            if self.credit_cap > 0 && !learning {
+                h.entitle(now);
+                if h.steady {
+                    let mut unused = h.entitled - i128::from(u.admitted) * FRAME;
+                    // Offered well below its share (by more than three standard
+                    // deviations of Poisson arrivals): its demand fell (a host a shift
+                    // left idle, a flash crowd gone), and the allocation moves that share
+                    // within a few intervals by itself; a credit for it too would
+                    // overshoot once it has. Short of that, what it left unused is what
+                    // its bucket wasted, to be reassigned.
+                    let entitled = u64::try_from(h.entitled / FRAME).unwrap_or(0);
+                    let offered = u.admitted.saturating_add(u.denials);
+                    let fell = offered.saturating_add(3 * entitled.isqrt()) < entitled;
+                    if !self.credit_idle_unused && fell {
+                        unused = unused.min(0);
+                    }
+                    let top = i128::from(self.credit_cap.min(self.denials_sum)) * FRAME;
+                    self.credit_level = (self.credit_level + unused).clamp(0, top);
+                }
+            }
+        } else if usage.is_none() {
+            if let Some(h) = self.hosts.get_mut(host) {
+                self.denials_sum -= h.denials;
+                h.denials = 0;
+            }
+        }
+        if let Some(h) = self.hosts.get_mut(host) {
+            h.entitled = 0;
+            h.held_since = now;
+        }
         if self
             .last_heard
             .is_some_and(|t| now.saturating_sub(t) > ns(self.lease_ttl))
         {
             self.learning_until = now.saturating_add(ns(self.lease_ttl));
             self.computed = None;
+            self.credit_level = 0;
         }
         self.last_heard = Some(now);
         self.next_expiry = self.next_expiry.min(now.saturating_add(ns(self.lease_ttl)));
         match self.hosts.get_mut(host) {
             Some(h) => {
                 self.held_sum = self.held_sum - h.held + report.held;
+                let was = h.joining();
                 h.demand = report.demand.max(h.reported / 2 + report.demand / 2);
+                self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
                 h.reported = report.demand;
                 h.held = report.held;
                 h.last_report = now;
             }
             None => {
+                self.joining += usize::from(report.demand > 0);
                 self.held_sum += report.held;
+                self.denials_sum += usage.map_or(0, |u| u.denials.saturating_add(u.credited));
                 self.computed = None;
                 self.hosts.insert(
                     host.to_string(),
@@ -245,6 +384,10 @@ impl RuleAllocator {
                         held: report.held,
                         last_report: now,
                         granted: None,
+                        denials: usage.map_or(0, |u| u.denials.saturating_add(u.credited)),
+                        entitled: 0,
+                        held_since: now,
+                        steady: false,
                     },
                 );
             }
@@ -264,6 +407,8 @@ impl RuleAllocator {
             self.computed = None;
             self.enforced_sum = self.hosts.values().map(HostState::enforced).sum();
             self.held_sum = self.hosts.values().map(|h| h.held).sum();
+            self.denials_sum = self.hosts.values().map(|h| h.denials).sum();
+            self.joining = self.hosts.values().filter(|h| h.joining()).count();
         }
         self.next_expiry = self
             .hosts
@@ -271,6 +416,11 @@ impl RuleAllocator {
             .map(|h| h.last_report.saturating_add(ttl))
             .min()
             .unwrap_or(u64::MAX);
+    }
+
+    /// The credit level, in frames (see [`RuleAllocator::report_usage`]).
+    pub fn credit_level(&self) -> u64 {
+        u64::try_from(self.credit_level / FRAME).unwrap_or(0)
     }
 
     pub fn hosts(&self) -> usize {
@@ -305,7 +455,7 @@ impl RuleAllocator {
         self.expire(now);
         let learning = self.learning(now);
         self.refresh(now, learning);
-        self.capped_grant(host, learning)
+        self.capped_grant(host, learning, now)
     }
 
     /// [`RuleAllocator::grant_for`] for several hosts whose reports arrived together:
@@ -318,15 +468,15 @@ impl RuleAllocator {
         self.refresh(now, learning);
         hosts
             .iter()
-            .map(|host| self.capped_grant(host, learning))
+            .map(|host| self.capped_grant(host, learning, now))
             .collect()
     }
 
-    fn capped_grant(&mut self, host: &str, learning: bool) -> Option<Grant> {
+    fn capped_grant(&mut self, host: &str, learning: bool, now: u64) -> Option<Grant> {
         let (quota, held_sum, enforced_sum) = (self.quota, self.held_sum, self.enforced_sum);
         let h = self.hosts.get_mut(host)?;
         let target = if learning {
-            renewal(h, held_sum, quota)
+            renewal(h, held_sum, quota, self.learning_joiner_share)
         } else {
             h.target
         };
@@ -338,11 +488,26 @@ impl RuleAllocator {
         // bootstrap token, as the brief has it: docs/design.md), none after a zero grant
         // (the host had its token in BOOTSTRAP already) and none for a zero grant (closed).
         let tokens = u64::from(h.granted.is_none() && share > 0);
+        h.entitle(now);
+        let was = h.joining();
+        h.steady = h.enforced() > 0 && share > 0;
+        self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
         h.granted = granted;
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
+        let mut credit = 0;
+        if !learning && share > 0 && h.denials > 0 && self.joining == 0 {
+            // The host's part of the level, in proportion to what it refused among what
+            // the fleet refused, and at most that.
+            let level = (self.credit_level / FRAME) as u128;
+            let n = level * u128::from(h.denials) + self.credit_carry;
+            let d = u128::from(self.denials_sum.max(h.denials));
+            self.credit_carry = n % d;
+            credit = u64::try_from(n / d).unwrap_or(u64::MAX).min(h.denials);
+        }
         granted.map(|share| Grant {
             tokens,
+            credit,
             ..self.grant(Allocation { share, saturated })
         })
     }
@@ -377,12 +542,12 @@ impl RuleAllocator {
     fn targets(&mut self, now: u64) -> Vec<Allocation> {
         let learning = self.learning(now);
         self.refresh(now, learning);
-        let (held_sum, quota) = (self.held_sum, self.quota);
+        let (held_sum, quota, joiner) = (self.held_sum, self.quota, self.learning_joiner_share);
         self.hosts
             .values()
             .map(|h| {
                 if learning {
-                    renewal(h, held_sum, quota)
+                    renewal(h, held_sum, quota, joiner)
                 } else {
                     // The share of the last allocation; saturated by the host's demand
                     // now (the allocation may be half an interval old).
@@ -425,6 +590,7 @@ impl RuleAllocator {
             burst: burst.max(1),
             // A zero grant is closed: no token.
             tokens: u64::from(a.share > 0),
+            credit: 0,
             ttl: self.lease_ttl,
             saturated: a.saturated,
         }

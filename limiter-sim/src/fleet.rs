@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use limiter_fleet::{
-    alloc::{allocate, Report, RuleAllocator},
+    alloc::{allocate, Report, RuleAllocator, Usage},
     share::{Enforcement, Grant, Share, ShareState},
 };
 
@@ -25,11 +25,12 @@ use crate::{
     bucket::{Arrivals, Bucket, Counts, Verdict},
     metrics::{state_index, AllocatorStats, RuleSeries, Run, Tick},
     rng::Rng,
-    scenario::{ns, Action, Scenario, ShareStart, Tenant},
+    scenario::{ns, Action, CreditMode, Scenario, ShareStart, Tenant},
     time::{MS, NS_PER_S, STEP},
 };
 
 pub const TICK: u64 = 100 * MS;
+
 /// The hosts' and the allocator's clock reads this at scenario time 0. The allocator
 /// starts at clock 0, so by scenario time 0 it is past its start-up learning period
 /// (restarts are events). But it has heard no report for 60 s, and since limiter-fleet
@@ -57,6 +58,8 @@ struct Pair {
     last_report: u64,
     tick: Counts,
     tick_bootstrap: u64,
+    /// The bucket's `credited` at the last report.
+    credited_at_report: u64,
     /// The share started in the current tick.
     tick_joined: bool,
 }
@@ -95,7 +98,7 @@ impl Pair {
 
     /// The report a host sends now: offered per second since its last report, and the
     /// share it holds (as limiter-user reports it: 0 in BOOTSTRAP and FAIL_OPEN).
-    fn report(&mut self, now: u64) -> Option<Report> {
+    fn report(&mut self, now: u64) -> Option<(Report, Usage)> {
         let share = self.share.as_ref()?;
         let elapsed = now.saturating_sub(self.last_report).max(1);
         let demand =
@@ -104,12 +107,22 @@ impl Pair {
             ShareState::Leased | ShareState::Sticky => share.rate(),
             ShareState::Standalone | ShareState::Bootstrap | ShareState::FailOpen => 0,
         };
+        let credited = self.bucket.as_ref().map_or(0, |b| b.credited);
+        let usage = Usage {
+            admitted: self.since_report.admitted,
+            denials: self.since_report.dropped(),
+            credited: credited - self.credited_at_report,
+        };
+        self.credited_at_report = credited;
         self.since_report = Counts::default();
         self.last_report = now;
-        Some(Report {
-            demand: u64::try_from(demand).unwrap_or(u64::MAX),
-            held,
-        })
+        Some((
+            Report {
+                demand: u64::try_from(demand).unwrap_or(u64::MAX),
+                held,
+            },
+            usage,
+        ))
     }
 }
 
@@ -135,7 +148,7 @@ pub struct Fleet {
     /// (rule, pair) by report phase group.
     groups: Vec<Vec<(u32, u32)>>,
     first_frames: BinaryHeap<Reverse<(u64, u32, u32)>>,
-    reports: VecDeque<InFlight<Report>>,
+    reports: VecDeque<InFlight<(Report, Option<Usage>)>>,
     grants: VecDeque<InFlight<Grant>>,
     allocator_up: bool,
     stats: AllocatorStats,
@@ -146,6 +159,13 @@ pub struct Fleet {
 fn new_allocator(t: &Tenant, sc: &Scenario, now: u64) -> RuleAllocator {
     let mut r = RuleAllocator::new(t.quota, t.burst, sc.params.lease_ttl, now);
     r.refresh_ns = limiter_fleet::alloc::refresh_for(sc.params.report_interval);
+    if sc.credit != CreditMode::Off {
+        r.credit_cap = (t.burst as f64 * sc.credit_cap_bursts).round() as u64;
+    }
+    r.credit_idle_unused = sc.credit_idle_unused;
+    if sc.learning_joiners {
+        r.learning_joiner_share = Share::bootstrap_rate(t.quota, sc.params.fleet_size);
+    }
     r
 }
 
@@ -198,6 +218,7 @@ impl Fleet {
                     last_report: EPOCH,
                     tick: Counts::default(),
                     tick_bootstrap: 0,
+                    credited_at_report: 0,
                     tick_joined: false,
                 });
             }
@@ -255,6 +276,7 @@ impl Fleet {
                 .with_context(|| format!("bootstrap bucket of {}", t.name))?,
         );
         pair.share = Some(share);
+        pair.credited_at_report = 0;
         pair.tick_joined = true;
         pair.t = at;
         pair.last_report = at;
@@ -380,7 +402,7 @@ impl Fleet {
             return;
         }
         pair.advance(now);
-        let Some(mut report) = pair.report(now) else {
+        let Some((mut report, usage)) = pair.report(now) else {
             return;
         };
         if first {
@@ -390,7 +412,7 @@ impl Fleet {
             at: now + self.sc.rtt / 2,
             rule: r,
             pair: p,
-            msg: report,
+            msg: (report, (!first).then_some(usage)),
         });
     }
 
@@ -400,7 +422,7 @@ impl Fleet {
     fn allocator(&mut self, now: u64) {
         self.batch.clear();
         while let Some(m) = self.reports.front().filter(|m| m.at <= now) {
-            let (r, p, report) = (m.rule, m.pair, m.msg);
+            let (r, p, (report, usage)) = (m.rule, m.pair, m.msg);
             self.reports.pop_front();
             if !self.allocator_up {
                 self.stats.lost_reports += 1;
@@ -408,7 +430,8 @@ impl Fleet {
             }
             let rule = &mut self.rules[r as usize];
             let host = rule.pairs[p as usize].host as usize;
-            rule.allocator.report(&self.names[host], report, now);
+            rule.allocator
+                .report_usage(&self.names[host], report, usage, now);
             let second = ((now - EPOCH) / NS_PER_S) as usize;
             if self.stats.reports.len() <= second {
                 self.stats.reports.resize(second + 1, 0);
@@ -453,6 +476,7 @@ impl Fleet {
     /// zero grant) is set: a grant never hands out a fresh burst. This is what
     /// limiter-user does.
     fn deliver_grants(&mut self, now: u64) -> Result<()> {
+        let credit = self.sc.credit;
         while let Some(m) = self.grants.front().filter(|m| m.at <= now) {
             let (r, p, grant) = (m.rule, m.pair, m.msg);
             self.grants.pop_front();
@@ -468,6 +492,13 @@ impl Fleet {
                 .context("applying a grant")?;
             if takes_over {
                 bucket.set_tokens(now, grant.tokens.min(1));
+            }
+            match credit {
+                CreditMode::Off => {}
+                CreditMode::Bank => bucket.credit = grant.credit,
+                CreditMode::Tokens => {
+                    bucket.add_tokens(now, grant.credit);
+                }
             }
             pair.granted = true;
         }

@@ -127,12 +127,23 @@ struct HostState {
     /// of that share wastes (a host that just took over from BOOTSTRAP or a closed share
     /// starts with at most one token, and its grant reached it half a round trip late).
     steady: bool,
+    /// Its last grant was a joiner's share while learning (burst 1).
+    joiner: bool,
+    /// The credit of its last grant (its bucket's credit, at most: it may have spent
+    /// some; the next grant replaces it).
+    credit: u64,
 }
 
 impl HostState {
     /// What this host enforces under its grant (a zero grant is closed: nothing).
     fn enforced(&self) -> u64 {
         self.granted.unwrap_or(0)
+    }
+
+    /// The share it enforces: its grant, or before this allocator granted it one, what
+    /// it said it holds (an earlier allocator's grant).
+    fn in_force(&self) -> u64 {
+        self.granted.unwrap_or(self.held)
     }
 
     /// A host with demand that has not held a positive share for a whole interval yet
@@ -145,7 +156,7 @@ impl HostState {
     /// and at a report).
     fn entitle(&mut self, now: u64) {
         let held = i128::from(now.saturating_sub(self.held_since));
-        self.entitled += i128::from(self.enforced()) * held;
+        self.entitled += i128::from(self.in_force()) * held;
         self.held_since = now;
     }
 }
@@ -196,6 +207,8 @@ pub struct RuleAllocator {
     /// hosts a demand shift leaves idle then wind the level up, and the fleet overshoots
     /// once the shares have followed the shift).
     pub credit_idle_unused: bool,
+    /// Σ of the hosts' `credit`: the credit outstanding, at most `credit_cap`.
+    credit_sum: u64,
     /// Carried remainder of the credit split (so rounding loses nothing).
     credit_carry: u128,
     /// While learning, a host that holds nothing (BOOTSTRAP, or FAIL_OPEN after an
@@ -256,6 +269,7 @@ impl RuleAllocator {
             denials_sum: 0,
             credit_idle_unused: false,
             joining: 0,
+            credit_sum: 0,
             credit_carry: 0,
             learning_joiner_share: 0,
         }
@@ -310,14 +324,15 @@ impl RuleAllocator {
     /// shortfall: over n report intervals the fleet admits at most n × quota × interval
     /// + the level at the start + the buckets' bursts.
     pub fn report_usage(&mut self, host: &str, report: Report, usage: Option<Usage>, now: u64) {
-        let learning = self.learning(now);
         if let (Some(u), Some(h)) = (usage, self.hosts.get_mut(host)) {
             // What the bucket refused: a credit spent on a frame does not make it less
             // wanted (else the credit would cap itself).
             let refused = u.denials.saturating_add(u.credited);
             self.denials_sum = self.denials_sum - h.denials + refused;
             h.denials = refused;
-            if self.credit_cap > 0 && !learning {
+            // Learning too: the level only bounds credits, which are not shares, and a
+            // new leader would otherwise drop to what the buckets alone admit.
+            if self.credit_cap > 0 {
                 h.entitle(now);
                 if h.steady {
                     let mut unused = h.entitled - i128::from(u.admitted) * FRAME;
@@ -388,6 +403,8 @@ impl RuleAllocator {
                         entitled: 0,
                         held_since: now,
                         steady: false,
+                        joiner: false,
+                        credit: 0,
                     },
                 );
             }
@@ -409,6 +426,7 @@ impl RuleAllocator {
             self.held_sum = self.hosts.values().map(|h| h.held).sum();
             self.denials_sum = self.hosts.values().map(|h| h.denials).sum();
             self.joining = self.hosts.values().filter(|h| h.joining()).count();
+            self.credit_sum = self.hosts.values().map(|h| h.credit).sum();
         }
         self.next_expiry = self
             .hosts
@@ -490,25 +508,44 @@ impl RuleAllocator {
         let tokens = u64::from(h.granted.is_none() && share > 0);
         h.entitle(now);
         let was = h.joining();
-        h.steady = h.enforced() > 0 && share > 0;
+        // A joiner's share while learning (burst 1, as BOOTSTRAP) is not steady: its
+        // usage says nothing of what a granted burst wastes.
+        let joiner = learning && h.held == 0;
+        h.steady = h.in_force() > 0 && share > 0 && !joiner && !h.joiner;
+        h.joiner = joiner;
         self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
         h.granted = granted;
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
         let mut credit = 0;
-        if !learning && share > 0 && h.denials > 0 && self.joining == 0 {
+        if share > 0 && h.denials > 0 && self.joining == 0 {
             // The host's part of the level, in proportion to what it refused among what
             // the fleet refused, and at most that.
-            let level = (self.credit_level / FRAME) as u128;
-            let n = level * u128::from(h.denials) + self.credit_carry;
+            let level = u128::try_from(self.credit_level / FRAME).unwrap_or(0);
             let d = u128::from(self.denials_sum.max(h.denials));
+            // (The carry of a split by another sum is below that sum, not this one.)
+            let n = level * u128::from(h.denials) + self.credit_carry.min(d - 1);
             self.credit_carry = n % d;
-            credit = u64::try_from(n / d).unwrap_or(u64::MAX).min(h.denials);
+            credit = u64::try_from((n / d).min(level))
+                .unwrap_or(u64::MAX)
+                .min(h.denials);
         }
-        granted.map(|share| Grant {
-            tokens,
-            credit,
-            ..self.grant(Allocation { share, saturated })
+        // The credit outstanding (this one replacing the host's last) stays within the
+        // cap, whatever the level did since the others' grants.
+        let others_credit = self.credit_sum - h.credit;
+        credit = credit.min(self.credit_cap.saturating_sub(others_credit));
+        h.credit = credit;
+        self.credit_sum = others_credit + credit;
+        // A joiner's share while learning runs as BOOTSTRAP does (burst 1): the grant
+        // only limits a FAIL_OPEN host at once and keeps a BOOTSTRAP one as it was.
+        granted.map(|share| {
+            let g = self.grant(Allocation { share, saturated });
+            Grant {
+                tokens,
+                credit,
+                burst: if joiner { 1 } else { g.burst },
+                ..g
+            }
         })
     }
 
@@ -890,7 +927,285 @@ mod tests {
         assert_eq!(g["b"].rate, 1000);
     }
 
+    /// Two saturated hosts: one wastes part of its share (its bucket overflowed), the
+    /// other refuses frames. The credit level takes what was left unused, at most the
+    /// cap and what the fleet refused; the refusing host's next grant carries it, at
+    /// most what it refused; shares are untouched.
+    #[test]
+    fn unused_quota_is_credited_to_a_host_that_refused_frames() {
+        const S: u64 = 1_000_000_000;
+        let mut r = RuleAllocator::added(1000, 100, Duration::from_secs(3), 0, 10 * S);
+        r.credit_cap = 100;
+        let busy = Report {
+            demand: 700,
+            held: 0,
+        };
+        let mut t = 10 * S;
+        for host in ["a", "b"] {
+            r.report(host, busy, t);
+        }
+        assert_eq!(
+            r.grant_for("a", t).map(|g| (g.rate, g.credit)),
+            Some((500, 0))
+        );
+        assert_eq!(
+            r.grant_for("b", t).map(|g| (g.rate, g.credit)),
+            Some((500, 0))
+        );
+        // Second grants: both held 500 since their first (a steady interval from now on).
+        t += S;
+        for host in ["a", "b"] {
+            r.report_usage(
+                host,
+                Report {
+                    demand: 700,
+                    held: 500,
+                },
+                Some(Usage {
+                    admitted: 500,
+                    denials: 200,
+                    credited: 0,
+                }),
+                t,
+            );
+            assert_eq!(r.grant_for(host, t).map(|g| g.credit), Some(0));
+        }
+        assert_eq!(r.credit_level(), 0);
+        // a admitted 440 of its 500 (60 wasted), refusing 260; b admitted 500.
+        t += S;
+        r.report_usage(
+            "a",
+            Report {
+                demand: 700,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 440,
+                denials: 260,
+                credited: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 60);
+        r.report_usage(
+            "b",
+            Report {
+                demand: 700,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 500,
+                denials: 30,
+                credited: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 60);
+        let a = r.grant_for("a", t).expect("a grant");
+        let b = r.grant_for("b", t).expect("a grant");
+        // In proportion to what each refused (260 : 30), at most that.
+        assert_eq!((a.rate, b.rate), (500, 500));
+        assert_eq!(a.credit + b.credit, 60, "{a:?} {b:?}");
+        assert!(a.credit <= 260 && b.credit <= 30 && b.credit > 0);
+        assert_eq!(r.outstanding(t), 1000);
+        // A lot left unused: the level stops at the cap.
+        t += S;
+        r.report_usage(
+            "a",
+            Report {
+                demand: 700,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 100,
+                denials: 600,
+                credited: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 100);
+        // Nothing refused anywhere: no credit at all.
+        t += S;
+        for host in ["a", "b"] {
+            r.report_usage(
+                host,
+                Report {
+                    demand: 400,
+                    held: 500,
+                },
+                Some(Usage {
+                    admitted: 400,
+                    denials: 0,
+                    credited: 0,
+                }),
+                t,
+            );
+        }
+        assert_eq!(r.credit_level(), 0);
+        assert_eq!(r.grant_for("a", t).map(|g| g.credit), Some(0));
+    }
+
+    /// A host whose demand fell well below its share (a shift left it idle) does not
+    /// feed the credit: the allocation moves its share by itself.
+    #[test]
+    fn a_host_whose_demand_fell_feeds_no_credit() {
+        const S: u64 = 1_000_000_000;
+        let mut r = RuleAllocator::added(1000, 100, Duration::from_secs(3), 0, 10 * S);
+        r.credit_cap = 1000;
+        let mut t = 10 * S;
+        for _ in 0..2 {
+            for host in ["a", "b"] {
+                r.report_usage(
+                    host,
+                    Report {
+                        demand: 700,
+                        held: 500,
+                    },
+                    Some(Usage {
+                        admitted: 500,
+                        denials: 200,
+                        credited: 0,
+                    }),
+                    t,
+                );
+                r.grant_for(host, t);
+            }
+            t += S;
+        }
+        r.report_usage(
+            "a",
+            Report {
+                demand: 0,
+                held: 500,
+            },
+            Some(Usage::default()),
+            t,
+        );
+        r.report_usage(
+            "b",
+            Report {
+                demand: 900,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 500,
+                denials: 400,
+                credited: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 0);
+        // Counted as every host's unused (the loser kept for comparison): 500.
+        r.credit_idle_unused = true;
+        t += S;
+        r.report_usage(
+            "a",
+            Report {
+                demand: 0,
+                held: 500,
+            },
+            Some(Usage::default()),
+            t,
+        );
+        assert_eq!(r.credit_level(), 400, "capped by what the fleet refused");
+    }
+
+    /// A restarted allocator learning: a host holding nothing (FAIL_OPEN after a long
+    /// outage, or BOOTSTRAP) gets the joiner's share with one token at once, capped by
+    /// what the others hold; the holders are renewed; nothing sums above the quota.
+    #[test]
+    fn a_learning_allocator_grants_a_joiners_share_to_hosts_that_hold_nothing() {
+        let ttl = Duration::from_secs(3);
+        let mut r = RuleAllocator::new(1000, 100, ttl, 0);
+        r.learning_joiner_share = 20;
+        assert!(r.learning(1));
+        r.report(
+            "holder",
+            Report {
+                demand: 900,
+                held: 970,
+            },
+            1,
+        );
+        assert_eq!(r.grant_for("holder", 1).map(|g| g.rate), Some(970));
+        for (i, want) in [(0, 20), (1, 10), (2, 0)] {
+            let host = format!("open{i}");
+            r.report(
+                &host,
+                Report {
+                    demand: 500,
+                    held: 0,
+                },
+                2,
+            );
+            let g = r.grant_for(&host, 2);
+            assert_eq!(
+                g.map(|g| (g.rate, g.tokens)),
+                (want > 0).then_some((want, 1))
+            );
+        }
+        assert_eq!(r.outstanding(2), 1000);
+        // Without it (the default), such a host gets nothing while learning.
+        let mut r = RuleAllocator::new(1000, 100, ttl, 0);
+        r.report(
+            "open",
+            Report {
+                demand: 500,
+                held: 0,
+            },
+            2,
+        );
+        assert_eq!(r.grant_for("open", 2), None);
+    }
+
     proptest! {
+
+        /// Hosts reporting usage in any order, shares and demands moving: every credit is
+        /// at most what its host refused; the level never exceeds the cap, what the fleet
+        /// refused, nor what the hosts left unused of their shares (net, since it was
+        /// last 0); the credits outstanding (each host's last) sum to at most the cap; the
+        /// shares in force stay within the quota.
+        #[test]
+        fn credits_stay_within_what_was_left_unused(
+            quota in 1u64..20_000,
+            cap in 1u64..5_000,
+            n in 1usize..8,
+            rounds in prop::collection::vec(
+                prop::collection::vec((0u64..3_000, 0u64..3_000, 0u64..500), 8), 1..25),
+        ) {
+            const S: u64 = 1_000_000_000;
+            let mut r = RuleAllocator::added(quota, quota / 5 + 1, Duration::from_secs(3), 0, 10 * S);
+            r.credit_cap = cap;
+            let mut t = 10 * S;
+            let mut rate = vec![0u64; n];
+            let mut outstanding = vec![0u64; n];
+            // Σ (share × elapsed − admitted) over every report since the level was 0,
+            // positive parts only: an upper bound of what may be credited.
+            let mut unused_since_zero: i128 = 0;
+            for round in &rounds {
+                for i in 0..n {
+                    let (demand, admitted, denials) = round[i];
+                    let host = format!("h{i}");
+                    let before = r.credit_level();
+                    r.report_usage(&host, Report { demand, held: rate[i] }, Some(Usage { admitted, denials, credited: 0 }), t);
+                    let e = i128::from(rate[i]) - i128::from(admitted);
+                    unused_since_zero = if before == 0 { e.max(0) } else { unused_since_zero + e.max(0) };
+                    let level = r.credit_level();
+                    prop_assert!(level <= cap);
+                    prop_assert!(i128::from(level) <= unused_since_zero, "{} > {}", level, unused_since_zero);
+                    if let Some(g) = r.grant_for(&host, t) {
+                        prop_assert!(g.credit <= denials, "credit {} > refused {}", g.credit, denials);
+                        prop_assert!(g.credit <= level);
+                        outstanding[i] = g.credit;
+                        rate[i] = g.rate;
+                    }
+                    prop_assert!(rate.iter().sum::<u64>() <= quota);
+                    let credits: u64 = outstanding.iter().sum();
+                    prop_assert!(credits <= cap, "credits outstanding {} > cap {}", credits, cap);
+                }
+                t += S;
+            }
+        }
         #[test]
         fn shares_are_max_min_fair_and_never_exceed_the_quota(
             quota in 0u64..10_000_000,

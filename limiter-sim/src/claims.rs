@@ -636,11 +636,17 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             scenario: sc.name.clone(),
             expected: format!("LEASED within a lease TTL + interval; then ≤ +{TOLERANCE_PCT:.0} %"),
             simulated: format!(
-                "all LEASED {:.1} s after the return (meanwhile {:+.0} %: hosts that never had \
-                 a grant get none while the new allocator learns, and stay FAIL_OPEN); then \
-                 {:+.1} %",
+                "all LEASED {:.1} s after the return (meanwhile {:+.0} %, {}); then {:+.1} %",
                 f.released_after.unwrap_or(f64::NAN),
                 f.return_peak_pct,
+                if sc.learning_joiners {
+                    "in the second of the return: a host in FAIL_OPEN passes everything until \
+                     its next report reaches the allocator, then runs at a joiner's share \
+                     while it learns"
+                } else {
+                    "hosts that never had a grant get none while the new allocator learns, \
+                     and stay FAIL_OPEN"
+                },
                 f.after_peak_pct
             ),
             verdict: verdict(

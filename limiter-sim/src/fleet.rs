@@ -58,6 +58,11 @@ struct Pair {
     last_report: u64,
     tick: Counts,
     tick_bootstrap: u64,
+    /// When the last grant arrived, and its credit: re-armed at a report when the
+    /// previous report got no grant (the allocator unreachable: a leader crash) while the
+    /// lease holds, so the credit does not stop for a leader's gap.
+    last_grant_at: u64,
+    last_credit: u64,
     /// The bucket's `credited` at the last report.
     credited_at_report: u64,
     /// The share started in the current tick.
@@ -219,6 +224,8 @@ impl Fleet {
                     tick: Counts::default(),
                     tick_bootstrap: 0,
                     credited_at_report: 0,
+                    last_grant_at: 0,
+                    last_credit: 0,
                     tick_joined: false,
                 });
             }
@@ -402,6 +409,17 @@ impl Fleet {
             return;
         }
         pair.advance(now);
+        let interval = ns(self.sc.params.report_interval);
+        if let (Some(share), Some(bucket)) = (&pair.share, &mut pair.bucket) {
+            let unanswered = pair.last_grant_at.saturating_add(interval) < now;
+            if self.sc.credit == CreditMode::Bank
+                && !first
+                && unanswered
+                && share.state(now) == ShareState::Leased
+            {
+                bucket.credit = pair.last_credit;
+            }
+        }
         let Some((mut report, usage)) = pair.report(now) else {
             return;
         };
@@ -501,6 +519,8 @@ impl Fleet {
                 }
             }
             pair.granted = true;
+            pair.last_grant_at = now;
+            pair.last_credit = grant.credit;
         }
         Ok(())
     }

@@ -97,6 +97,9 @@ pub struct Usage {
     pub denials: u64,
     /// Frames admitted on credit (refused by the bucket, admitted by the credit).
     pub credited: u64,
+    /// The credit of the host's last grant (which a learning allocator renews, as it
+    /// renews shares).
+    pub credit: u64,
 }
 
 /// Frame-nanoseconds per frame: the credit's level is kept in frames × 10⁻⁹ so that
@@ -129,6 +132,8 @@ struct HostState {
     steady: bool,
     /// Its last grant was a joiner's share while learning (burst 1).
     joiner: bool,
+    /// The credit it said its last grant carried.
+    credit_held: u64,
     /// The credit of its last grant (its bucket's credit, at most: it may have spent
     /// some; the next grant replaces it).
     credit: u64,
@@ -330,6 +335,7 @@ impl RuleAllocator {
             let refused = u.denials.saturating_add(u.credited);
             self.denials_sum = self.denials_sum - h.denials + refused;
             h.denials = refused;
+            h.credit_held = u.credit;
             // Learning too: the level only bounds credits, which are not shares, and a
             // new leader would otherwise drop to what the buckets alone admit.
             if self.credit_cap > 0 {
@@ -404,6 +410,7 @@ impl RuleAllocator {
                         held_since: now,
                         steady: false,
                         joiner: false,
+                        credit_held: usage.map_or(0, |u| u.credit),
                         credit: 0,
                     },
                 );
@@ -506,11 +513,11 @@ impl RuleAllocator {
         // bootstrap token, as the brief has it: docs/design.md), none after a zero grant
         // (the host had its token in BOOTSTRAP already) and none for a zero grant (closed).
         let tokens = u64::from(h.granted.is_none() && share > 0);
+        let joiner = learning && h.held == 0;
         h.entitle(now);
         let was = h.joining();
         // A joiner's share while learning (burst 1, as BOOTSTRAP) is not steady: its
         // usage says nothing of what a granted burst wastes.
-        let joiner = learning && h.held == 0;
         h.steady = h.in_force() > 0 && share > 0 && !joiner && !h.joiner;
         h.joiner = joiner;
         self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
@@ -518,7 +525,13 @@ impl RuleAllocator {
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
         let mut credit = 0;
-        if share > 0 && h.denials > 0 && self.joining == 0 {
+        if learning {
+            // Learning: what the host holds is renewed, its credit too (an earlier
+            // leader's level, which this one has not measured yet), within the cap.
+            if share > 0 && !joiner {
+                credit = h.credit_held.min(self.credit_cap);
+            }
+        } else if share > 0 && h.denials > 0 && self.joining == 0 {
             // The host's part of the level, in proportion to what it refused among what
             // the fleet refused, and at most that.
             let level = u128::try_from(self.credit_level / FRAME).unwrap_or(0);
@@ -536,6 +549,10 @@ impl RuleAllocator {
         credit = credit.min(self.credit_cap.saturating_sub(others_credit));
         h.credit = credit;
         self.credit_sum = others_credit + credit;
+        if learning {
+            // The renewed credits are the earlier leader's level: this one starts there.
+            self.credit_level = self.credit_level.max(i128::from(self.credit_sum) * FRAME);
+        }
         // A joiner's share while learning runs as BOOTSTRAP does (burst 1): the grant
         // only limits a FAIL_OPEN host at once and keeps a BOOTSTRAP one as it was.
         granted.map(|share| {
@@ -965,6 +982,7 @@ mod tests {
                     admitted: 500,
                     denials: 200,
                     credited: 0,
+                    credit: 0,
                 }),
                 t,
             );
@@ -983,6 +1001,7 @@ mod tests {
                 admitted: 440,
                 denials: 260,
                 credited: 0,
+                credit: 0,
             }),
             t,
         );
@@ -997,6 +1016,7 @@ mod tests {
                 admitted: 500,
                 denials: 30,
                 credited: 0,
+                credit: 0,
             }),
             t,
         );
@@ -1020,6 +1040,7 @@ mod tests {
                 admitted: 100,
                 denials: 600,
                 credited: 0,
+                credit: 0,
             }),
             t,
         );
@@ -1037,6 +1058,7 @@ mod tests {
                     admitted: 400,
                     denials: 0,
                     credited: 0,
+                    credit: 0,
                 }),
                 t,
             );
@@ -1065,6 +1087,7 @@ mod tests {
                         admitted: 500,
                         denials: 200,
                         credited: 0,
+                        credit: 0,
                     }),
                     t,
                 );
@@ -1091,6 +1114,7 @@ mod tests {
                 admitted: 500,
                 denials: 400,
                 credited: 0,
+                credit: 0,
             }),
             t,
         );
@@ -1187,7 +1211,7 @@ mod tests {
                     let (demand, admitted, denials) = round[i];
                     let host = format!("h{i}");
                     let before = r.credit_level();
-                    r.report_usage(&host, Report { demand, held: rate[i] }, Some(Usage { admitted, denials, credited: 0 }), t);
+                    r.report_usage(&host, Report { demand, held: rate[i] }, Some(Usage { admitted, denials, credited: 0, credit: 0 }), t);
                     let e = i128::from(rate[i]) - i128::from(admitted);
                     unused_since_zero = if before == 0 { e.max(0) } else { unused_since_zero + e.max(0) };
                     let level = r.credit_level();

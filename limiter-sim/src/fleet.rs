@@ -58,10 +58,8 @@ struct Pair {
     last_report: u64,
     tick: Counts,
     tick_bootstrap: u64,
-    /// When the last grant arrived, and its credit: re-armed at a report when the
-    /// previous report got no grant (the allocator unreachable: a leader crash) while the
-    /// lease holds, so the credit does not stop for a leader's gap.
-    last_grant_at: u64,
+    /// The last grant's credit: re-armed when a report fails while the lease holds, so
+    /// the credit does not stop for a leader's gap.
     last_credit: u64,
     /// The bucket's `credited` at the last report.
     credited_at_report: u64,
@@ -117,6 +115,7 @@ impl Pair {
             admitted: self.since_report.admitted,
             denials: self.since_report.dropped(),
             credited: credited - self.credited_at_report,
+            credit: self.last_credit,
         };
         self.credited_at_report = credited;
         self.since_report = Counts::default();
@@ -224,7 +223,6 @@ impl Fleet {
                     tick: Counts::default(),
                     tick_bootstrap: 0,
                     credited_at_report: 0,
-                    last_grant_at: 0,
                     last_credit: 0,
                     tick_joined: false,
                 });
@@ -409,12 +407,13 @@ impl Fleet {
             return;
         }
         pair.advance(now);
-        let interval = ns(self.sc.params.report_interval);
         if let (Some(share), Some(bucket)) = (&pair.share, &mut pair.bucket) {
-            let unanswered = pair.last_grant_at.saturating_add(interval) < now;
+            // A report that fails (the allocator unreachable: a leader's crash) re-arms
+            // the last grant's credit while its lease holds, as the next grant would
+            // have (the simulator knows at once; the daemon when the call fails).
             if self.sc.credit == CreditMode::Bank
                 && !first
-                && unanswered
+                && !self.allocator_up
                 && share.state(now) == ShareState::Leased
             {
                 bucket.credit = pair.last_credit;
@@ -519,7 +518,6 @@ impl Fleet {
                 }
             }
             pair.granted = true;
-            pair.last_grant_at = now;
             pair.last_credit = grant.credit;
         }
         Ok(())

@@ -106,7 +106,7 @@ fn main() -> Result<()> {
     } else {
         "cargo xtask sim"
     };
-    report::write(&args.out, &runs, wall, command)?;
+    report::write(&args.out, &runs, wall, &command)?;
     let simulated: u64 = runs.iter().map(|r| r.scenario.duration).sum();
     println!(
         "\n{} s ({:.1} h) simulated in {:.1} s; report: {}",

@@ -688,6 +688,9 @@ mod tests {
     #[test]
     fn without_an_allocator_the_ladder_runs_on_time() {
         let mut s = small(3, 300, 50.0);
+        // The learning period as it was: BOOTSTRAP hosts get nothing while it learns
+        // (with `learning_joiners` they would be LEASED at the bootstrap share at once).
+        s.learning_joiners = false;
         // The allocator goes down at 8 s, not 5 s: it heard no report for the 60 s before
         // the scenario (EPOCH), so since limiter-fleet f8c2187 the first report puts it
         // back into learning for a lease TTL, and BOOTSTRAP hosts (held 0) get no grant
@@ -719,6 +722,25 @@ mod tests {
     }
 
     #[test]
+    fn a_learning_allocator_leases_joiners_at_the_bootstrap_share() {
+        // The second case below with `learning_joiners`: the host's first report finds the
+        // allocator learning and gets the bootstrap share (quota ÷ fleet_size = 100/s) at
+        // once, LEASED, instead of waiting a lease TTL in BOOTSTRAP.
+        let mut s = small(2, 200, 0.0);
+        s.events.push(demand(2 * S, 0, 0..1, 50.0));
+        let run = simulate(&s.finish(7 * S)).unwrap();
+        let r = &run.rules[0];
+        let state = |i: usize, state: ShareState| r.ticks[i].hosts[state_index(state)];
+        // The first frame comes in the tick ending at 2.1 s, the grant a round trip later.
+        let leased = (19..30)
+            .find(|&i| state(i, ShareState::Leased) == 1)
+            .unwrap();
+        assert!(leased <= 21, "leased at tick {leased}");
+        assert_eq!(r.ticks[leased].shares[state_index(ShareState::Leased)], 100);
+        assert_eq!(state(29, ShareState::Bootstrap), 0);
+    }
+
+    #[test]
     fn a_first_frame_bootstraps_and_asks_at_once() {
         // Host 1 carries the rule from the start, so the allocator hears it every report
         // interval (as it hears every configured rule from limiter-user, idle or not);
@@ -727,6 +749,8 @@ mod tests {
         // limiter-fleet f8c2187 a rule the allocator heard nothing about for a lease TTL
         // is learned again first: that case is the second run below.
         let mut s = small(2, 200, 0.0);
+        // As in the ladder test: no joiner's share while learning.
+        s.learning_joiners = false;
         s.events.push(demand(0, 0, 1..2, 20.0));
         s.events.push(demand(5 * S, 0, 0..1, 50.0));
         let run = simulate(&s.finish(7 * S)).unwrap();
@@ -745,6 +769,7 @@ mod tests {
         // allocator learns for a lease TTL from its arrival (62.025 s), and a host in
         // BOOTSTRAP holds nothing to renew, so no grant until the report after 65.025 s.
         let mut s = small(2, 200, 0.0);
+        s.learning_joiners = false;
         s.events.push(demand(2 * S, 0, 0..1, 50.0));
         let run = simulate(&s.finish(7 * S)).unwrap();
         let r = &run.rules[0];

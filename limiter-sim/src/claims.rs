@@ -972,6 +972,8 @@ pub struct CandidatePoint {
     pub admitted_pct: [Option<f64>; 2],
     pub false_pct: [f64; 2],
     pub overshoot_pct: [f64; 2],
+    /// The lowest second's admitted ÷ quota among the seconds offered ≥ 105 % of it.
+    pub lowest_pct: [Option<f64>; 2],
     /// Report intervals until admitted is back within 2 % after each shift (`None`:
     /// never), variant then base.
     pub admitted_back: [Vec<Option<f64>>; 2],
@@ -986,10 +988,19 @@ pub fn candidates(runs: &[Run]) -> Vec<CandidatePoint> {
             .into_iter()
             .map(|(_, _, a)| a)
             .collect();
+        let lowest = r
+            .seconds
+            .get(run.measured())
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.offered * 100 >= r.quota * 105)
+            .map(|c| c.admitted as f64 / r.quota.max(1) as f64 * 100.0)
+            .reduce(f64::min);
         Some((
             f.saturated_admitted_pct,
             f.drops_up.false_pct_of_offered(),
             f.overshoot_up.max_pct,
+            lowest,
             back,
         ))
     };
@@ -997,14 +1008,15 @@ pub fn candidates(runs: &[Run]) -> Vec<CandidatePoint> {
         .filter_map(|run| {
             let (base, _) = run.scenario.name.split_once('+')?;
             let b = runs.iter().find(|x| x.scenario.name == base)?;
-            let (va, vf, vo, vb) = figures(run)?;
-            let (ba, bf, bo, bb) = figures(b)?;
+            let (va, vf, vo, vl, vb) = figures(run)?;
+            let (ba, bf, bo, bl, bb) = figures(b)?;
             Some(CandidatePoint {
                 scenario: run.scenario.name.clone(),
                 base: base.to_string(),
                 admitted_pct: [va, ba],
                 false_pct: [vf, bf],
                 overshoot_pct: [vo, bo],
+                lowest_pct: [vl, bl],
                 admitted_back: [vb, bb],
             })
         })

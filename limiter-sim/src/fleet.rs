@@ -412,6 +412,7 @@ impl Fleet {
             // the last grant's credit while its lease holds, as the next grant would
             // have (the simulator knows at once; the daemon when the call fails).
             if self.sc.credit == CreditMode::Bank
+                && self.sc.credit_rearm
                 && !first
                 && !self.allocator_up
                 && share.state(now) == ShareState::Leased

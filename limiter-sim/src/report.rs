@@ -768,7 +768,8 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
          (`nocredit`: no credit; `tokens`: the credit added to the bucket, at most its burst; \
          `bank-Nx`: the credit bank with a cap of N global bursts; `all-unused`: every host's \
          unused share feeds the credit, also where demand fell; `nojoiners`: no joiner's \
-         share while the allocator learns), beside the same scenario with the winners \
+         share while the allocator learns; `norearm`: a host whose report fails does not \
+         re-arm its last credit), beside the same scenario with the winners \
          (credit bank, cap 1 global burst; a joiner's share while learning). Contoso; \
          admitted ÷ quota over the seconds offered ≥ 105 % of it.\n"
     );
@@ -795,6 +796,7 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
                     fmt_pct(p.overshoot_pct[0]),
                     fmt_pct(p.overshoot_pct[1])
                 ),
+                format!("{} / {}", pct(p.lowest_pct[0]), pct(p.lowest_pct[1])),
                 format!(
                     "{} / {}",
                     back(&p.admitted_back[0]),
@@ -810,6 +812,7 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
             "admitted ÷ quota",
             "false drops (of offered)",
             "max 1 s overshoot",
+            "lowest 1 s ÷ quota",
             "admitted back within 2 % (intervals after each shift)",
         ],
         &rows,

@@ -126,6 +126,9 @@ pub struct Scenario {
     /// `RuleAllocator::credit_idle_unused`: every host's unused share counts towards
     /// the credit, even one whose demand fell (a loser, for comparison).
     pub credit_idle_unused: bool,
+    /// A host whose report fails re-arms its last grant's credit while the lease holds
+    /// (`false`: the credit stops until the next grant, for comparison).
+    pub credit_rearm: bool,
 }
 
 /// Scales the built-in scenarios: the defaults are the design's (docs/design.md, Fleet
@@ -297,6 +300,7 @@ impl Scenario {
             credit_cap_bursts: k.credit_cap_bursts,
             learning_joiners: k.learning_joiners,
             credit_idle_unused: false,
+            credit_rearm: true,
         }
     }
 
@@ -796,5 +800,8 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
     }
     v.push(variant(flash(k), "bank-3x", CreditMode::Bank, 3.0, joiners));
     v.push(variant(outage(k), "nojoiners", credit, cap, false));
+    let mut sc = variant(failover(k), "norearm", credit, cap, joiners);
+    sc.credit_rearm = false;
+    v.push(sc);
     v
 }

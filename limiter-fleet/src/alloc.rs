@@ -1270,12 +1270,17 @@ mod tests {
                 (prop::collection::vec(prop_oneof![Just(0u64), 0u64..50_000], 8), any::<u64>()),
                 1..20),
             refresh in prop_oneof![Just(0u64), 0u64..2_000_000_000],
+            joiner in prop_oneof![Just(0u64), 1u64..5_000],
+            start in prop_oneof![Just(4_000_000_000u64), 0u64..3_000_000_000],
         ) {
             // Whether the allocation is recomputed at every grant or reused for up to
-            // `refresh`, the shares in force stay within the quota.
+            // `refresh`, with or without a joiner's share while learning (from `start`,
+            // inside the learning TTL or after it), the shares in force stay within the
+            // quota.
             let mut r = RuleAllocator::new(quota, quota / 10 + 1, Duration::from_secs(3), 0);
             r.refresh_ns = refresh;
-            let mut now = 4_000_000_000u64;
+            r.learning_joiner_share = joiner;
+            let mut now = start;
             let n = joins.len();
             // The rate each host enforces, as the hosts see it (None: BOOTSTRAP).
             let mut enforced: Vec<Option<u64>> = vec![None; n];

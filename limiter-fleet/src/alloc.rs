@@ -88,6 +88,24 @@ pub struct Report {
     pub held: u64,
 }
 
+/// What a host counted for a rule since its previous report (the credit's input).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Frames admitted (its credit included).
+    pub admitted: u64,
+    /// Frames refused.
+    pub denials: u64,
+    /// Frames admitted on credit (refused by the bucket, admitted by the credit).
+    pub credited: u64,
+    /// The credit of the host's last grant (which a learning allocator renews, as it
+    /// renews shares).
+    pub credit: u64,
+}
+
+/// Frame-nanoseconds per frame: the credit's level is kept in frames × 10⁻⁹ so that
+/// `share × elapsed` needs no rounding.
+const FRAME: i128 = 1_000_000_000;
+
 #[derive(Clone, Copy, Debug)]
 struct HostState {
     /// This host's part of the last allocation (outside learning).
@@ -101,12 +119,50 @@ struct HostState {
     /// The share last granted to this host (outstanding until its lease lapses); `None`
     /// while it holds no grant (BOOTSTRAP, or no grant while learning).
     granted: Option<u64>,
+    /// Frames it refused in its last reported interval (0 without usage).
+    denials: u64,
+    /// The shares it held since its last report, integrated over time (frame-ns) up
+    /// to `held_since`: what it could use, against which its usage is measured.
+    entitled: i128,
+    held_since: u64,
+    /// Whether it held a positive share through its whole current interval (its grant
+    /// before the last one was positive too): only then does its usage say what a bucket
+    /// of that share wastes (a host that just took over from BOOTSTRAP or a closed share
+    /// starts with at most one token, and its grant reached it half a round trip late).
+    steady: bool,
+    /// Its last grant was a joiner's share while learning (burst 1).
+    joiner: bool,
+    /// The credit it said its last grant carried.
+    credit_held: u64,
+    /// The credit of its last grant (its bucket's credit, at most: it may have spent
+    /// some; the next grant replaces it).
+    credit: u64,
 }
 
 impl HostState {
     /// What this host enforces under its grant (a zero grant is closed: nothing).
     fn enforced(&self) -> u64 {
         self.granted.unwrap_or(0)
+    }
+
+    /// The share it enforces: its grant, or before this allocator granted it one, what
+    /// it said it holds (an earlier allocator's grant).
+    fn in_force(&self) -> u64 {
+        self.granted.unwrap_or(self.held)
+    }
+
+    /// A host with demand that has not held a positive share for a whole interval yet
+    /// (BOOTSTRAP, a first grant, a closed share whose demand appeared).
+    fn joining(&self) -> bool {
+        !self.steady && self.demand > 0
+    }
+
+    /// Adds the share held since `held_since` to `entitled` (before the share changes,
+    /// and at a report).
+    fn entitle(&mut self, now: u64) {
+        let held = i128::from(now.saturating_sub(self.held_since));
+        self.entitled += i128::from(self.in_force()) * held;
+        self.held_since = now;
     }
 }
 
@@ -138,12 +194,43 @@ pub struct RuleAllocator {
     held_sum: u64,
     /// No host lapses before this (a lower bound: the oldest report plus the TTL).
     next_expiry: u64,
+    /// The most credit (frames) the fleet may hold at once; 0: no credit. See
+    /// [`RuleAllocator::report_usage`].
+    pub credit_cap: u64,
+    /// The credit level (frame-nanoseconds): quota the fleet left unused, net of what it
+    /// admitted beyond its shares, clamped to `[0, min(credit_cap, denials_sum)]`.
+    credit_level: i128,
+    /// Σ of the hosts' last reported denials.
+    denials_sum: u64,
+    /// Hosts with demand that are not `steady` (BOOTSTRAP, a first grant, a closed share):
+    /// no credit is granted while there are any, since their bootstrap frames are
+    /// outside every share (the design's bootstrap budget) and a credit must not add to
+    /// them.
+    joining: usize,
+    /// Whether a host's unused share counts towards the level even when its demand fell
+    /// well below the share (a loser of issue 17, kept for the simulator's comparison:
+    /// hosts a demand shift leaves idle then wind the level up, and the fleet overshoots
+    /// once the shares have followed the shift).
+    pub credit_idle_unused: bool,
+    /// Σ of the hosts' `credit`: the credit outstanding, at most `credit_cap`.
+    credit_sum: u64,
+    /// Carried remainder of the credit split (so rounding loses nothing).
+    credit_carry: u128,
+    /// While learning, a host that holds nothing (BOOTSTRAP, or FAIL_OPEN after an
+    /// outage longer than sticky_max) is granted this (the hosts' bootstrap share,
+    /// quota ÷ fleet_size) with one token, capped like every grant by what the others
+    /// hold, instead of nothing: a FAIL_OPEN host is limited at once rather than pass
+    /// everything for the learning period. 0: it gets nothing while learning.
+    pub learning_joiner_share: u64,
 }
 
 /// While learning: renew what a host holds, scaled down if together the hosts' holdings
-/// (`held_sum`) exceed the quota; a host holding nothing stays in bootstrap.
-fn renewal(h: &HostState, held_sum: u64, quota: u64) -> Allocation {
-    let share = if held_sum > quota {
+/// (`held_sum`) exceed the quota; a host holding nothing gets `joiner` (a joiner's share,
+/// quota ÷ fleet_size; 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends).
+fn renewal(h: &HostState, held_sum: u64, quota: u64, joiner: u64) -> Allocation {
+    let share = if h.held == 0 {
+        joiner
+    } else if held_sum > quota {
         (u128::from(h.held) * u128::from(quota) / u128::from(held_sum)) as u64
     } else {
         h.held
@@ -182,6 +269,14 @@ impl RuleAllocator {
             enforced_sum: 0,
             held_sum: 0,
             next_expiry: u64::MAX,
+            credit_cap: 0,
+            credit_level: 0,
+            denials_sum: 0,
+            credit_idle_unused: false,
+            joining: 0,
+            credit_sum: 0,
+            credit_carry: 0,
+            learning_joiner_share: 0,
         }
     }
 
@@ -213,25 +308,90 @@ impl RuleAllocator {
     /// never below the newest): growth is seen at once, a drop counts fully from the
     /// second report that shows it, and one noisy interval moves a share by half.
     pub fn report(&mut self, host: &str, report: Report, now: u64) {
+        self.report_usage(host, report, None, now);
+    }
+
+    /// [`RuleAllocator::report`] with what the host admitted and refused since its last
+    /// report: the input of the credit (DRL's "unused share reassigned").
+    ///
+    /// Each host's bucket wastes tokens whenever it is full (at a few tokens per host,
+    /// Poisson arrivals overflow often), while others refuse frames: the fleet admits
+    /// less than its quota. The allocator keeps a credit level, a virtual global bucket
+    /// of `credit_cap` frames: each report adds what the host left unused of the share it
+    /// was granted (`share × elapsed − admitted`, negative when it admitted more, its
+    /// credit included), and the level is clamped to `[0, min(credit_cap, Σ denials)]`
+    /// (never more credit than frames the fleet refused in its last intervals). Grants
+    /// to saturated hosts that refused frames carry their part of the level as a credit
+    /// (in proportion to their shares, at most what each refused): one-time frames
+    /// beyond the bucket, replaced by the next grant. Shares (rates) are untouched, so
+    /// they still sum to at most the quota; the credits outstanding sum to at most the
+    /// level, so at most `credit_cap`. The level is an integrator of the fleet's
+    /// shortfall: over n report intervals the fleet admits at most n × quota × interval
+    /// + the level at the start + the buckets' bursts.
+    pub fn report_usage(&mut self, host: &str, report: Report, usage: Option<Usage>, now: u64) {
+        if let (Some(u), Some(h)) = (usage, self.hosts.get_mut(host)) {
+            // What the bucket refused: a credit spent on a frame does not make it less
+            // wanted (else the credit would cap itself).
+            let refused = u.denials.saturating_add(u.credited);
+            self.denials_sum = self.denials_sum - h.denials + refused;
+            h.denials = refused;
+            h.credit_held = u.credit;
+            // Learning too: the level only bounds credits, which are not shares, and a
+            // new leader would otherwise drop to what the buckets alone admit.
+            if self.credit_cap > 0 {
+                h.entitle(now);
+                if h.steady {
+                    let mut unused = h.entitled - i128::from(u.admitted) * FRAME;
+                    // Offered below an eighth of its share: its demand fell (a host a
+                    // shift left idle, a flash crowd gone), and the allocation moves that
+                    // share within a few intervals by itself; a credit for it too would
+                    // overshoot once it has. Short of that, what it left unused is what
+                    // its bucket wasted, or a share above its demand (one-second counts
+                    // of a few frames, early reports after a burst), to be reassigned.
+                    let entitled = u64::try_from(h.entitled / FRAME).unwrap_or(0);
+                    let offered = u.admitted.saturating_add(u.denials);
+                    let fell = offered.saturating_mul(8) < entitled;
+                    if !self.credit_idle_unused && fell {
+                        unused = unused.min(0);
+                    }
+                    let top = i128::from(self.credit_cap.min(self.denials_sum)) * FRAME;
+                    self.credit_level = (self.credit_level + unused).clamp(0, top);
+                }
+            }
+        } else if usage.is_none() {
+            if let Some(h) = self.hosts.get_mut(host) {
+                self.denials_sum -= h.denials;
+                h.denials = 0;
+            }
+        }
+        if let Some(h) = self.hosts.get_mut(host) {
+            h.entitled = 0;
+            h.held_since = now;
+        }
         if self
             .last_heard
             .is_some_and(|t| now.saturating_sub(t) > ns(self.lease_ttl))
         {
             self.learning_until = now.saturating_add(ns(self.lease_ttl));
             self.computed = None;
+            self.credit_level = 0;
         }
         self.last_heard = Some(now);
         self.next_expiry = self.next_expiry.min(now.saturating_add(ns(self.lease_ttl)));
         match self.hosts.get_mut(host) {
             Some(h) => {
                 self.held_sum = self.held_sum - h.held + report.held;
+                let was = h.joining();
                 h.demand = report.demand.max(h.reported / 2 + report.demand / 2);
+                self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
                 h.reported = report.demand;
                 h.held = report.held;
                 h.last_report = now;
             }
             None => {
+                self.joining += usize::from(report.demand > 0);
                 self.held_sum += report.held;
+                self.denials_sum += usage.map_or(0, |u| u.denials.saturating_add(u.credited));
                 self.computed = None;
                 self.hosts.insert(
                     host.to_string(),
@@ -245,6 +405,13 @@ impl RuleAllocator {
                         held: report.held,
                         last_report: now,
                         granted: None,
+                        denials: usage.map_or(0, |u| u.denials.saturating_add(u.credited)),
+                        entitled: 0,
+                        held_since: now,
+                        steady: false,
+                        joiner: false,
+                        credit_held: usage.map_or(0, |u| u.credit),
+                        credit: 0,
                     },
                 );
             }
@@ -264,6 +431,9 @@ impl RuleAllocator {
             self.computed = None;
             self.enforced_sum = self.hosts.values().map(HostState::enforced).sum();
             self.held_sum = self.hosts.values().map(|h| h.held).sum();
+            self.denials_sum = self.hosts.values().map(|h| h.denials).sum();
+            self.joining = self.hosts.values().filter(|h| h.joining()).count();
+            self.credit_sum = self.hosts.values().map(|h| h.credit).sum();
         }
         self.next_expiry = self
             .hosts
@@ -271,6 +441,11 @@ impl RuleAllocator {
             .map(|h| h.last_report.saturating_add(ttl))
             .min()
             .unwrap_or(u64::MAX);
+    }
+
+    /// The credit level, in frames (see [`RuleAllocator::report_usage`]).
+    pub fn credit_level(&self) -> u64 {
+        u64::try_from(self.credit_level / FRAME).unwrap_or(0)
     }
 
     pub fn hosts(&self) -> usize {
@@ -305,7 +480,7 @@ impl RuleAllocator {
         self.expire(now);
         let learning = self.learning(now);
         self.refresh(now, learning);
-        self.capped_grant(host, learning)
+        self.capped_grant(host, learning, now)
     }
 
     /// [`RuleAllocator::grant_for`] for several hosts whose reports arrived together:
@@ -318,15 +493,15 @@ impl RuleAllocator {
         self.refresh(now, learning);
         hosts
             .iter()
-            .map(|host| self.capped_grant(host, learning))
+            .map(|host| self.capped_grant(host, learning, now))
             .collect()
     }
 
-    fn capped_grant(&mut self, host: &str, learning: bool) -> Option<Grant> {
+    fn capped_grant(&mut self, host: &str, learning: bool, now: u64) -> Option<Grant> {
         let (quota, held_sum, enforced_sum) = (self.quota, self.held_sum, self.enforced_sum);
         let h = self.hosts.get_mut(host)?;
         let target = if learning {
-            renewal(h, held_sum, quota)
+            renewal(h, held_sum, quota, self.learning_joiner_share)
         } else {
             h.target
         };
@@ -338,12 +513,56 @@ impl RuleAllocator {
         // bootstrap token, as the brief has it: docs/design.md), none after a zero grant
         // (the host had its token in BOOTSTRAP already) and none for a zero grant (closed).
         let tokens = u64::from(h.granted.is_none() && share > 0);
+        let joiner = learning && h.held == 0;
+        h.entitle(now);
+        let was = h.joining();
+        // A joiner's share while learning (burst 1, as BOOTSTRAP) is not steady: its
+        // usage says nothing of what a granted burst wastes.
+        h.steady = h.in_force() > 0 && share > 0 && !joiner && !h.joiner;
+        h.joiner = joiner;
+        self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
         h.granted = granted;
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
-        granted.map(|share| Grant {
-            tokens,
-            ..self.grant(Allocation { share, saturated })
+        let mut credit = 0;
+        if learning {
+            // Learning: what the host holds is renewed, its credit too (an earlier
+            // leader's level, which this one has not measured yet), within the cap.
+            if share > 0 && !joiner {
+                credit = h.credit_held.min(self.credit_cap);
+            }
+        } else if share > 0 && h.denials > 0 && self.joining == 0 {
+            // The host's part of the level, in proportion to what it refused among what
+            // the fleet refused, and at most that.
+            let level = u128::try_from(self.credit_level / FRAME).unwrap_or(0);
+            let d = u128::from(self.denials_sum.max(h.denials));
+            // (The carry of a split by another sum is below that sum, not this one.)
+            let n = level * u128::from(h.denials) + self.credit_carry.min(d - 1);
+            self.credit_carry = n % d;
+            credit = u64::try_from((n / d).min(level))
+                .unwrap_or(u64::MAX)
+                .min(h.denials);
+        }
+        // The credit outstanding (this one replacing the host's last) stays within the
+        // cap, whatever the level did since the others' grants.
+        let others_credit = self.credit_sum - h.credit;
+        credit = credit.min(self.credit_cap.saturating_sub(others_credit));
+        h.credit = credit;
+        self.credit_sum = others_credit + credit;
+        if learning {
+            // The renewed credits are the earlier leader's level: this one starts there.
+            self.credit_level = self.credit_level.max(i128::from(self.credit_sum) * FRAME);
+        }
+        // A joiner's share while learning runs as BOOTSTRAP does (burst 1): the grant
+        // only limits a FAIL_OPEN host at once and keeps a BOOTSTRAP one as it was.
+        granted.map(|share| {
+            let g = self.grant(Allocation { share, saturated });
+            Grant {
+                tokens,
+                credit,
+                burst: if joiner { 1 } else { g.burst },
+                ..g
+            }
         })
     }
 
@@ -377,12 +596,12 @@ impl RuleAllocator {
     fn targets(&mut self, now: u64) -> Vec<Allocation> {
         let learning = self.learning(now);
         self.refresh(now, learning);
-        let (held_sum, quota) = (self.held_sum, self.quota);
+        let (held_sum, quota, joiner) = (self.held_sum, self.quota, self.learning_joiner_share);
         self.hosts
             .values()
             .map(|h| {
                 if learning {
-                    renewal(h, held_sum, quota)
+                    renewal(h, held_sum, quota, joiner)
                 } else {
                     // The share of the last allocation; saturated by the host's demand
                     // now (the allocation may be half an interval old).
@@ -425,6 +644,7 @@ impl RuleAllocator {
             burst: burst.max(1),
             // A zero grant is closed: no token.
             tokens: u64::from(a.share > 0),
+            credit: 0,
             ttl: self.lease_ttl,
             saturated: a.saturated,
         }
@@ -724,7 +944,294 @@ mod tests {
         assert_eq!(g["b"].rate, 1000);
     }
 
+    /// Two saturated hosts: one wastes part of its share (its bucket overflowed), the
+    /// other refuses frames. The credit level takes what was left unused, at most the
+    /// cap and what the fleet refused; the refusing host's next grant carries it, at
+    /// most what it refused; shares are untouched.
+    #[test]
+    fn unused_quota_is_credited_to_a_host_that_refused_frames() {
+        const S: u64 = 1_000_000_000;
+        let mut r = RuleAllocator::added(1000, 100, Duration::from_secs(3), 0, 10 * S);
+        r.credit_cap = 100;
+        let busy = Report {
+            demand: 700,
+            held: 0,
+        };
+        let mut t = 10 * S;
+        for host in ["a", "b"] {
+            r.report(host, busy, t);
+        }
+        assert_eq!(
+            r.grant_for("a", t).map(|g| (g.rate, g.credit)),
+            Some((500, 0))
+        );
+        assert_eq!(
+            r.grant_for("b", t).map(|g| (g.rate, g.credit)),
+            Some((500, 0))
+        );
+        // Second grants: both held 500 since their first (a steady interval from now on).
+        t += S;
+        for host in ["a", "b"] {
+            r.report_usage(
+                host,
+                Report {
+                    demand: 700,
+                    held: 500,
+                },
+                Some(Usage {
+                    admitted: 500,
+                    denials: 200,
+                    credited: 0,
+                    credit: 0,
+                }),
+                t,
+            );
+            assert_eq!(r.grant_for(host, t).map(|g| g.credit), Some(0));
+        }
+        assert_eq!(r.credit_level(), 0);
+        // a admitted 440 of its 500 (60 wasted), refusing 260; b admitted 500.
+        t += S;
+        r.report_usage(
+            "a",
+            Report {
+                demand: 700,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 440,
+                denials: 260,
+                credited: 0,
+                credit: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 60);
+        r.report_usage(
+            "b",
+            Report {
+                demand: 700,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 500,
+                denials: 30,
+                credited: 0,
+                credit: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 60);
+        let a = r.grant_for("a", t).expect("a grant");
+        let b = r.grant_for("b", t).expect("a grant");
+        // In proportion to what each refused (260 : 30), at most that.
+        assert_eq!((a.rate, b.rate), (500, 500));
+        assert_eq!(a.credit + b.credit, 60, "{a:?} {b:?}");
+        assert!(a.credit <= 260 && b.credit <= 30 && b.credit > 0);
+        assert_eq!(r.outstanding(t), 1000);
+        // A lot left unused: the level stops at the cap.
+        t += S;
+        r.report_usage(
+            "a",
+            Report {
+                demand: 700,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 100,
+                denials: 600,
+                credited: 0,
+                credit: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 100);
+        // Nothing refused anywhere: no credit at all.
+        t += S;
+        for host in ["a", "b"] {
+            r.report_usage(
+                host,
+                Report {
+                    demand: 400,
+                    held: 500,
+                },
+                Some(Usage {
+                    admitted: 400,
+                    denials: 0,
+                    credited: 0,
+                    credit: 0,
+                }),
+                t,
+            );
+        }
+        assert_eq!(r.credit_level(), 0);
+        assert_eq!(r.grant_for("a", t).map(|g| g.credit), Some(0));
+    }
+
+    /// A host whose demand fell well below its share (a shift left it idle) does not
+    /// feed the credit: the allocation moves its share by itself.
+    #[test]
+    fn a_host_whose_demand_fell_feeds_no_credit() {
+        const S: u64 = 1_000_000_000;
+        let mut r = RuleAllocator::added(1000, 100, Duration::from_secs(3), 0, 10 * S);
+        r.credit_cap = 1000;
+        let mut t = 10 * S;
+        for _ in 0..2 {
+            for host in ["a", "b"] {
+                r.report_usage(
+                    host,
+                    Report {
+                        demand: 700,
+                        held: 500,
+                    },
+                    Some(Usage {
+                        admitted: 500,
+                        denials: 200,
+                        credited: 0,
+                        credit: 0,
+                    }),
+                    t,
+                );
+            }
+            for host in ["a", "b"] {
+                r.grant_for(host, t);
+            }
+            t += S;
+        }
+        r.report_usage(
+            "a",
+            Report {
+                demand: 0,
+                held: 500,
+            },
+            Some(Usage::default()),
+            t,
+        );
+        r.report_usage(
+            "b",
+            Report {
+                demand: 900,
+                held: 500,
+            },
+            Some(Usage {
+                admitted: 500,
+                denials: 400,
+                credited: 0,
+                credit: 0,
+            }),
+            t,
+        );
+        assert_eq!(r.credit_level(), 0);
+        // Counted as every host's unused (the loser kept for comparison): 500.
+        r.credit_idle_unused = true;
+        t += S;
+        r.report_usage(
+            "a",
+            Report {
+                demand: 0,
+                held: 500,
+            },
+            Some(Usage::default()),
+            t,
+        );
+        assert_eq!(r.credit_level(), 400, "capped by what the fleet refused");
+    }
+
+    /// A restarted allocator learning: a host holding nothing (FAIL_OPEN after a long
+    /// outage, or BOOTSTRAP) gets the joiner's share with one token at once, capped by
+    /// what the others hold; the holders are renewed; nothing sums above the quota.
+    #[test]
+    fn a_learning_allocator_grants_a_joiners_share_to_hosts_that_hold_nothing() {
+        let ttl = Duration::from_secs(3);
+        let mut r = RuleAllocator::new(1000, 100, ttl, 0);
+        r.learning_joiner_share = 20;
+        assert!(r.learning(1));
+        r.report(
+            "holder",
+            Report {
+                demand: 900,
+                held: 970,
+            },
+            1,
+        );
+        assert_eq!(r.grant_for("holder", 1).map(|g| g.rate), Some(970));
+        for (i, want) in [(0, 20), (1, 10), (2, 0)] {
+            let host = format!("open{i}");
+            r.report(
+                &host,
+                Report {
+                    demand: 500,
+                    held: 0,
+                },
+                2,
+            );
+            let g = r.grant_for(&host, 2);
+            assert_eq!(
+                g.map(|g| (g.rate, g.tokens)),
+                (want > 0).then_some((want, 1))
+            );
+        }
+        assert_eq!(r.outstanding(2), 1000);
+        // Without it (the default), such a host gets nothing while learning.
+        let mut r = RuleAllocator::new(1000, 100, ttl, 0);
+        r.report(
+            "open",
+            Report {
+                demand: 500,
+                held: 0,
+            },
+            2,
+        );
+        assert_eq!(r.grant_for("open", 2), None);
+    }
+
     proptest! {
+
+        /// Hosts reporting usage in any order, shares and demands moving: every credit is
+        /// at most what its host refused; the level never exceeds the cap, what the fleet
+        /// refused, nor what the hosts left unused of their shares (net, since it was
+        /// last 0); the credits outstanding (each host's last) sum to at most the cap; the
+        /// shares in force stay within the quota.
+        #[test]
+        fn credits_stay_within_what_was_left_unused(
+            quota in 1u64..20_000,
+            cap in 1u64..5_000,
+            n in 1usize..8,
+            rounds in prop::collection::vec(
+                prop::collection::vec((0u64..3_000, 0u64..3_000, 0u64..500), 8), 1..25),
+        ) {
+            const S: u64 = 1_000_000_000;
+            let mut r = RuleAllocator::added(quota, quota / 5 + 1, Duration::from_secs(3), 0, 10 * S);
+            r.credit_cap = cap;
+            let mut t = 10 * S;
+            let mut rate = vec![0u64; n];
+            let mut outstanding = vec![0u64; n];
+            // Σ (share × elapsed − admitted) over every report since the level was 0,
+            // positive parts only: an upper bound of what may be credited.
+            let mut unused_since_zero: i128 = 0;
+            for round in &rounds {
+                for i in 0..n {
+                    let (demand, admitted, denials) = round[i];
+                    let host = format!("h{i}");
+                    let before = r.credit_level();
+                    r.report_usage(&host, Report { demand, held: rate[i] }, Some(Usage { admitted, denials, credited: 0, credit: 0 }), t);
+                    let e = i128::from(rate[i]) - i128::from(admitted);
+                    unused_since_zero = if before == 0 { e.max(0) } else { unused_since_zero + e.max(0) };
+                    let level = r.credit_level();
+                    prop_assert!(level <= cap);
+                    prop_assert!(i128::from(level) <= unused_since_zero, "{} > {}", level, unused_since_zero);
+                    if let Some(g) = r.grant_for(&host, t) {
+                        prop_assert!(g.credit <= denials, "credit {} > refused {}", g.credit, denials);
+                        prop_assert!(g.credit <= level);
+                        outstanding[i] = g.credit;
+                        rate[i] = g.rate;
+                    }
+                    prop_assert!(rate.iter().sum::<u64>() <= quota);
+                    let credits: u64 = outstanding.iter().sum();
+                    prop_assert!(credits <= cap, "credits outstanding {} > cap {}", credits, cap);
+                }
+                t += S;
+            }
+        }
         #[test]
         fn shares_are_max_min_fair_and_never_exceed_the_quota(
             quota in 0u64..10_000_000,

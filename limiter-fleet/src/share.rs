@@ -120,6 +120,13 @@ pub struct Grant {
     pub ttl: Duration,
     /// Demand exceeds the share: denials are expected and need no early report.
     pub saturated: bool,
+    /// Frames this host may admit beyond its bucket until its next grant (which
+    /// replaces what is left of it): quota the fleet left unused, reassigned to a host
+    /// that refused frames (`alloc::RuleAllocator::credit_cap`). Spent only on frames
+    /// the bucket refuses, so it never overflows; not part of the share (`rate`), so
+    /// shares in force still sum to at most the quota. 0 without credit.
+    #[serde(default)]
+    pub credit: u64,
 }
 
 impl Grant {
@@ -393,6 +400,7 @@ mod tests {
             tokens: 1,
             ttl: Duration::from_secs(3),
             saturated: false,
+            credit: 0,
         }
     }
 
@@ -605,6 +613,7 @@ mod tests {
                 tokens: 1,
                 ttl: Duration::from_secs(3),
                 saturated: false,
+                credit: 0,
             };
             assert!(s.takes_over(&small, S));
             s.on_grant(&small, S);
@@ -650,6 +659,7 @@ mod tests {
             tokens: 0,
             ttl: Duration::from_secs(86_400),
             saturated: true,
+            credit: 0,
         };
         s.on_grant(&day, S);
         let max = ns(p.max_grant_ttl());

@@ -44,6 +44,13 @@ pub struct Bucket {
     pub limit: Limit,
     /// Theoretical arrival time in ticks; 0 = never used (full).
     pub tat: u64,
+    /// A grant's credit (`Grant::credit`) as a bank beside the bucket: frames it may
+    /// still admit that the bucket refuses (spent one per refused frame, never
+    /// overflowing; replaced by the next grant's). What the kernel would need: one
+    /// counter per rule, decremented on a refusal while positive.
+    pub credit: u64,
+    /// Frames admitted on credit so far (a running count).
+    pub credited: u64,
 }
 
 /// A share of 0 is closed ([`Limit::CLOSED`]): the kernel refuses everything on a zero
@@ -65,6 +72,8 @@ impl Bucket {
         Ok(Bucket {
             limit: compile(rate, burst)?,
             tat: 0,
+            credit: 0,
+            credited: 0,
         })
     }
 
@@ -77,6 +86,24 @@ impl Bucket {
     /// Leaves exactly `tokens` available at `now_ns` (a first grant's token count).
     pub fn set_tokens(&mut self, now_ns: u64, tokens: u64) {
         self.tat = tat_with_tokens(&self.limit, ticks(now_ns), tokens);
+    }
+
+    /// Adds up to `tokens` to the bucket at `now_ns`, never beyond its burst: a credit
+    /// applied to the TAT (moved back by `tokens` emission intervals, at most to full),
+    /// which the kernel's bucket can hold today. Returns the tokens added.
+    pub fn add_tokens(&mut self, now_ns: u64, tokens: u64) -> u64 {
+        if self.limit.is_closed() || tokens == 0 {
+            return 0;
+        }
+        let now = ticks(now_ns);
+        if self.tat == 0 || self.tat <= now {
+            return 0; // full
+        }
+        let cost = self.limit.cost(1).max(1);
+        let room = (self.tat - now) / cost;
+        let add = tokens.min(room);
+        self.tat -= add * cost;
+        add
     }
 
     /// Tokens available at `now_ns` (whole units, rounded down).
@@ -100,6 +127,11 @@ impl Bucket {
             self.limit.tolerance,
         );
         self.tat = step.tat;
+        if !step.admit && self.credit > 0 && !self.limit.is_closed() {
+            self.credit -= 1;
+            self.credited += 1;
+            return true;
+        }
         step.admit
     }
 
@@ -136,7 +168,10 @@ impl Bucket {
         } else {
             base + k * cost
         };
-        k
+        let spent = self.credit.min(n - k);
+        self.credit -= spent;
+        self.credited += spent;
+        k + spent
     }
 }
 

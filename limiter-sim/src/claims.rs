@@ -636,11 +636,17 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             scenario: sc.name.clone(),
             expected: format!("LEASED within a lease TTL + interval; then ≤ +{TOLERANCE_PCT:.0} %"),
             simulated: format!(
-                "all LEASED {:.1} s after the return (meanwhile {:+.0} %: hosts that never had \
-                 a grant get none while the new allocator learns, and stay FAIL_OPEN); then \
-                 {:+.1} %",
+                "all LEASED {:.1} s after the return (meanwhile {:+.0} %, {}); then {:+.1} %",
                 f.released_after.unwrap_or(f64::NAN),
                 f.return_peak_pct,
+                if sc.learning_joiners {
+                    "in the second of the return: a host in FAIL_OPEN passes everything until \
+                     its next report reaches the allocator, then runs at a joiner's share \
+                     while it learns"
+                } else {
+                    "hosts that never had a grant get none while the new allocator learns, \
+                     and stay FAIL_OPEN"
+                },
                 f.after_peak_pct
             ),
             verdict: verdict(
@@ -926,7 +932,7 @@ pub struct SweepPoint {
 pub fn burst_sweep(runs: &[Run]) -> Vec<SweepPoint> {
     let mut v: Vec<SweepPoint> = runs
         .iter()
-        .filter(|r| r.scenario.name.starts_with("steady-burst"))
+        .filter(|r| r.scenario.name.starts_with("steady-burst") && !r.scenario.name.contains('+'))
         .filter_map(|run| {
             let r = run.rule("contoso")?;
             let f = rule_figures(run, r);
@@ -954,4 +960,65 @@ pub fn burst_sweep(runs: &[Run]) -> Vec<SweepPoint> {
         .collect();
     v.sort_by_key(|p| p.burst);
     v
+}
+
+/// One run of issue 17's comparison: a scenario run with a candidate that lost, or
+/// without a winner (`base+LABEL`), beside the same scenario with the winners.
+#[derive(Clone, Debug)]
+pub struct CandidatePoint {
+    pub scenario: String,
+    pub base: String,
+    /// What `admitted_pct` etc. are of: the variant, then the base run (the winners).
+    pub admitted_pct: [Option<f64>; 2],
+    pub false_pct: [f64; 2],
+    pub overshoot_pct: [f64; 2],
+    /// The lowest second's admitted ÷ quota among the seconds offered ≥ 105 % of it.
+    pub lowest_pct: [Option<f64>; 2],
+    /// Report intervals until admitted is back within 2 % after each shift (`None`:
+    /// never), variant then base.
+    pub admitted_back: [Vec<Option<f64>>; 2],
+}
+
+/// Every `base+LABEL` run against its `base` run, in run order.
+pub fn candidates(runs: &[Run]) -> Vec<CandidatePoint> {
+    let figures = |run: &Run| {
+        let r = run.rule("contoso")?;
+        let f = rule_figures(run, r);
+        let back = convergence_intervals(run, r)
+            .into_iter()
+            .map(|(_, _, a)| a)
+            .collect();
+        let lowest = r
+            .seconds
+            .get(run.measured())
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.offered * 100 >= r.quota * 105)
+            .map(|c| c.admitted as f64 / r.quota.max(1) as f64 * 100.0)
+            .reduce(f64::min);
+        Some((
+            f.saturated_admitted_pct,
+            f.drops_up.false_pct_of_offered(),
+            f.overshoot_up.max_pct,
+            lowest,
+            back,
+        ))
+    };
+    runs.iter()
+        .filter_map(|run| {
+            let (base, _) = run.scenario.name.split_once('+')?;
+            let b = runs.iter().find(|x| x.scenario.name == base)?;
+            let (va, vf, vo, vl, vb) = figures(run)?;
+            let (ba, bf, bo, bl, bb) = figures(b)?;
+            Some(CandidatePoint {
+                scenario: run.scenario.name.clone(),
+                base: base.to_string(),
+                admitted_pct: [va, ba],
+                false_pct: [vf, bf],
+                overshoot_pct: [vo, bo],
+                lowest_pct: [vl, bl],
+                admitted_back: [vb, bb],
+            })
+        })
+        .collect()
 }

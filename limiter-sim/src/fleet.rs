@@ -17,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use limiter_fleet::{
-    alloc::{allocate, Report, RuleAllocator},
+    alloc::{allocate, Report, RuleAllocator, Usage},
     share::{Enforcement, Grant, Share, ShareState},
 };
 
@@ -25,11 +25,12 @@ use crate::{
     bucket::{Arrivals, Bucket, Counts, Verdict},
     metrics::{state_index, AllocatorStats, RuleSeries, Run, Tick},
     rng::Rng,
-    scenario::{ns, Action, Scenario, ShareStart, Tenant},
+    scenario::{ns, Action, CreditMode, Scenario, ShareStart, Tenant},
     time::{MS, NS_PER_S, STEP},
 };
 
 pub const TICK: u64 = 100 * MS;
+
 /// The hosts' and the allocator's clock reads this at scenario time 0. The allocator
 /// starts at clock 0, so by scenario time 0 it is past its start-up learning period
 /// (restarts are events). But it has heard no report for 60 s, and since limiter-fleet
@@ -57,6 +58,11 @@ struct Pair {
     last_report: u64,
     tick: Counts,
     tick_bootstrap: u64,
+    /// The last grant's credit: re-armed when a report fails while the lease holds, so
+    /// the credit does not stop for a leader's gap.
+    last_credit: u64,
+    /// The bucket's `credited` at the last report.
+    credited_at_report: u64,
     /// The share started in the current tick.
     tick_joined: bool,
 }
@@ -95,7 +101,7 @@ impl Pair {
 
     /// The report a host sends now: offered per second since its last report, and the
     /// share it holds (as limiter-user reports it: 0 in BOOTSTRAP and FAIL_OPEN).
-    fn report(&mut self, now: u64) -> Option<Report> {
+    fn report(&mut self, now: u64) -> Option<(Report, Usage)> {
         let share = self.share.as_ref()?;
         let elapsed = now.saturating_sub(self.last_report).max(1);
         let demand =
@@ -104,12 +110,23 @@ impl Pair {
             ShareState::Leased | ShareState::Sticky => share.rate(),
             ShareState::Standalone | ShareState::Bootstrap | ShareState::FailOpen => 0,
         };
+        let credited = self.bucket.as_ref().map_or(0, |b| b.credited);
+        let usage = Usage {
+            admitted: self.since_report.admitted,
+            denials: self.since_report.dropped(),
+            credited: credited - self.credited_at_report,
+            credit: self.last_credit,
+        };
+        self.credited_at_report = credited;
         self.since_report = Counts::default();
         self.last_report = now;
-        Some(Report {
-            demand: u64::try_from(demand).unwrap_or(u64::MAX),
-            held,
-        })
+        Some((
+            Report {
+                demand: u64::try_from(demand).unwrap_or(u64::MAX),
+                held,
+            },
+            usage,
+        ))
     }
 }
 
@@ -135,7 +152,7 @@ pub struct Fleet {
     /// (rule, pair) by report phase group.
     groups: Vec<Vec<(u32, u32)>>,
     first_frames: BinaryHeap<Reverse<(u64, u32, u32)>>,
-    reports: VecDeque<InFlight<Report>>,
+    reports: VecDeque<InFlight<(Report, Option<Usage>)>>,
     grants: VecDeque<InFlight<Grant>>,
     allocator_up: bool,
     stats: AllocatorStats,
@@ -146,6 +163,13 @@ pub struct Fleet {
 fn new_allocator(t: &Tenant, sc: &Scenario, now: u64) -> RuleAllocator {
     let mut r = RuleAllocator::new(t.quota, t.burst, sc.params.lease_ttl, now);
     r.refresh_ns = limiter_fleet::alloc::refresh_for(sc.params.report_interval);
+    if sc.credit != CreditMode::Off {
+        r.credit_cap = (t.burst as f64 * sc.credit_cap_bursts).round() as u64;
+    }
+    r.credit_idle_unused = sc.credit_idle_unused;
+    if sc.learning_joiners {
+        r.learning_joiner_share = Share::bootstrap_rate(t.quota, sc.params.fleet_size);
+    }
     r
 }
 
@@ -198,6 +222,8 @@ impl Fleet {
                     last_report: EPOCH,
                     tick: Counts::default(),
                     tick_bootstrap: 0,
+                    credited_at_report: 0,
+                    last_credit: 0,
                     tick_joined: false,
                 });
             }
@@ -255,6 +281,7 @@ impl Fleet {
                 .with_context(|| format!("bootstrap bucket of {}", t.name))?,
         );
         pair.share = Some(share);
+        pair.credited_at_report = 0;
         pair.tick_joined = true;
         pair.t = at;
         pair.last_report = at;
@@ -380,7 +407,20 @@ impl Fleet {
             return;
         }
         pair.advance(now);
-        let Some(mut report) = pair.report(now) else {
+        if let (Some(share), Some(bucket)) = (&pair.share, &mut pair.bucket) {
+            // A report that fails (the allocator unreachable: a leader's crash) re-arms
+            // the last grant's credit while its lease holds, as the next grant would
+            // have (the simulator knows at once; the daemon when the call fails).
+            if self.sc.credit == CreditMode::Bank
+                && self.sc.credit_rearm
+                && !first
+                && !self.allocator_up
+                && share.state(now) == ShareState::Leased
+            {
+                bucket.credit = pair.last_credit;
+            }
+        }
+        let Some((mut report, usage)) = pair.report(now) else {
             return;
         };
         if first {
@@ -390,7 +430,7 @@ impl Fleet {
             at: now + self.sc.rtt / 2,
             rule: r,
             pair: p,
-            msg: report,
+            msg: (report, (!first).then_some(usage)),
         });
     }
 
@@ -400,7 +440,7 @@ impl Fleet {
     fn allocator(&mut self, now: u64) {
         self.batch.clear();
         while let Some(m) = self.reports.front().filter(|m| m.at <= now) {
-            let (r, p, report) = (m.rule, m.pair, m.msg);
+            let (r, p, (report, usage)) = (m.rule, m.pair, m.msg);
             self.reports.pop_front();
             if !self.allocator_up {
                 self.stats.lost_reports += 1;
@@ -408,7 +448,8 @@ impl Fleet {
             }
             let rule = &mut self.rules[r as usize];
             let host = rule.pairs[p as usize].host as usize;
-            rule.allocator.report(&self.names[host], report, now);
+            rule.allocator
+                .report_usage(&self.names[host], report, usage, now);
             let second = ((now - EPOCH) / NS_PER_S) as usize;
             if self.stats.reports.len() <= second {
                 self.stats.reports.resize(second + 1, 0);
@@ -453,6 +494,7 @@ impl Fleet {
     /// zero grant) is set: a grant never hands out a fresh burst. This is what
     /// limiter-user does.
     fn deliver_grants(&mut self, now: u64) -> Result<()> {
+        let credit = self.sc.credit;
         while let Some(m) = self.grants.front().filter(|m| m.at <= now) {
             let (r, p, grant) = (m.rule, m.pair, m.msg);
             self.grants.pop_front();
@@ -469,7 +511,15 @@ impl Fleet {
             if takes_over {
                 bucket.set_tokens(now, grant.tokens.min(1));
             }
+            match credit {
+                CreditMode::Off => {}
+                CreditMode::Bank => bucket.credit = grant.credit,
+                CreditMode::Tokens => {
+                    bucket.add_tokens(now, grant.credit);
+                }
+            }
             pair.granted = true;
+            pair.last_credit = grant.credit;
         }
         Ok(())
     }
@@ -639,6 +689,9 @@ mod tests {
     #[test]
     fn without_an_allocator_the_ladder_runs_on_time() {
         let mut s = small(3, 300, 50.0);
+        // The learning period as it was: BOOTSTRAP hosts get nothing while it learns
+        // (with `learning_joiners` they would be LEASED at the bootstrap share at once).
+        s.learning_joiners = false;
         // The allocator goes down at 8 s, not 5 s: it heard no report for the 60 s before
         // the scenario (EPOCH), so since limiter-fleet f8c2187 the first report puts it
         // back into learning for a lease TTL, and BOOTSTRAP hosts (held 0) get no grant
@@ -670,6 +723,25 @@ mod tests {
     }
 
     #[test]
+    fn a_learning_allocator_leases_joiners_at_the_bootstrap_share() {
+        // The second case below with `learning_joiners`: the host's first report finds the
+        // allocator learning and gets the bootstrap share (quota ÷ fleet_size = 100/s) at
+        // once, LEASED, instead of waiting a lease TTL in BOOTSTRAP.
+        let mut s = small(2, 200, 0.0);
+        s.events.push(demand(2 * S, 0, 0..1, 50.0));
+        let run = simulate(&s.finish(7 * S)).unwrap();
+        let r = &run.rules[0];
+        let state = |i: usize, state: ShareState| r.ticks[i].hosts[state_index(state)];
+        // The first frame comes in the tick ending at 2.1 s, the grant a round trip later.
+        let leased = (19..30)
+            .find(|&i| state(i, ShareState::Leased) == 1)
+            .unwrap();
+        assert!(leased <= 21, "leased at tick {leased}");
+        assert_eq!(r.ticks[leased].shares[state_index(ShareState::Leased)], 100);
+        assert_eq!(state(29, ShareState::Bootstrap), 0);
+    }
+
+    #[test]
     fn a_first_frame_bootstraps_and_asks_at_once() {
         // Host 1 carries the rule from the start, so the allocator hears it every report
         // interval (as it hears every configured rule from limiter-user, idle or not);
@@ -678,6 +750,8 @@ mod tests {
         // limiter-fleet f8c2187 a rule the allocator heard nothing about for a lease TTL
         // is learned again first: that case is the second run below.
         let mut s = small(2, 200, 0.0);
+        // As in the ladder test: no joiner's share while learning.
+        s.learning_joiners = false;
         s.events.push(demand(0, 0, 1..2, 20.0));
         s.events.push(demand(5 * S, 0, 0..1, 50.0));
         let run = simulate(&s.finish(7 * S)).unwrap();
@@ -696,6 +770,7 @@ mod tests {
         // allocator learns for a lease TTL from its arrival (62.025 s), and a host in
         // BOOTSTRAP holds nothing to renew, so no grant until the report after 65.025 s.
         let mut s = small(2, 200, 0.0);
+        s.learning_joiners = false;
         s.events.push(demand(2 * S, 0, 0..1, 50.0));
         let run = simulate(&s.finish(7 * S)).unwrap();
         let r = &run.rules[0];

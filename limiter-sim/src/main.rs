@@ -1,4 +1,4 @@
-//! `limiter-sim [--out DIR] [--only NAME,…] [--quick]`: runs the fleet scenarios, prints a
+//! `limiter-sim [--out DIR] [--only NAME,…] [--quick] [--seed N]`: runs the fleet scenarios, prints a
 //! summary and the checks of the design's claims, writes DIR/report.md (default target/sim)
 //! with SVG plots.
 
@@ -18,6 +18,7 @@ struct Args {
     out: PathBuf,
     only: Option<Vec<String>>,
     quick: bool,
+    seed: Option<u64>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -27,6 +28,7 @@ fn parse_args() -> Result<Args> {
             .map_or_else(|| PathBuf::from("target/sim"), |p| p.join("target/sim")),
         only: None,
         quick: false,
+        seed: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -37,12 +39,17 @@ fn parse_args() -> Result<Args> {
                 args.only = Some(names.split(',').map(str::to_string).collect());
             }
             "--quick" => args.quick = true,
+            "--seed" => {
+                let n = it.next().context("--seed needs a number")?;
+                args.seed = Some(n.parse().with_context(|| format!("--seed {n:?}"))?);
+            }
             "-h" | "--help" => {
                 println!(
-                    "limiter-sim [--out DIR] [--only NAME,...] [--quick]\n\
+                    "limiter-sim [--out DIR] [--only NAME,...] [--quick] [--seed N]\n\
                      Runs the fleet scenarios in virtual time and writes DIR/report.md \
                      (default target/sim).\n--quick: 20 s sticky period, Contoso and \
-                     Directory only."
+                     Directory only.\n--seed N: another seed for arrivals, weights and \
+                     the background tenants (default 11)."
                 );
                 std::process::exit(0);
             }
@@ -54,11 +61,14 @@ fn parse_args() -> Result<Args> {
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let knobs = if args.quick {
+    let mut knobs = if args.quick {
         scenario::Knobs::quick()
     } else {
         scenario::Knobs::default()
     };
+    if let Some(seed) = args.seed {
+        knobs.seed = seed;
+    }
     let mut scenarios = scenario::all(&knobs);
     if let Some(only) = &args.only {
         for name in only {
@@ -101,12 +111,16 @@ fn main() -> Result<()> {
     print!("{}", report::text_table(&report::rows(&runs)));
     println!();
     print!("{}", report::claims_text(&claims::claims(&runs)));
-    let command = if args.quick {
-        "cargo xtask sim -- --quick"
+    let mut command = if args.quick {
+        "cargo xtask sim -- --quick".to_string()
     } else {
-        "cargo xtask sim"
+        "cargo xtask sim".to_string()
     };
-    report::write(&args.out, &runs, wall, command)?;
+    if let Some(seed) = args.seed {
+        let sep = if args.quick { "" } else { " --" };
+        command += &format!("{sep} --seed {seed}");
+    }
+    report::write(&args.out, &runs, wall, &command)?;
     let simulated: u64 = runs.iter().map(|r| r.scenario.duration).sum();
     println!(
         "\n{} s ({:.1} h) simulated in {:.1} s; report: {}",

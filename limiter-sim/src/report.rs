@@ -752,6 +752,71 @@ fn derivations(o: &mut String, runs: &[Run]) {
             &rows,
         );
     }
+    candidates_section(o, runs);
+}
+
+/// Issue 17's candidates: each `base+LABEL` run against its base (the winners).
+fn candidates_section(o: &mut String, runs: &[Run]) {
+    let points = claims::candidates(runs);
+    if points.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "### Accuracy candidates (issue 17)\n\n\
+         Each row runs a scenario with a candidate that lost, or without one of the winners \
+         (`nocredit`: no credit; `tokens`: the credit added to the bucket, at most its burst; \
+         `bank-Nx`: the credit bank with a cap of N global bursts; `all-unused`: every host's \
+         unused share feeds the credit, also where demand fell; `nojoiners`: no joiner's \
+         share while the allocator learns; `norearm`: a host whose report fails does not \
+         re-arm its last credit), beside the same scenario with the winners \
+         (credit bank, cap 1 global burst; a joiner's share while learning). Contoso; \
+         admitted ÷ quota over the seconds offered ≥ 105 % of it.\n"
+    );
+    let back = |v: &[Option<f64>]| {
+        if v.is_empty() {
+            "–".to_string()
+        } else {
+            v.iter()
+                .map(|a| a.map_or("never".to_string(), |a| format!("{a:.0}")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let pct = |a: Option<f64>| a.map_or("–".to_string(), |a| format!("{a:.1} %"));
+    let rows: Vec<Vec<String>> = points
+        .iter()
+        .map(|p| {
+            vec![
+                format!("`{}`", p.scenario),
+                format!("{} / {}", pct(p.admitted_pct[0]), pct(p.admitted_pct[1])),
+                format!("{:.2} % / {:.2} %", p.false_pct[0], p.false_pct[1]),
+                format!(
+                    "{} / {}",
+                    fmt_pct(p.overshoot_pct[0]),
+                    fmt_pct(p.overshoot_pct[1])
+                ),
+                format!("{} / {}", pct(p.lowest_pct[0]), pct(p.lowest_pct[1])),
+                format!(
+                    "{} / {}",
+                    back(&p.admitted_back[0]),
+                    back(&p.admitted_back[1])
+                ),
+            ]
+        })
+        .collect();
+    md_table(
+        o,
+        &[
+            "run (candidate / winners)",
+            "admitted ÷ quota",
+            "false drops (of offered)",
+            "max 1 s overshoot",
+            "lowest 1 s ÷ quota",
+            "admitted back within 2 % (intervals after each shift)",
+        ],
+        &rows,
+    );
 }
 
 /// Writes `report.md` and the SVG plots to `dir`.

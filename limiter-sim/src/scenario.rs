@@ -61,6 +61,28 @@ pub enum ShareStart {
     DaemonStart,
 }
 
+/// How a grant's credit (`Grant::credit`, quota left unused reassigned to hosts that
+/// refused frames) reaches a host's bucket; `Off`: the allocator grants none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreditMode {
+    Off,
+    /// A bank beside the bucket, spent one frame per refusal (a kernel counter).
+    Bank,
+    /// Tokens added to the bucket (its TAT moved back), at most up to its burst: what
+    /// the kernel's bucket holds today.
+    Tokens,
+}
+
+impl CreditMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            CreditMode::Off => "off",
+            CreditMode::Bank => "bank",
+            CreditMode::Tokens => "tokens",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub name: String,
@@ -93,6 +115,20 @@ pub struct Scenario {
     /// Statistics ignore the first seconds (a cold start: every host bootstraps at once).
     pub warmup: u64,
     pub seed: u64,
+    /// The credit (see [`CreditMode`]).
+    pub credit: CreditMode,
+    /// The allocator's `credit_cap` in global bursts of the rule (1.0: the operator's
+    /// global burst).
+    pub credit_cap_bursts: f64,
+    /// While learning, the allocator grants a host that holds nothing (BOOTSTRAP,
+    /// FAIL_OPEN) the bootstrap share (`RuleAllocator::learning_joiner_share`).
+    pub learning_joiners: bool,
+    /// `RuleAllocator::credit_idle_unused`: every host's unused share counts towards
+    /// the credit, even one whose demand fell (a loser, for comparison).
+    pub credit_idle_unused: bool,
+    /// A host whose report fails re-arms its last grant's credit while the lease holds
+    /// (`false`: the credit stops until the next grant, for comparison).
+    pub credit_rearm: bool,
 }
 
 /// Scales the built-in scenarios: the defaults are the design's (docs/design.md, Fleet
@@ -110,6 +146,9 @@ pub struct Knobs {
     pub tail: u64,
     pub rtt: u64,
     pub seed: u64,
+    pub credit: CreditMode,
+    pub credit_cap_bursts: f64,
+    pub learning_joiners: bool,
 }
 
 impl Default for Knobs {
@@ -122,6 +161,9 @@ impl Default for Knobs {
             tail: 180 * S,
             rtt: 50 * MS,
             seed: 11,
+            credit: CreditMode::Bank,
+            credit_cap_bursts: 1.0,
+            learning_joiners: true,
         }
     }
 }
@@ -254,6 +296,11 @@ impl Scenario {
             shifts: Vec::new(),
             warmup: 10 * S,
             seed: k.seed,
+            credit: k.credit,
+            credit_cap_bursts: k.credit_cap_bursts,
+            learning_joiners: k.learning_joiners,
+            credit_idle_unused: false,
+            credit_rearm: true,
         }
     }
 
@@ -659,6 +706,24 @@ pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scen
     base
 }
 
+/// A variant of `base` for issue 17's comparisons: credit by `credit` with a cap of
+/// `cap_bursts` global bursts, and whether the allocator grants a joiner's share while
+/// learning; named `base+LABEL`.
+pub fn variant(
+    mut base: Scenario,
+    label: &str,
+    credit: CreditMode,
+    cap_bursts: f64,
+    joiners: bool,
+) -> Scenario {
+    base.credit = credit;
+    base.credit_cap_bursts = cap_bursts;
+    base.learning_joiners = joiners;
+    base.name = format!("{}+{label}", base.name);
+    base.title = format!("{} ({label})", base.title);
+    base
+}
+
 /// Global bursts of the `steady` burst sweep (Contoso alone): 1 to 100 tokens per host.
 pub const BURST_SWEEP: [u64; 7] = [500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000];
 
@@ -703,5 +768,40 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
         v.push(with_contoso_burst(steady(k), burst, short));
     }
     v.push(with_contoso_burst(flash(k), 10_000, short));
+    // Issue 17's candidates that lost, and the runs without the winners, against the
+    // rows above (which run the winners: `Knobs::default`).
+    let (credit, cap, joiners) = (k.credit, k.credit_cap_bursts, k.learning_joiners);
+    let no_credit = |sc: Scenario| variant(sc, "nocredit", CreditMode::Off, 0.0, joiners);
+    let all_unused = |sc: Scenario| {
+        let mut sc = variant(sc, "all-unused", credit, cap, joiners);
+        sc.credit_idle_unused = true;
+        sc
+    };
+    for burst in [500, 1_000, 2_000] {
+        let base = || with_contoso_burst(steady(k), burst, short);
+        v.push(no_credit(base()));
+        v.push(variant(base(), "tokens", CreditMode::Tokens, cap, joiners));
+        for c in [2.0, 3.0, 4.0] {
+            v.push(variant(
+                base(),
+                &format!("bank-{c}x"),
+                CreditMode::Bank,
+                c,
+                joiners,
+            ));
+        }
+    }
+    v.push(all_unused(with_contoso_burst(steady(k), 2_000, short)));
+    for sc in [steady(k), shift(k), flash(k)] {
+        v.push(no_credit(sc));
+    }
+    for sc in [shift(k), flash(k)] {
+        v.push(all_unused(sc));
+    }
+    v.push(variant(flash(k), "bank-3x", CreditMode::Bank, 3.0, joiners));
+    v.push(variant(outage(k), "nojoiners", credit, cap, false));
+    let mut sc = variant(failover(k), "norearm", credit, cap, joiners);
+    sc.credit_rearm = false;
+    v.push(sc);
     v
 }

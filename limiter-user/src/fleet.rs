@@ -505,6 +505,8 @@ impl FleetState {
                 tokens: g.tokens,
                 ttl: Duration::from_millis(g.ttl_ms),
                 saturated: g.saturated,
+                // The fleet protocol carries no credit yet (README, The simulator).
+                credit: 0,
             };
             // Out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of 1 the bucket's TAT
             // means no share's fill: the grant takes over with its token count (≤ 1; 0

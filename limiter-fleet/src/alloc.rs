@@ -208,7 +208,7 @@ pub struct RuleAllocator {
     /// them.
     joining: usize,
     /// Whether a host's unused share counts towards the level even when its demand fell
-    /// well below the share (a loser of issue 17, kept for the simulator's comparison:
+    /// well below the share (a candidate that lost in the accuracy comparison, kept for the simulator's comparison:
     /// hosts a demand shift leaves idle then wind the level up, and the fleet overshoots
     /// once the shares have followed the shift).
     pub credit_idle_unused: bool,

@@ -962,7 +962,7 @@ pub fn burst_sweep(runs: &[Run]) -> Vec<SweepPoint> {
     v
 }
 
-/// One run of issue 17's comparison: a scenario run with a candidate that lost, or
+/// One run of the accuracy comparison: a scenario run with a candidate that lost, or
 /// without a winner (`base+LABEL`), beside the same scenario with the winners.
 #[derive(Clone, Debug)]
 pub struct CandidatePoint {

@@ -763,7 +763,7 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
     }
     let _ = writeln!(
         o,
-        "### Accuracy candidates (issue 17)\n\n\
+        "### Accuracy candidates\n\n\
          Each row runs a scenario with a candidate that lost, or without one of the winners \
          (`nocredit`: no credit; `tokens`: the credit added to the bucket, at most its burst; \
          `bank-Nx`: the credit bank with a cap of N global bursts; `all-unused`: every host's \

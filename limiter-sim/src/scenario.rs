@@ -706,7 +706,7 @@ pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scen
     base
 }
 
-/// A variant of `base` for issue 17's comparisons: credit by `credit` with a cap of
+/// A variant of `base` for the accuracy comparisons: credit by `credit` with a cap of
 /// `cap_bursts` global bursts, and whether the allocator grants a joiner's share while
 /// learning; named `base+LABEL`.
 pub fn variant(

@@ -192,8 +192,12 @@ fn with_a_burst_of_a_second_admitted_tracks_the_quota() {
     let r = run(&sc);
     let f = rule_figures(&r, r.rule("contoso").unwrap());
     let pct = f.saturated_admitted_pct.unwrap();
-    assert!((97.0..=101.0).contains(&pct), "{f:?}");
-    assert!(f.overshoot_up.max_pct <= 2.0, "{f:?}");
+    // The fleet admits its quota within 2 % (the credit moves what hosts leave unused).
+    assert!((98.0..=102.0).contains(&pct), "{f:?}");
+    // The credit level integrates the noise of one-second counts, so single seconds run
+    // a little over (README, Accuracy vs burst: up to +3.9 % at 10-100 tokens a host);
+    // a second far over would be a credit granted twice.
+    assert!(f.overshoot_up.max_pct <= 5.0, "{f:?}");
 }
 
 #[test]

@@ -72,6 +72,7 @@ section! {
         CONTROL_SOCKET = "control_socket", Str(DEFAULT_CONTROL_SOCKET), Kind::Path, "the control socket";
         LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS), Integer { min: 1, max: u64::MAX }, "how long a grant is valid";
         REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS), Integer { min: 1, max: u64::MAX }, "how often hosts report";
+        FLEET_SIZE = "fleet_size", Int(DEFAULT_FLEET_SIZE as u64), Integer { min: 1, max: u32::MAX as u64 }, "the daemons' fleet_size: while learning, a host that holds nothing gets quota / fleet_size at once";
         MAX_HOSTS = "max_hosts", Int(DEFAULT_MAX_HOSTS), Integer { min: 1, max: MAX_COUNT }, "hosts known at once";
         MAX_CONNECTIONS = "max_connections", Unset("2 × max_hosts"), Integer { min: 1, max: MAX_COUNT }, "open gRPC connections";
         MAX_CONNECTIONS_PER_IP = "max_connections_per_ip", Int(16), Integer { min: 1, max: MAX_COUNT }, "open connections from one address";
@@ -137,6 +138,10 @@ pub struct Config {
     pub control_socket: PathBuf,
     pub lease_ttl_ms: u64,
     pub report_interval_ms: u64,
+    /// The daemons' `fleet_size`: while a rule learns (after a start or a failover), a
+    /// host holding nothing of it (a joiner, or a host gone FAIL_OPEN in a long outage) is
+    /// granted quota ÷ fleet_size at once, what a joiner enforces by itself.
+    pub fleet_size: u32,
     pub limits: PeerLimits,
     pub tls: TlsConfig,
     pub quotas: Vec<Quota>,
@@ -282,6 +287,7 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
             );
         }
     }
+    let fleet_size = <u32 as limiter_config::FromRow>::read(c, root, &FLEET_SIZE, top(&FLEET_SIZE));
     let limits = peer_limits(c, root, report_interval_ms);
     let tls = match root.get(TLS.name) {
         Some(value) => tls(c, value),
@@ -308,6 +314,7 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
         control_socket: control_socket?,
         lease_ttl_ms: lease_ttl_ms?,
         report_interval_ms: report_interval_ms?,
+        fleet_size: fleet_size?,
         limits: limits?,
         tls: tls?,
         quotas: quotas?,

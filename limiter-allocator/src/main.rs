@@ -226,7 +226,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
     // A peer that does not finish its handshake in time is dropped; handshakes run in
     // tasks of their own, so a slow one delays nobody else's.
     .timeout(Duration::from_millis(limits.handshake_timeout_ms));
-    let state = Arc::new(Mutex::new(State::new(
+    let mut initial = State::new(
         &config.quotas,
         lease_ttl,
         Duration::from_millis(config.report_interval_ms),
@@ -237,7 +237,9 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             burst: limits.max_reports_per_s,
         },
         now_ns(),
-    )));
+    );
+    initial.set_fleet_size(config.fleet_size);
+    let state = Arc::new(Mutex::new(initial));
     if let Some(election) = config.election.as_ref().filter(|e| e.shards.is_some()) {
         if let Ok(mut state) = state.lock() {
             state.shard_as(&election.name);

@@ -30,6 +30,19 @@ pub struct State {
     pub term: u64,
     /// Sharding (`[election] shards`): `None` grants every rule with a quota.
     shards: Option<Shards>,
+    /// The daemons' `fleet_size`: while a rule learns, a host that holds nothing (a
+    /// joiner, or FAIL_OPEN after a long outage) is granted quota ÷ fleet_size at once
+    /// (`RuleAllocator::learning_joiner_share`) instead of nothing; 0: nothing.
+    fleet_size: u32,
+}
+
+/// A joiner's share of `quota` in a fleet of `fleet_size` (0: none).
+fn joiner_share(quota: u64, fleet_size: u32) -> u64 {
+    if fleet_size == 0 {
+        0
+    } else {
+        limiter_fleet::share::Share::bootstrap_rate(quota, fleet_size)
+    }
 }
 
 /// Sharding: this group's name and the rule → group assignment (as read from etcd).
@@ -70,6 +83,16 @@ impl State {
             refused_host_rate: 0,
             term: 0,
             shards: None,
+            fleet_size: 0,
+        }
+    }
+
+    /// While a rule learns, hosts that hold nothing get quota ÷ `fleet_size` (the share
+    /// a joiner enforces by itself) at once; 0 turns it off.
+    pub fn set_fleet_size(&mut self, fleet_size: u32) {
+        self.fleet_size = fleet_size;
+        for r in self.rules.values_mut() {
+            r.learning_joiner_share = joiner_share(r.quota, fleet_size);
         }
     }
 
@@ -136,6 +159,7 @@ impl State {
                 RuleAllocator::added(r.quota, r.burst, self.lease_ttl, self.learning_from, now)
             };
             fresh.refresh_ns = r.refresh_ns;
+            fresh.learning_joiner_share = r.learning_joiner_share;
             *r = fresh;
         }
     }
@@ -238,6 +262,7 @@ impl State {
         fresh.refused_fleet_full = self.refused_fleet_full;
         fresh.refused_host_rate = self.refused_host_rate;
         fresh.shards = self.shards.clone();
+        fresh.set_fleet_size(self.fleet_size);
         fresh
     }
 
@@ -253,6 +278,7 @@ impl State {
             Some(r) => {
                 r.quota = q.rate;
                 r.burst = q.burst;
+                r.learning_joiner_share = joiner_share(q.rate, self.fleet_size);
             }
             None => {
                 // A new rule needs no learning: no host holds a share of it from this
@@ -265,6 +291,7 @@ impl State {
                     .map_or(self.learning_from, |moved| moved.max(self.learning_from));
                 let mut r = RuleAllocator::added(q.rate, q.burst, self.lease_ttl, from, now);
                 r.refresh_ns = alloc::refresh_for(self.report_interval);
+                r.learning_joiner_share = joiner_share(q.rate, self.fleet_size);
                 self.rules.insert(q.rule.clone(), r);
             }
         }
@@ -384,6 +411,46 @@ mod tests {
 
     fn req(host: &str, demand: u64, held: u64) -> ReportRequest {
         ReportRequest::one_rule(host, "web", demand, held)
+    }
+
+    /// With the daemons' fleet_size, a learning allocator grants a host that holds
+    /// nothing a joiner's share at once, never more than the others leave, and follows a
+    /// quota change and a new leader's fresh state.
+    #[test]
+    fn a_learning_allocator_grants_a_joiners_share_with_fleet_size() {
+        let quotas = [Quota {
+            rule: "web".into(),
+            rate: 1000,
+            burst: 100,
+        }];
+        let mut s = State::new(
+            &quotas,
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        );
+        s.set_fleet_size(4);
+        let g = &s.handle(&req("a", 900, 0), S).grants[0];
+        assert_eq!((g.rate, g.tokens), (250, 1));
+        // b says it holds 900: renewed, but only to what a's 250 leave of the quota; c
+        // then finds nothing left.
+        assert_eq!(s.handle(&req("b", 900, 900), S).grants[0].rate, 750);
+        let c = s.handle(&req("c", 900, 0), S);
+        assert_eq!(c.grants.first().map_or(0, |g| g.rate), 0, "{c:?}");
+        s.set_quota(
+            &Quota {
+                rule: "web".into(),
+                rate: 4000,
+                burst: 100,
+            },
+            S,
+        );
+        let mut leader = s.restarted(2 * S);
+        assert_eq!(leader.handle(&req("d", 900, 0), 2 * S).grants[0].rate, 1000);
+        // Off (fleet_size 0): nothing while learning, as before.
+        leader.set_fleet_size(0);
+        assert!(leader.handle(&req("e", 900, 0), 2 * S).grants.is_empty());
     }
 
     #[test]

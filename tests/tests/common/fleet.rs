@@ -80,7 +80,7 @@ impl Allocator {
             &config,
             format!(
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
-                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\n\
+                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nfleet_size = 3\n\
                  [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
                  [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n{tables}",

@@ -459,9 +459,10 @@ fn refusals_on_an_unsaturated_share_send_a_report_at_once() {
         INTERVAL,
     ));
     let daemon = lab.start();
-    // The allocator learns for a lease TTL after its start, then grants at a report.
+    // The allocator learns for a lease TTL after its start (a joiner's share meanwhile),
+    // then grants the whole quota at a report.
     wait_state(&[&lab], "web", "leased", Duration::from_secs(15));
-    assert_eq!(web_share(&lab), QUOTA);
+    wait_web_share(&lab, QUOTA, Duration::from_millis(LEASE + 3 * INTERVAL));
     let reports = || scrape(metrics_port)["limiter_allocator_reports_total"];
     let saturated = || scrape(metrics_port)["limiter_allocator_saturated_hosts{rule=\"web\"}"];
     assert_eq!(saturated(), 0.0);
@@ -937,15 +938,8 @@ fn a_restart_within_the_lease_resumes_its_share() {
         "leased",
         Duration::from_secs(LEASE / 1000 + 5),
     );
-    let start = Instant::now();
-    while web_share(&lab) != QUOTA {
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{}",
-            web_share(&lab)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The whole quota once the allocator has learnt (a lease TTL after its start).
+    wait_web_share(&lab, QUOTA, Duration::from_millis(LEASE + 3000));
     allocator.kill();
     let granted = Instant::now();
     daemon.stop();

@@ -248,6 +248,8 @@ fn a_valid_certificate_cannot_report_as_made_up_hosts() {
     let daemon = lab.start();
     let sender = lab.send_in_background(web_traffic(&lab, OFFERED, Duration::from_secs(14)));
     wait_leased(&lab, Duration::from_secs(8));
+    // Alone on the rule once the allocator has learnt: the whole quota.
+    common::fleet::wait_web_share(&lab, QUOTA, Duration::from_millis(LEASE_MS + 3000));
     std::thread::sleep(Duration::from_secs(1));
     let before = admitted_rate(&lab, Duration::from_secs(2));
 

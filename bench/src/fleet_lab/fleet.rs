@@ -114,12 +114,14 @@ impl Allocator {
             format!(
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"127.0.0.1:{metrics_port}\"\n\
                  control_socket = \"{}\"\nlease_ttl_ms = {}\nreport_interval_ms = {}\n\
+                 fleet_size = {}\n\
                  [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  [[quotas]]\nrule = \"{RULE}\"\nrate = {}\nburst = {}\n\
                  [election]\netcd = [\"{etcd}\"]\nttl_ms = {}\n",
                 dir.join(format!("{name}.sock")).display(),
                 c.lease_ttl_ms,
                 c.report_interval_ms,
+                c.hosts,
                 pki.ca().display(),
                 server.cert.display(),
                 server.key.display(),

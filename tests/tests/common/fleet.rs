@@ -266,6 +266,24 @@ pub fn web_share(lab: &Lab) -> u64 {
     lab.rule_stats("web")["rate"].as_u64().unwrap()
 }
 
+/// Waits until `lab`'s `web` share is `rate`: a freshly started allocator learns for a
+/// lease TTL, granting a host that holds nothing only a joiner's share meanwhile, and
+/// splits the quota at the first report after that. Fails after `within`.
+pub fn wait_web_share(lab: &Lab, rate: u64, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let share = web_share(lab);
+        if share == rate {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "web's share is {share}/s, not {rate}/s, after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// An nftables table that drops one host's traffic to the allocator; removed on drop.
 pub struct Partition(pub String);
 

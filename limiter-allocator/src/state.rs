@@ -409,6 +409,23 @@ mod tests {
         burst: 10,
     };
 
+    /// A state started at 0 with `web`'s quota of 1000/s (burst 100), lease 3 s,
+    /// reports every second.
+    fn web_state() -> State {
+        let quotas = [Quota {
+            rule: "web".into(),
+            rate: 1000,
+            burst: 100,
+        }];
+        State::new(
+            &quotas,
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            LIMITS,
+            0,
+        )
+    }
+
     fn req(host: &str, demand: u64, held: u64) -> ReportRequest {
         ReportRequest::one_rule(host, "web", demand, held)
     }
@@ -418,18 +435,7 @@ mod tests {
     /// quota change and a new leader's fresh state.
     #[test]
     fn a_learning_allocator_grants_a_joiners_share_with_fleet_size() {
-        let quotas = [Quota {
-            rule: "web".into(),
-            rate: 1000,
-            burst: 100,
-        }];
-        let mut s = State::new(
-            &quotas,
-            Duration::from_secs(3),
-            Duration::from_secs(1),
-            LIMITS,
-            0,
-        );
+        let mut s = web_state();
         s.set_fleet_size(4);
         let g = &s.handle(&req("a", 900, 0), S).grants[0];
         assert_eq!((g.rate, g.tokens), (250, 1));
@@ -455,18 +461,7 @@ mod tests {
 
     #[test]
     fn grants_split_the_quota_by_demand_after_learning() {
-        let quotas = [Quota {
-            rule: "web".into(),
-            rate: 1000,
-            burst: 100,
-        }];
-        let mut s = State::new(
-            &quotas,
-            Duration::from_secs(3),
-            Duration::from_secs(1),
-            LIMITS,
-            0,
-        );
+        let mut s = web_state();
         // Learning: a host holding nothing gets no grant yet.
         assert!(s.handle(&req("a", 900, 0), S).grants.is_empty());
         let t = 4 * S;

@@ -283,7 +283,7 @@ impl Fleet {
                     rule,
                     demand: 0,
                     held: 0,
-                    denials: 0,
+                    ..RuleReport::default()
                 })
                 .collect(),
         };

@@ -39,7 +39,10 @@ use limiter_config::{
     Kind::{self, Integer, SocketAddr as Address, Table, Tables},
     Value,
 };
-use limiter_fleet::share::{DEFAULT_FLEET_SIZE, DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS};
+use limiter_fleet::{
+    alloc::DEFAULT_CREDIT_PCT,
+    share::{DEFAULT_FLEET_SIZE, DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS},
+};
 use limiter_proto::MIN_REPORT_SPACING_MS;
 use serde::Deserialize;
 
@@ -73,6 +76,7 @@ section! {
         LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS), Integer { min: 1, max: u64::MAX }, "how long a grant is valid";
         REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS), Integer { min: 1, max: u64::MAX }, "how often hosts report";
         FLEET_SIZE = "fleet_size", Int(DEFAULT_FLEET_SIZE as u64), Integer { min: 1, max: u32::MAX as u64 }, "the daemons' fleet_size: while learning, a host that holds nothing gets quota / fleet_size at once";
+        CREDIT_PCT = "credit_pct", Int(DEFAULT_CREDIT_PCT), Integer { min: 0, max: 100 }, "each rule's credit cap, in % of what its quota admits in one report interval: quota the fleet left unused, lent to hosts that refused frames; 0: no credit";
         MAX_HOSTS = "max_hosts", Int(DEFAULT_MAX_HOSTS), Integer { min: 1, max: MAX_COUNT }, "hosts known at once";
         MAX_CONNECTIONS = "max_connections", Unset("2 × max_hosts"), Integer { min: 1, max: MAX_COUNT }, "open gRPC connections";
         MAX_CONNECTIONS_PER_IP = "max_connections_per_ip", Int(16), Integer { min: 1, max: MAX_COUNT }, "open connections from one address";
@@ -142,6 +146,9 @@ pub struct Config {
     /// host holding nothing of it (a joiner, or a host gone FAIL_OPEN in a long outage) is
     /// granted quota ÷ fleet_size at once, what a joiner enforces by itself.
     pub fleet_size: u32,
+    /// Each rule's credit cap in % of what its quota admits in one report interval
+    /// (`limiter_fleet::alloc::credit_cap_for`); 0: no credit.
+    pub credit_pct: u64,
     pub limits: PeerLimits,
     pub tls: TlsConfig,
     pub quotas: Vec<Quota>,
@@ -288,6 +295,7 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
         }
     }
     let fleet_size = <u32 as limiter_config::FromRow>::read(c, root, &FLEET_SIZE, top(&FLEET_SIZE));
+    let credit_pct = <u64 as limiter_config::FromRow>::read(c, root, &CREDIT_PCT, top(&CREDIT_PCT));
     let limits = peer_limits(c, root, report_interval_ms);
     let tls = match root.get(TLS.name) {
         Some(value) => tls(c, value),
@@ -315,6 +323,7 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
         lease_ttl_ms: lease_ttl_ms?,
         report_interval_ms: report_interval_ms?,
         fleet_size: fleet_size?,
+        credit_pct: credit_pct?,
         limits: limits?,
         tls: tls?,
         quotas: quotas?,
@@ -816,6 +825,12 @@ mod tests {
         let c = Config::parse(&ok, Path::new("a.toml")).unwrap();
         assert_eq!(c.quotas.len(), 1);
         assert_eq!(c.lease_ttl_ms, 3000);
+        assert_eq!(c.credit_pct, DEFAULT_CREDIT_PCT);
+        let off = format!("listen = \"127.0.0.1:7443\"\ncredit_pct = 0\n{TLS}");
+        assert_eq!(
+            Config::parse(&off, Path::new("a.toml")).unwrap().credit_pct,
+            0
+        );
         let bad = format!(
             "listen = \"127.0.0.1:7443\"\n{TLS}[[quotas]]\nrule = \"x\"\nrate = 0\nburst = 2\n"
         );
@@ -879,6 +894,18 @@ mod tests {
                 "listen is required",
             ),
             ("no tls", "", "tls", "tls is required"),
+            (
+                "credit_pct above its bound",
+                "credit_pct = 101\n",
+                "credit_pct",
+                "must be between 0 and 100, got 101",
+            ),
+            (
+                "credit_pct negative",
+                "credit_pct = -1\n",
+                "credit_pct",
+                "must be between 0 and 100, got -1",
+            ),
             (
                 "metrics not an address",
                 "metrics = \"local\"\n",

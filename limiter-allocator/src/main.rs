@@ -239,6 +239,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         now_ns(),
     );
     initial.set_fleet_size(config.fleet_size);
+    initial.set_credit_pct(config.credit_pct);
     let state = Arc::new(Mutex::new(initial));
     if let Some(election) = config.election.as_ref().filter(|e| e.shards.is_some()) {
         if let Ok(mut state) = state.lock() {

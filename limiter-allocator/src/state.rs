@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, fmt::Write as _, time::Duration};
 
-use limiter_fleet::alloc::{self, Report, RuleAllocator};
+use limiter_fleet::alloc::{self, Report, RuleAllocator, Usage};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleElsewhere, RuleGrant};
 
 use crate::{
@@ -34,6 +34,9 @@ pub struct State {
     /// joiner, or FAIL_OPEN after a long outage) is granted quota ÷ fleet_size at once
     /// (`RuleAllocator::learning_joiner_share`) instead of nothing; 0: nothing.
     fleet_size: u32,
+    /// Each rule's credit cap in % of what its quota admits in one report interval
+    /// (`alloc::credit_cap_for`); 0: no credit.
+    credit_pct: u64,
 }
 
 /// A joiner's share of `quota` in a fleet of `fleet_size` (0: none).
@@ -84,16 +87,38 @@ impl State {
             term: 0,
             shards: None,
             fleet_size: 0,
+            credit_pct: 0,
         }
+    }
+
+    /// What a rule's allocator takes from this state's settings: the joiner's share
+    /// (`fleet_size`) and the credit cap (`credit_pct`), from its quota.
+    fn tuning(&self) -> impl Fn(&mut RuleAllocator) {
+        let (fleet_size, interval, pct) = (self.fleet_size, self.report_interval, self.credit_pct);
+        move |r: &mut RuleAllocator| {
+            r.learning_joiner_share = joiner_share(r.quota, fleet_size);
+            r.credit_cap = alloc::credit_cap_for(r.quota, interval, pct);
+        }
+    }
+
+    fn tune_all(&mut self) {
+        let tune = self.tuning();
+        self.rules.values_mut().for_each(tune);
+    }
+
+    /// Each rule's hosts may hold credits of up to `pct` % of what its quota admits in
+    /// one report interval (quota the fleet left unused, lent to hosts that refused
+    /// frames); 0 turns it off.
+    pub fn set_credit_pct(&mut self, pct: u64) {
+        self.credit_pct = pct;
+        self.tune_all();
     }
 
     /// While a rule learns, hosts that hold nothing get quota ÷ `fleet_size` (the share
     /// a joiner enforces by itself) at once; 0 turns it off.
     pub fn set_fleet_size(&mut self, fleet_size: u32) {
         self.fleet_size = fleet_size;
-        for r in self.rules.values_mut() {
-            r.learning_joiner_share = joiner_share(r.quota, fleet_size);
-        }
+        self.tune_all();
     }
 
     /// Sharding on: this state's group is `group`, and it grants only the rules the
@@ -160,6 +185,7 @@ impl State {
             };
             fresh.refresh_ns = r.refresh_ns;
             fresh.learning_joiner_share = r.learning_joiner_share;
+            fresh.credit_cap = r.credit_cap;
             *r = fresh;
         }
     }
@@ -218,12 +244,21 @@ impl State {
             let Some(rule) = self.rules.get_mut(&r.rule) else {
                 continue;
             };
-            rule.report(
+            // The credit's inputs only from a host that sends them: an absent count is
+            // not a host that admitted nothing (limiter-proto's RuleReport).
+            let usage = r.admitted.map(|admitted| Usage {
+                admitted,
+                denials: r.denials,
+                credited: r.credited.unwrap_or(0),
+                credit: r.credit.unwrap_or(0),
+            });
+            rule.report_usage(
                 &req.host,
                 Report {
                     demand: r.demand,
                     held: r.held,
                 },
+                usage,
                 now,
             );
             if let Some(g) = rule.grant_for(&req.host, now) {
@@ -234,6 +269,7 @@ impl State {
                     tokens: g.tokens,
                     ttl_ms: g.ttl.as_millis() as u64,
                     saturated: g.saturated,
+                    credit: g.credit,
                 });
             }
         }
@@ -262,7 +298,9 @@ impl State {
         fresh.refused_fleet_full = self.refused_fleet_full;
         fresh.refused_host_rate = self.refused_host_rate;
         fresh.shards = self.shards.clone();
-        fresh.set_fleet_size(self.fleet_size);
+        fresh.fleet_size = self.fleet_size;
+        fresh.credit_pct = self.credit_pct;
+        fresh.tune_all();
         fresh
     }
 
@@ -274,11 +312,12 @@ impl State {
 
     /// Changes (or adds) a rule's global quota; hosts see it in their next grants.
     pub fn set_quota(&mut self, q: &Quota, now: u64) {
+        let tune = self.tuning();
         match self.rules.get_mut(&q.rule) {
             Some(r) => {
                 r.quota = q.rate;
                 r.burst = q.burst;
-                r.learning_joiner_share = joiner_share(q.rate, self.fleet_size);
+                tune(r);
             }
             None => {
                 // A new rule needs no learning: no host holds a share of it from this
@@ -291,7 +330,7 @@ impl State {
                     .map_or(self.learning_from, |moved| moved.max(self.learning_from));
                 let mut r = RuleAllocator::added(q.rate, q.burst, self.lease_ttl, from, now);
                 r.refresh_ns = alloc::refresh_for(self.report_interval);
-                r.learning_joiner_share = joiner_share(q.rate, self.fleet_size);
+                tune(&mut r);
                 self.rules.insert(q.rule.clone(), r);
             }
         }
@@ -345,8 +384,16 @@ impl State {
                 "limiter_allocator_assigned",
                 "1 when this allocator's group grants the rule (always, without sharding).",
             ),
+            (
+                "limiter_allocator_credit_level",
+                "The credit level, in the rule's unit: quota the fleet left unused while hosts refused frames, lent to them as grants' credit (at most the cap).",
+            ),
+            (
+                "limiter_allocator_credit_cap",
+                "The most credit the rule's hosts hold at once (credit_bursts × the global burst; 0: no credit).",
+            ),
         ];
-        let mut rows: Vec<[f64; 7]> = Vec::new();
+        let mut rows: Vec<[f64; 9]> = Vec::new();
         let mut names: Vec<String> = self.rules.keys().cloned().collect();
         names.sort();
         for name in &names {
@@ -364,6 +411,8 @@ impl State {
                 alloc::fairness_index(&demands, &allocations),
                 f64::from(u8::from(r.learning(now))),
                 owned,
+                r.credit_level() as f64,
+                r.credit_cap as f64,
             ]);
         }
         for (k, (name, help)) in families.iter().enumerate() {
@@ -457,6 +506,105 @@ mod tests {
         // Off (fleet_size 0): nothing while learning, as before.
         leader.set_fleet_size(0);
         assert!(leader.handle(&req("e", 900, 0), 2 * S).grants.is_empty());
+    }
+
+    /// Two saturated hosts at 500/s each, each admitting 450 of them (a small bucket's
+    /// waste) and refusing 50 a second, reporting every second from `from` to `to`
+    /// (seconds); `usage`: whether they send the credit's counts. Returns each second's
+    /// grants to (a, b).
+    fn wasteful_fleet(
+        s: &mut State,
+        usage: bool,
+        from: u64,
+        to: u64,
+    ) -> Vec<(RuleGrant, RuleGrant)> {
+        let report = |host: &str, held: u64, credit: u64| {
+            let mut r = req(host, 1000, held);
+            r.rules[0].denials = 50;
+            if usage {
+                r.rules[0].admitted = Some(450);
+                r.rules[0].credited = Some(0);
+                r.rules[0].credit = Some(credit);
+            }
+            r
+        };
+        let mut held = (0, 0);
+        let mut credit = (0, 0);
+        let mut out = Vec::new();
+        for t in from..=to {
+            // (No grant while learning: a host that holds nothing waits.)
+            let mut grant = |host: &str, held: u64, credit: u64| {
+                let reply = s.handle(&report(host, held, credit), t * S);
+                reply.grants.first().cloned().unwrap_or_default()
+            };
+            let a = grant("a", held.0, credit.0);
+            let b = grant("b", held.1, credit.1);
+            (held, credit) = ((a.rate, b.rate), (a.credit, b.credit));
+            out.push((a, b));
+        }
+        out
+    }
+
+    /// The credit on the wire: hosts that send what they admitted and refused get what
+    /// the fleet left unused of its quota, within `credit_bursts` global bursts, as a
+    /// grant's credit; hosts that do not (an earlier protocol) get none, and neither
+    /// does a fleet with `credit_bursts = 0`. Shares are the same either way.
+    #[test]
+    fn hosts_that_report_usage_get_the_unused_quota_as_credit() {
+        let mut s = web_state();
+        s.set_credit_pct(8);
+        let grants = wasteful_fleet(&mut s, true, 0, 10);
+        let (a, b) = grants.last().unwrap();
+        assert_eq!((a.rate, b.rate), (500, 500));
+        // 2 × 50/s left unused, 100 refused: the level fills to the cap (8 % of the
+        // 1000 a 1 s interval admits) and is split by refusals.
+        assert_eq!((a.credit, b.credit), (40, 40), "{grants:?}");
+        let m = s.metrics(10 * S);
+        assert!(
+            m.contains("limiter_allocator_credit_level{rule=\"web\"} 80\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("limiter_allocator_credit_cap{rule=\"web\"} 80\n"),
+            "{m}"
+        );
+
+        // Older hosts: no counts, no credit.
+        let mut s = web_state();
+        s.set_credit_pct(8);
+        let old = wasteful_fleet(&mut s, false, 0, 10);
+        assert!(
+            old.iter().all(|(a, b)| a.credit == 0 && b.credit == 0),
+            "{old:?}"
+        );
+        assert_eq!(old.last().map(|(a, b)| (a.rate, b.rate)), Some((500, 500)));
+
+        // Off, and a quota change follows the setting (cap = 3 % of the new quota).
+        let mut s = web_state();
+        let off = wasteful_fleet(&mut s, true, 0, 10);
+        assert!(
+            off.iter().all(|(a, b)| a.credit == 0 && b.credit == 0),
+            "{off:?}"
+        );
+        s.set_credit_pct(3);
+        s.set_quota(
+            &Quota {
+                rule: "web".into(),
+                rate: 2000,
+                burst: 100,
+            },
+            10 * S,
+        );
+        let on = wasteful_fleet(&mut s, true, 11, 20);
+        let (a, b) = on.last().unwrap();
+        assert_eq!(a.credit + b.credit, 60, "{on:?}");
+        // A new leader renews what hosts say they hold, credits too, within the cap.
+        let mut leader = s.restarted(21 * S);
+        let mut r = req("a", 1000, 500);
+        r.rules[0].admitted = Some(450);
+        r.rules[0].credit = Some(a.credit);
+        let renewed = leader.handle(&r, 21 * S).grants[0].clone();
+        assert_eq!((renewed.rate, renewed.credit), (500, a.credit));
     }
 
     #[test]

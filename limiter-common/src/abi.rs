@@ -405,18 +405,32 @@ pub struct Bucket {
 /// A rule's aggregate bucket (`AGG_BUCKETS[slot]`): one cache line each, in a page-aligned
 /// (`BPF_F_MMAPABLE`) array, so CPUs admitting frames of different rules never write the
 /// same line (eight 8-byte buckets to a line bounced it between them).
+///
+/// `credit` is the fleet's credit (the allocator's `RuleGrant.credit`, in the rule's
+/// unit): what the rule may admit beyond its bucket, spent by compare-and-swap only on
+/// frames the bucket refuses, only while the share's lease holds. The daemon replaces it
+/// on each grant through the array's shared mapping, so it never writes the TAT's word.
+/// It took the first word of the padding: a pinned array of an earlier build has the
+/// same size and reads as no credit.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AggBucket {
     pub bucket: Bucket,
-    pub _pad: [u64; 7],
+    pub credit: u64,
+    pub _pad: [u64; 6],
 }
+
+/// Byte offsets of [`AggBucket`]'s atomically updated words (the daemon's mapping).
+pub const AGG_BUCKET_TAT_OFFSET: usize = core::mem::offset_of!(AggBucket, bucket);
+pub const AGG_BUCKET_CREDIT_OFFSET: usize = core::mem::offset_of!(AggBucket, credit);
+const _: () = assert!(core::mem::size_of::<AggBucket>() == 64);
 
 impl AggBucket {
     pub const fn new(tat: u64) -> AggBucket {
         AggBucket {
             bucket: Bucket { tat },
-            _pad: [0; 7],
+            credit: 0,
+            _pad: [0; 6],
         }
     }
 }

@@ -133,11 +133,18 @@ pub fn meter(
         let tolerance = limit.tolerance;
         let reset_beyond = tolerance + gcra::CLOCK_SKEW_MARGIN;
         if let Outcome::Reject = step(tat, now, limit.cost(units), tolerance, reset_beyond) {
-            conforms = false;
-            // The source's cells paid for a frame the aggregate refused: give it back,
-            // so a source is not starved by congestion that others caused.
-            if source_cost != 0 {
-                refund(&charged, source_cost);
+            // The fleet's credit admits what the bucket refuses, while the lease holds
+            // (a share past its deadline is the allocator's no longer: no credit).
+            let leased = (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0;
+            // SAFETY: as `tat`: the word after it in the same map value.
+            let credit = unsafe { &raw mut (*bucket).credit };
+            if !(leased && spend_credit(credit, units)) {
+                conforms = false;
+                // The source's cells paid for a frame the aggregate refused: give it
+                // back, so a source is not starved by congestion that others caused.
+                if source_cost != 0 {
+                    refund(&charged, source_cost);
+                }
             }
         }
     }
@@ -226,6 +233,33 @@ fn step(tat: *mut u64, now: u64, cost: u64, tolerance: u64, reset_beyond: u64) -
     }
     count_global(|g| &mut g.contended);
     Outcome::Unmetered
+}
+
+/// Takes `units` from the fleet's credit (limiter_common::abi::AggBucket) by
+/// compare-and-swap; false when less is left (nothing taken) or the swap kept losing
+/// races (counted as `contended`: the frame is refused, never admitted twice).
+#[inline(always)]
+fn spend_credit(credit: *mut u64, units: u64) -> bool {
+    for _ in 0..CAS_ATTEMPTS {
+        // SAFETY: `credit` points into a map value; aligned 8-byte loads are atomic.
+        let old = unsafe { core::ptr::read_volatile(credit) };
+        if old < units {
+            return false;
+        }
+        // SeqCst: the result is read, so it must be the fetching BPF_CMPXCHG.
+        let (_, swapped) = unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                credit,
+                old,
+                old - units,
+            )
+        };
+        if swapped {
+            return true;
+        }
+    }
+    count_global(|g| &mut g.contended);
+    false
 }
 
 // meter_source reads a source's cells as a pair.

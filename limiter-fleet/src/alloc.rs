@@ -248,6 +248,20 @@ pub fn refresh_for(report_interval: Duration) -> u64 {
     ns(report_interval) / 2
 }
 
+/// The credit cap by default: 30 % of what the quota admits in one report interval
+/// (README, "Accuracy vs burst, and the credit": the simulator's fleets at 2 tokens per
+/// host need it to admit their quota).
+pub const DEFAULT_CREDIT_PCT: u64 = 30;
+
+/// A rule's `credit_cap`: `pct` % of what its quota admits in one report interval. What
+/// the credit makes up is a fraction of the quota (what small buckets overflow while
+/// others refuse frames), so its cap is one too, whatever the rule's burst.
+pub fn credit_cap_for(quota: u64, report_interval: Duration, pct: u64) -> u64 {
+    let frames =
+        u128::from(quota) * report_interval.as_nanos() * u128::from(pct) / (100 * 1_000_000_000);
+    u64::try_from(frames).unwrap_or(u64::MAX)
+}
+
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -942,6 +956,18 @@ mod tests {
         let g = r.grants(4_000_000_000);
         assert_eq!(g.keys().collect::<Vec<_>>(), ["b"]);
         assert_eq!(g["b"].rate, 1000);
+    }
+
+    /// The cap is a share of an interval's quota, in whole frames, without overflow.
+    #[test]
+    fn the_credit_cap_is_a_percentage_of_an_intervals_quota() {
+        let second = Duration::from_secs(1);
+        assert_eq!(credit_cap_for(10_000, second, DEFAULT_CREDIT_PCT), 3_000);
+        assert_eq!(credit_cap_for(3_000, Duration::from_millis(300), 30), 270);
+        assert_eq!(credit_cap_for(10_000, second, 0), 0);
+        assert_eq!(credit_cap_for(1, Duration::from_millis(100), 30), 0);
+        assert_eq!(credit_cap_for(u64::MAX, second, 100), u64::MAX);
+        assert_eq!(credit_cap_for(u64::MAX, 2 * second, 100), u64::MAX);
     }
 
     /// Two saturated hosts: one wastes part of its share (its bucket overflowed), the

@@ -40,7 +40,7 @@ impl pb::ReportRequest {
                 rule: rule.into(),
                 demand,
                 held,
-                denials: 0,
+                ..pb::RuleReport::default()
             }],
         }
     }
@@ -153,7 +153,7 @@ mod tests {
                     rule: (*r).into(),
                     demand: 10,
                     held: 5,
-                    denials: 0,
+                    ..RuleReport::default()
                 })
                 .collect(),
         }
@@ -204,6 +204,8 @@ mod tests {
         let mut r = report(&"h".repeat(MAX_HOST_LEN), &names);
         for rule in &mut r.rules {
             (rule.demand, rule.held, rule.denials) = (u64::MAX, u64::MAX, u64::MAX);
+            (rule.admitted, rule.credited, rule.credit) =
+                (Some(u64::MAX), Some(u64::MAX), Some(u64::MAX));
         }
         assert!(r.encoded_len() < MAX_MESSAGE_BYTES, "{}", r.encoded_len());
     }

@@ -164,7 +164,8 @@ fn new_allocator(t: &Tenant, sc: &Scenario, now: u64) -> RuleAllocator {
     let mut r = RuleAllocator::new(t.quota, t.burst, sc.params.lease_ttl, now);
     r.refresh_ns = limiter_fleet::alloc::refresh_for(sc.params.report_interval);
     if sc.credit != CreditMode::Off {
-        r.credit_cap = (t.burst as f64 * sc.credit_cap_bursts).round() as u64;
+        r.credit_cap =
+            limiter_fleet::alloc::credit_cap_for(t.quota, sc.params.report_interval, sc.credit_pct);
     }
     r.credit_idle_unused = sc.credit_idle_unused;
     if sc.learning_joiners {

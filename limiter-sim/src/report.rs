@@ -766,11 +766,11 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
         "### Accuracy candidates\n\n\
          Each row runs a scenario with a candidate that lost, or without one of the winners \
          (`nocredit`: no credit; `tokens`: the credit added to the bucket, at most its burst; \
-         `bank-Nx`: the credit bank with a cap of N global bursts; `all-unused`: every host's \
+         `bank-Npct`: the credit bank with a cap of N % of an interval's quota; `all-unused`: every host's \
          unused share feeds the credit, also where demand fell; `nojoiners`: no joiner's \
          share while the allocator learns; `norearm`: a host whose report fails does not \
          re-arm its last credit), beside the same scenario with the winners \
-         (credit bank, cap 1 global burst; a joiner's share while learning). Contoso; \
+         (credit bank, cap 30 % of an interval's quota; a joiner's share while learning). Contoso; \
          admitted ÷ quota over the seconds offered ≥ 105 % of it.\n"
     );
     let back = |v: &[Option<f64>]| {

@@ -117,9 +117,9 @@ pub struct Scenario {
     pub seed: u64,
     /// The credit (see [`CreditMode`]).
     pub credit: CreditMode,
-    /// The allocator's `credit_cap` in global bursts of the rule (1.0: the operator's
-    /// global burst).
-    pub credit_cap_bursts: f64,
+    /// The allocator's `credit_cap` in percent of what the rule's quota admits in one
+    /// report interval (`limiter_fleet::alloc::credit_cap_for`).
+    pub credit_pct: u64,
     /// While learning, the allocator grants a host that holds nothing (BOOTSTRAP,
     /// FAIL_OPEN) the bootstrap share (`RuleAllocator::learning_joiner_share`).
     pub learning_joiners: bool,
@@ -147,7 +147,7 @@ pub struct Knobs {
     pub rtt: u64,
     pub seed: u64,
     pub credit: CreditMode,
-    pub credit_cap_bursts: f64,
+    pub credit_pct: u64,
     pub learning_joiners: bool,
 }
 
@@ -162,7 +162,7 @@ impl Default for Knobs {
             rtt: 50 * MS,
             seed: 11,
             credit: CreditMode::Bank,
-            credit_cap_bursts: 1.0,
+            credit_pct: limiter_fleet::alloc::DEFAULT_CREDIT_PCT,
             learning_joiners: true,
         }
     }
@@ -297,7 +297,7 @@ impl Scenario {
             warmup: 10 * S,
             seed: k.seed,
             credit: k.credit,
-            credit_cap_bursts: k.credit_cap_bursts,
+            credit_pct: k.credit_pct,
             learning_joiners: k.learning_joiners,
             credit_idle_unused: false,
             credit_rearm: true,
@@ -707,22 +707,26 @@ pub fn with_contoso_burst(mut base: Scenario, burst: u64, duration: u64) -> Scen
 }
 
 /// A variant of `base` for the accuracy comparisons: credit by `credit` with a cap of
-/// `cap_bursts` global bursts, and whether the allocator grants a joiner's share while
+/// `cap_pct` % of an interval's quota, and whether the allocator grants a joiner's share while
 /// learning; named `base+LABEL`.
 pub fn variant(
     mut base: Scenario,
     label: &str,
     credit: CreditMode,
-    cap_bursts: f64,
+    cap_pct: u64,
     joiners: bool,
 ) -> Scenario {
     base.credit = credit;
-    base.credit_cap_bursts = cap_bursts;
+    base.credit_pct = cap_pct;
     base.learning_joiners = joiners;
     base.name = format!("{}+{label}", base.name);
     base.title = format!("{} ({label})", base.title);
     base
 }
+
+/// Credit caps (% of an interval's quota) the accuracy candidates compare with the
+/// default.
+pub const CREDIT_PCT_SWEEP: [u64; 4] = [10, 20, 40, 60];
 
 /// Global bursts of the `steady` burst sweep (Contoso alone): 1 to 100 tokens per host.
 pub const BURST_SWEEP: [u64; 7] = [500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000];
@@ -770,8 +774,8 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
     v.push(with_contoso_burst(flash(k), 10_000, short));
     // Issue 17's candidates that lost, and the runs without the winners, against the
     // rows above (which run the winners: `Knobs::default`).
-    let (credit, cap, joiners) = (k.credit, k.credit_cap_bursts, k.learning_joiners);
-    let no_credit = |sc: Scenario| variant(sc, "nocredit", CreditMode::Off, 0.0, joiners);
+    let (credit, cap, joiners) = (k.credit, k.credit_pct, k.learning_joiners);
+    let no_credit = |sc: Scenario| variant(sc, "nocredit", CreditMode::Off, 0, joiners);
     let all_unused = |sc: Scenario| {
         let mut sc = variant(sc, "all-unused", credit, cap, joiners);
         sc.credit_idle_unused = true;
@@ -781,10 +785,10 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
         let base = || with_contoso_burst(steady(k), burst, short);
         v.push(no_credit(base()));
         v.push(variant(base(), "tokens", CreditMode::Tokens, cap, joiners));
-        for c in [2.0, 3.0, 4.0] {
+        for c in CREDIT_PCT_SWEEP {
             v.push(variant(
                 base(),
-                &format!("bank-{c}x"),
+                &format!("bank-{c}pct"),
                 CreditMode::Bank,
                 c,
                 joiners,
@@ -798,7 +802,13 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
     for sc in [shift(k), flash(k)] {
         v.push(all_unused(sc));
     }
-    v.push(variant(flash(k), "bank-3x", CreditMode::Bank, 3.0, joiners));
+    v.push(variant(
+        flash(k),
+        "bank-60pct",
+        CreditMode::Bank,
+        60,
+        joiners,
+    ));
     v.push(variant(outage(k), "nojoiners", credit, cap, false));
     let mut sc = variant(failover(k), "norearm", credit, cap, joiners);
     sc.credit_rearm = false;

@@ -201,20 +201,26 @@ fn with_a_burst_of_a_second_admitted_tracks_the_quota() {
 }
 
 #[test]
-fn admitted_grows_with_the_per_host_burst() {
-    // Poisson arrivals at ≈ 24/s per host: 2 tokens per host lose far more than 20.
+fn admitted_grows_with_the_per_host_burst_and_the_credit_closes_the_gap() {
+    // Poisson arrivals at ≈ 24/s per host: without the credit, 2 tokens per host lose far
+    // more than 20; with it (the default cap), 2 tokens admit the quota.
     let k = Knobs::quick();
-    let pct = |burst| {
+    let pct = |burst: u64, credit: bool| -> f64 {
         let mut sc = scenario::with_contoso_burst(scenario::steady(&k), burst, 60 * S);
         sc.tenants.truncate(CONTOSO + 1);
+        if !credit {
+            sc.credit = scenario::CreditMode::Off;
+        }
         let r = run(&sc);
         rule_figures(&r, r.rule("contoso").unwrap())
             .saturated_admitted_pct
             .unwrap()
     };
-    let (small, large) = (pct(1_000), pct(10_000));
+    let (small, large) = (pct(1_000, false), pct(10_000, false));
     assert!(small < 90.0, "{small}");
     assert!(large > small + 10.0, "{small} {large}");
+    let credited = pct(1_000, true);
+    assert!((98.0..=102.0).contains(&credited), "{credited}");
 }
 
 #[test]

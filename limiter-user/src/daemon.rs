@@ -21,7 +21,7 @@ use crate::{
     config::{Config, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
-    fleet::{offered_units, FleetState, RuleTotals},
+    fleet::{offered_units, takes_credit, FleetState, RuleTotals},
     handoff::{HandoffControl, HandoffStatus},
     maps::Maps,
     object::Variant,
@@ -134,6 +134,8 @@ pub struct Status {
 pub struct FleetCounters {
     /// Grants refused because their share does not compile in the rule's unit.
     pub grants_refused: u64,
+    /// Frames admitted on the fleet's credit (beyond the buckets), every rule.
+    pub credited: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -606,7 +608,34 @@ impl Daemon {
                 self.maps.set_aggregate_tat(slot, tat)?;
             }
         }
+        self.write_credits(now)
+    }
+
+    /// Writes the fleet's pending credits into their rules' buckets (`FleetState::
+    /// pending_credit`), each replacing what was left, which the ledger counts as spent
+    /// or not.
+    fn write_credits(&mut self, now: u64) -> Result<(), Error> {
+        let Some(fleet) = &mut self.fleet else {
+            return Ok(());
+        };
+        for (rule, credit) in std::mem::take(&mut fleet.pending_credit) {
+            let Some(&slot) = self.table.slots.get(&rule) else {
+                continue;
+            };
+            let left = self.maps.swap_credit(slot, credit)?;
+            fleet.credit_written(&rule, credit, left, now);
+        }
         Ok(())
+    }
+
+    /// A report to group `group` failed: rules whose lease holds get their last grant's
+    /// credit again, at most once a report interval (`FleetState::rearm_credit`).
+    pub fn fleet_rearm_credit(&mut self, group: usize) -> Result<(), Error> {
+        let now = monotonic_ns();
+        if let Some(fleet) = &mut self.fleet {
+            fleet.rearm_credit(group, now);
+        }
+        self.write_credits(now)
     }
 
     /// The fleet report for this interval to group `group` of allocators (0 without
@@ -649,6 +678,11 @@ impl Daemon {
                 RuleTotals {
                     offered: offered_units(unit, &c, syns),
                     refused: c.dropped_packets,
+                    credit_left: if takes_credit(unit) {
+                        self.maps.credit_left(*slot)?
+                    } else {
+                        0
+                    },
                 },
             );
         }
@@ -659,6 +693,7 @@ impl Daemon {
     pub fn fleet_counters(&self) -> Option<FleetCounters> {
         self.fleet.as_ref().map(|f| FleetCounters {
             grants_refused: f.grants_refused(),
+            credited: f.credited_total(),
         })
     }
 

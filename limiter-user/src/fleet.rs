@@ -25,6 +25,12 @@
 //! refused and counted (the daemon logs it), and the rule keeps what it had; its TTL is clamped to
 //! `MAX_GRANT_TTL_LEASES` lease TTLs. A restart within a lease resumes the share the
 //! rule's pinned entry holds ([`FleetState::resume`]).
+//!
+//! A grant's credit (quota the fleet left unused, README "Accuracy vs burst, and the
+//! credit") goes into the rule's `AggBucket::credit`, replacing what is left of the last;
+//! the program spends it on frames the bucket refuses while the lease holds.
+//! [`CreditLedger`] works out from that word what was admitted on credit, for the
+//! report. Byte rules get no credit: their refusals are counted in frames.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -98,6 +104,55 @@ pub struct RuleTotals {
     pub offered: u64,
     /// Frames refused so far.
     pub refused: u64,
+    /// What is left of the rule's credit now (`AggBucket::credit`).
+    pub credit_left: u64,
+}
+
+/// Whether rules of `unit` take the fleet's credit: its refusals and its unit are both
+/// frames (packets, SYNs), so "admitted on credit, at most what it refused" is one count.
+pub fn takes_credit(unit: Unit) -> bool {
+    unit != Unit::Bytes
+}
+
+/// One rule's credit as this host wrote and read it: the program only ever lowers the
+/// word, so what it admitted on credit between two looks is how far the word fell.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CreditLedger {
+    /// The credit of the last grant (reported back: a learning allocator renews it).
+    pub granted: u64,
+    /// The word as last written or read; `None` before the first look (a word a
+    /// restarted daemon finds pinned is not counted as spent).
+    armed: Option<u64>,
+    /// When the grant's credit was last written (a re-arm waits a report interval).
+    written_at: u64,
+    /// Admitted on credit since the last report.
+    credited: u64,
+    /// Admitted on credit since start.
+    pub total: u64,
+}
+
+impl CreditLedger {
+    /// The word reads `left` now.
+    pub fn observe(&mut self, left: u64) {
+        if let Some(armed) = self.armed {
+            let spent = armed.saturating_sub(left);
+            self.credited = self.credited.saturating_add(spent);
+            self.total = self.total.saturating_add(spent);
+        }
+        self.armed = Some(left);
+    }
+
+    /// `credit` was written, and the word held `left` just before.
+    pub fn written(&mut self, credit: u64, left: u64, now: u64) {
+        self.observe(left);
+        self.armed = Some(credit);
+        self.written_at = now;
+    }
+
+    /// What was admitted on credit since the last call.
+    pub fn take_credited(&mut self) -> u64 {
+        std::mem::take(&mut self.credited)
+    }
 }
 
 /// A grant or a pinned share the fleet state would not take, and why. The state only
@@ -147,6 +202,11 @@ pub struct FleetState {
     last: BTreeMap<String, (Sample, u64)>,
     /// Rules whose bucket a grant (or a rejoin) takes over, with the units it holds then.
     pub pending_tokens: BTreeMap<String, u64>,
+    /// Credits to write into rules' buckets (a grant's, or a re-arm), replacing what is
+    /// left: [`FleetState::credit_written`] after each write.
+    pub pending_credit: BTreeMap<String, u64>,
+    /// Each credit-taking rule's [`CreditLedger`].
+    credits: BTreeMap<String, CreditLedger>,
     /// Closed shares that rejoined: their group's report goes at once (their grant
     /// request).
     asking: BTreeSet<String>,
@@ -174,6 +234,8 @@ impl FleetState {
             units: BTreeMap::new(),
             last: BTreeMap::new(),
             pending_tokens: BTreeMap::new(),
+            pending_credit: BTreeMap::new(),
+            credits: BTreeMap::new(),
             asking: BTreeSet::new(),
             routing,
             grants_refused: 0,
@@ -198,6 +260,9 @@ impl FleetState {
         });
         self.units.retain(|name, _| self.shares.contains_key(name));
         let shares = &self.shares;
+        self.credits.retain(|name, _| shares.contains_key(name));
+        self.pending_credit
+            .retain(|name, _| shares.contains_key(name));
         self.routing.retain(|name| shares.contains_key(name));
         self.asking.retain(|name| shares.contains_key(name));
         for (name, (quota, rule)) in fleet_rules {
@@ -210,6 +275,7 @@ impl FleetState {
                     self.units.insert(name.to_string(), rule.unit);
                     // Counted anew (perhaps in another unit).
                     self.last.remove(name);
+                    self.credits.remove(name);
                 }
             }
         }
@@ -396,11 +462,24 @@ impl FleetState {
                 ShareState::Leased | ShareState::Sticky => share.rate(),
                 _ => 0,
             };
+            let offered = sample.offered.saturating_sub(last.offered);
+            let denials = sample.refused.saturating_sub(last.refused);
+            let (mut admitted, mut credited, mut credit) = (None, None, None);
+            if self.units.get(name).is_some_and(|u| takes_credit(*u)) {
+                let ledger = self.credits.entry(name.clone()).or_default();
+                ledger.observe(sample.credit_left);
+                admitted = Some(offered.saturating_sub(denials));
+                credited = Some(ledger.take_credited());
+                credit = Some(ledger.granted);
+            }
             rules.push(RuleReport {
                 rule: name.clone(),
-                demand: (sample.offered.saturating_sub(last.offered) as f64 / elapsed) as u64,
+                demand: (offered as f64 / elapsed) as u64,
                 held,
-                denials: sample.refused.saturating_sub(last.refused),
+                denials,
+                admitted,
+                credited,
+                credit,
             });
             self.last.insert(name.clone(), (sample, now));
             self.asking.remove(name);
@@ -464,6 +543,38 @@ impl FleetState {
         rejoined
     }
 
+    /// `credit` was written into `rule`'s bucket, whose word held `left` just before.
+    pub fn credit_written(&mut self, rule: &str, credit: u64, left: u64, now: u64) {
+        if let Some(ledger) = self.credits.get_mut(rule) {
+            ledger.written(credit, left, now);
+        }
+    }
+
+    /// After a failed report to group `group`: each of its rules whose lease still holds
+    /// gets its last grant's credit again, at most once a report interval (a leader's
+    /// crash would otherwise cut the credit for its gap). Queued in `pending_credit`.
+    pub fn rearm_credit(&mut self, group: usize, now: u64) {
+        let interval = self.params.report_interval.as_nanos() as u64;
+        for (name, ledger) in &self.credits {
+            let leased = self
+                .shares
+                .get(name)
+                .is_some_and(|s| s.state(now) == ShareState::Leased);
+            if leased
+                && ledger.granted > 0
+                && self.routing.group_of(name) == group
+                && now.saturating_sub(ledger.written_at) >= interval
+            {
+                self.pending_credit.insert(name.clone(), ledger.granted);
+            }
+        }
+    }
+
+    /// Frames admitted on credit since start, over every rule.
+    pub fn credited_total(&self) -> u64 {
+        self.credits.values().map(|l| l.total).sum()
+    }
+
     /// Applies the allocator's grants. Each is checked before it is stored: a grant
     /// whose share does not compile in the rule's unit is refused (logged, counted in
     /// [`FleetState::grants_refused`]) and the rule keeps what it had, so one bad grant
@@ -499,15 +610,20 @@ impl FleetState {
                 });
                 continue;
             }
+            let takes_credit = takes_credit(*unit);
             let grant = Grant {
                 rate: g.rate,
                 burst: g.burst,
                 tokens: g.tokens,
                 ttl: Duration::from_millis(g.ttl_ms),
                 saturated: g.saturated,
-                // The fleet protocol carries no credit yet (README, The simulator).
-                credit: 0,
+                credit: if takes_credit { g.credit } else { 0 },
             };
+            if takes_credit {
+                // Every grant replaces what is left of the last one's credit (0 too).
+                self.pending_credit.insert(g.rule.clone(), grant.credit);
+                self.credits.entry(g.rule.clone()).or_default().granted = grant.credit;
+            }
             // Out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of 1 the bucket's TAT
             // means no share's fill: the grant takes over with its token count (≤ 1; 0
             // for a zero grant), never a fresh burst (`Share::takes_over`).
@@ -583,6 +699,7 @@ mod tests {
                 tokens: 0,
                 ttl_ms: 3_000,
                 saturated,
+                credit: 0,
             }],
             report_interval_ms: 1_000,
             term: 0,
@@ -651,6 +768,7 @@ mod tests {
                 RuleTotals {
                     offered: dropped,
                     refused: dropped,
+                    credit_left: 0,
                 },
             )])
         };
@@ -674,6 +792,7 @@ mod tests {
                     RuleTotals {
                         offered: dropped,
                         refused: dropped,
+                        credit_left: 0,
                     },
                 )])
             };
@@ -725,6 +844,7 @@ mod tests {
                 tokens,
                 ttl_ms,
                 saturated: false,
+                credit: 0,
             }],
             report_interval_ms: 1_000,
             term: 0,
@@ -796,6 +916,7 @@ mod tests {
                     RuleTotals {
                         offered: n,
                         refused: n,
+                        credit_left: 0,
                     },
                 )])
             };
@@ -840,6 +961,7 @@ mod tests {
                 RuleTotals {
                     offered: offered_units(Unit::Bytes, c, 0),
                     refused: c.dropped_packets,
+                    credit_left: 0,
                 },
             )])
         };
@@ -847,6 +969,112 @@ mod tests {
         let r = fleet.report(&at(&c), 2 * S);
         assert_eq!(r.rules[0].demand, 7_500, "bytes per second");
         assert_eq!(r.rules[0].denials, 5, "frames");
+        // No credit for a bytes rule: its refusals are frames, its shares bytes.
+        assert_eq!(
+            (r.rules[0].admitted, r.rules[0].credited, r.rules[0].credit),
+            (None, None, None)
+        );
+    }
+
+    fn totals(offered: u64, refused: u64, credit_left: u64) -> BTreeMap<String, RuleTotals> {
+        BTreeMap::from([(
+            "contoso".to_string(),
+            RuleTotals {
+                offered,
+                refused,
+                credit_left,
+            },
+        )])
+    }
+
+    fn credit_reply(credit: u64) -> ReportReply {
+        let mut r = reply(1_000, true);
+        r.grants[0].credit = credit;
+        r
+    }
+
+    /// A grant's credit is queued for the bucket (every grant replaces the last, 0 too);
+    /// the report says what was admitted, what of it on credit (how far the word fell,
+    /// across writes) and the last grant's credit.
+    #[test]
+    fn a_grants_credit_is_written_and_what_was_spent_of_it_is_reported() {
+        let rules = [rule(FailMode::Open)];
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        let first = fleet.report(&totals(0, 0, 0), 0);
+        assert_eq!(
+            (
+                first.rules[0].admitted,
+                first.rules[0].credited,
+                first.rules[0].credit
+            ),
+            (Some(0), Some(0), Some(0))
+        );
+        fleet.apply(&credit_reply(40), S / 10);
+        assert_eq!(fleet.pending_credit.get("contoso"), Some(&40));
+        // The daemon swaps it in; the word held 0.
+        fleet.pending_credit.clear();
+        fleet.credit_written("contoso", 40, 0, S / 10);
+        // 30 of it spent when the next grant replaces it with 10.
+        fleet.apply(&credit_reply(10), S / 2);
+        assert_eq!(fleet.pending_credit.get("contoso"), Some(&10));
+        fleet.credit_written("contoso", 10, 10, S / 2);
+        // 4 of the second spent by the report: 34 credited of 1,200 admitted.
+        let r = fleet.report(&totals(1_500, 300, 6), S);
+        assert_eq!(
+            (r.rules[0].admitted, r.rules[0].credited, r.rules[0].credit),
+            (Some(1_200), Some(34), Some(10))
+        );
+        assert_eq!(r.rules[0].denials, 300);
+        // Nothing spent since: nothing credited again.
+        let r = fleet.report(&totals(1_500, 300, 6), 2 * S);
+        assert_eq!(r.rules[0].credited, Some(0));
+        assert_eq!(fleet.credited_total(), 34);
+        // A zero-credit grant still replaces what is left.
+        fleet.apply(&credit_reply(0), 2 * S);
+        assert_eq!(fleet.pending_credit.get("contoso"), Some(&0));
+    }
+
+    /// A restarted daemon finds a credit word pinned: not counted as spent at its first
+    /// look, only what falls from there.
+    #[test]
+    fn a_pinned_credit_word_is_not_counted_as_spent() {
+        let rules = [rule(FailMode::Open)];
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        let r = fleet.report(&totals(0, 0, 25), 0);
+        assert_eq!(r.rules[0].credited, Some(0));
+        let r = fleet.report(&totals(100, 0, 20), S);
+        assert_eq!(r.rules[0].credited, Some(5));
+    }
+
+    /// A failed report re-arms the last grant's credit while the lease holds, at most
+    /// once a report interval; not after the lease lapsed, not without a credit.
+    #[test]
+    fn a_failed_report_rearms_the_credit_while_the_lease_holds() {
+        let rules = [rule(FailMode::Open)];
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        fleet.apply(&credit_reply(40), S);
+        fleet.pending_credit.clear();
+        fleet.credit_written("contoso", 40, 0, S);
+        fleet.rearm_credit(0, S + S / 2);
+        assert!(
+            fleet.pending_credit.is_empty(),
+            "within an interval of the write"
+        );
+        fleet.rearm_credit(1, 2 * S);
+        assert!(fleet.pending_credit.is_empty(), "another group's failure");
+        fleet.rearm_credit(0, 2 * S);
+        assert_eq!(fleet.pending_credit.get("contoso"), Some(&40));
+        fleet.pending_credit.clear();
+        fleet.credit_written("contoso", 40, 12, 2 * S);
+        // The lease (3 s from the grant at 1 s) lapsed at 4 s: STICKY spends no credit.
+        fleet.rearm_credit(0, 4 * S + 1);
+        assert!(fleet.pending_credit.is_empty(), "lease lapsed");
+        // A grant without credit: nothing to re-arm.
+        fleet.apply(&credit_reply(0), 5 * S);
+        fleet.pending_credit.clear();
+        fleet.credit_written("contoso", 0, 0, 5 * S);
+        fleet.rearm_credit(0, 7 * S);
+        assert!(fleet.pending_credit.is_empty(), "no credit granted");
     }
 
     /// A grant that does not compile is refused before it is stored: counted, the rule
@@ -968,6 +1196,7 @@ mod tests {
                 RuleTotals {
                     offered,
                     refused: 0,
+                    credit_left: 0,
                 },
             )])
         };

@@ -19,8 +19,8 @@ use limiter_common::{
     abi::{
         map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord,
         GlobalCounters, Handoff, HandoffCounters, HeaderCounters, HostEntry, PrefixRules,
-        RuleConfig, RuleCounters, RuleCpuState, SourceKey, SynCounters, HOST_SLOTS, MAX_RULES,
-        RULE_HAS_PER_SOURCE, RULE_IN_USE,
+        RuleConfig, RuleCounters, RuleCpuState, SourceKey, SynCounters, AGG_BUCKET_CREDIT_OFFSET,
+        AGG_BUCKET_TAT_OFFSET, HOST_SLOTS, MAX_RULES, RULE_HAS_PER_SOURCE, RULE_IN_USE,
     },
     gcra::Limit,
     sketch::{self, SketchCounters, SketchMeta},
@@ -41,6 +41,8 @@ pub struct Maps {
     v4: [Trie<4>; 2],
     v6: [Trie<16>; 2],
     agg_buckets: Array<MapData, AggBucket>,
+    /// AGG_BUCKETS's words through a shared mapping, made at first use.
+    agg_words: SharedWords,
     /// Per-source GCRA cells (limiter_common::sketch) and how to find a source's.
     src_sketch: Array<MapData, Bucket>,
     /// Its descriptor, for clearing a region through a shared mapping.
@@ -131,23 +133,10 @@ impl Maps {
 
     fn build(mut take: impl FnMut(&'static str) -> Result<Map, Error>) -> Result<Maps, Error> {
         let src_sketch_map = take(map_name::SRC_SKETCH)?;
-        let src_sketch_fd = match &src_sketch_map {
-            Map::Array(data) => data
-                .fd()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| Error::Io {
-                    what: "duplicating the SRC_SKETCH descriptor".into(),
-                    source: e,
-                })?,
-            _ => {
-                return Err(Error::Io {
-                    what: "SRC_SKETCH is not an array".into(),
-                    source: std::io::Error::from(std::io::ErrorKind::InvalidData),
-                })
-            }
-        };
+        let src_sketch_fd = array_fd(&src_sketch_map, map_name::SRC_SKETCH)?;
         let src_sketch = typed(src_sketch_map, map_name::SRC_SKETCH)?;
+        let agg_map = take(map_name::AGG_BUCKETS)?;
+        let agg_words = SharedWords::new(array_fd(&agg_map, map_name::AGG_BUCKETS)?);
         let sketch_meta = typed(take(map_name::SKETCH_META)?, map_name::SKETCH_META)?;
         let sketch_counts = typed(take(map_name::SKETCH_COUNTS)?, map_name::SKETCH_COUNTS)?;
         Ok(Maps {
@@ -161,7 +150,8 @@ impl Maps {
                 typed(take(map_name::PREFIXES_V6_0)?, map_name::PREFIXES_V6_0)?,
                 typed(take(map_name::PREFIXES_V6_1)?, map_name::PREFIXES_V6_1)?,
             ],
-            agg_buckets: typed(take(map_name::AGG_BUCKETS)?, map_name::AGG_BUCKETS)?,
+            agg_buckets: typed(agg_map, map_name::AGG_BUCKETS)?,
+            agg_words,
             src_sketch,
             src_sketch_fd,
             earlier_lru: None,
@@ -722,11 +712,43 @@ impl Maps {
         Ok(total)
     }
 
-    /// Sets a rule's aggregate bucket (a fleet grant taking over with its token count).
+    /// Sets a rule's aggregate bucket (a fleet grant taking over with its token count):
+    /// the TAT's word alone, atomically, so the credit beside it stays.
     pub fn set_aggregate_tat(&mut self, slot: u32, tat: u64) -> Result<(), Error> {
-        self.agg_buckets
-            .set(slot, AggBucket::new(tat), 0)
-            .map_err(map_err(format!("writing AGG_BUCKETS slot {slot}")))
+        self.agg_word(slot, AGG_BUCKET_TAT_OFFSET)?
+            .store(tat, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Replaces a rule's fleet credit (`AggBucket::credit`) with `credit`; returns what
+    /// was left of the one before (the program spends it by compare-and-swap, so the
+    /// swap sees every frame it admitted).
+    pub fn swap_credit(&mut self, slot: u32, credit: u64) -> Result<u64, Error> {
+        Ok(self
+            .agg_word(slot, AGG_BUCKET_CREDIT_OFFSET)?
+            .swap(credit, Ordering::SeqCst))
+    }
+
+    /// What is left of a rule's fleet credit.
+    pub fn credit_left(&self, slot: u32) -> Result<u64, Error> {
+        Ok(self
+            .agg_word(slot, AGG_BUCKET_CREDIT_OFFSET)?
+            .load(Ordering::SeqCst))
+    }
+
+    fn agg_word(&self, slot: u32, offset: usize) -> Result<&AtomicU64, Error> {
+        if slot >= MAX_RULES {
+            return Err(Error::Io {
+                what: format!("AGG_BUCKETS has no slot {slot}"),
+                source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            });
+        }
+        let bytes = MAX_RULES as usize * std::mem::size_of::<AggBucket>();
+        let at = slot as usize * std::mem::size_of::<AggBucket>() + offset;
+        self.agg_words.word(bytes, at).map_err(|source| Error::Io {
+            what: "mapping AGG_BUCKETS (its TAT and credit words)".into(),
+            source,
+        })
     }
 
     /// A rule's aggregate bucket (its TAT).
@@ -735,6 +757,100 @@ impl Maps {
             .get(&slot, 0)
             .map(|b| b.bucket)
             .map_err(map_err(format!("reading AGG_BUCKETS slot {slot}")))
+    }
+}
+
+/// A duplicate of an array map's descriptor (for a shared mapping of its values).
+fn array_fd(map: &Map, name: &str) -> Result<OwnedFd, Error> {
+    match map {
+        Map::Array(data) => data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::Io {
+                what: format!("duplicating the {name} descriptor"),
+                source: e,
+            }),
+        _ => Err(Error::Io {
+            what: format!("{name} is not an array"),
+            source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+        }),
+    }
+}
+
+/// A `BPF_F_MMAPABLE` array's values as 8-byte words shared with the program, mapped
+/// read-write at first use (readers such as `limiter stats` never map it).
+struct SharedWords {
+    fd: OwnedFd,
+    mapping: std::sync::OnceLock<Mapping>,
+}
+
+struct Mapping {
+    base: std::ptr::NonNull<AtomicU64>,
+    bytes: usize,
+}
+
+// SAFETY: the mapping is shared memory touched only through atomics; the pointer is
+// never handed out beyond `&self`'s lifetime.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: every access is an atomic operation.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `SharedWords::word`, no longer referenced (its
+        // words are borrowed from `&self` only).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
+    }
+}
+
+impl SharedWords {
+    fn new(fd: OwnedFd) -> SharedWords {
+        SharedWords {
+            fd,
+            mapping: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The aligned word at byte offset `at` of a mapping of the first `bytes` bytes.
+    fn word(&self, bytes: usize, at: usize) -> std::io::Result<&AtomicU64> {
+        if !at.is_multiple_of(8) || at + 8 > bytes {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        let mapping = match self.mapping.get() {
+            Some(m) => m,
+            None => {
+                // SAFETY: a shared read-write mapping of the array map's values, which
+                // the kernel page-aligns for BPF_F_MMAPABLE arrays; unmapped on drop.
+                let mapped = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        bytes,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        self.fd.as_raw_fd(),
+                        0,
+                    )
+                };
+                if mapped == libc::MAP_FAILED {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let base = std::ptr::NonNull::new(mapped.cast::<AtomicU64>())
+                    .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+                // Another caller cannot race this one: `Maps` is used from one thread at
+                // a time (behind the daemon's lock); if one did, its mapping is dropped.
+                let _ = self.mapping.set(Mapping { base, bytes });
+                self.mapping
+                    .get()
+                    .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Other))?
+            }
+        };
+        if at + 8 > mapping.bytes {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        // SAFETY: in bounds and 8-byte aligned (page-aligned base, `at` a multiple of 8);
+        // the program updates these words only atomically.
+        Ok(unsafe { &*mapping.base.as_ptr().add(at / 8) })
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
     config::Unit,
-    daemon::{Daemon, QuotaEntry},
+    daemon::{Daemon, FleetCounters, QuotaEntry},
     object::Variant,
     shutdown::Shutdown,
     stats::StatsReport,
@@ -28,8 +28,8 @@ pub struct Snapshot {
     pub sketch_width: u32,
     /// (run time, run count) of the XDP program when kernel.bpf_stats_enabled = 1.
     pub program_runs: Option<(Duration, u64)>,
-    /// Grants refused since the daemon started (fleet mode).
-    pub grants_refused: Option<u64>,
+    /// Fleet counters since the daemon started (fleet mode).
+    pub fleet: Option<FleetCounters>,
 }
 
 /// Label values escape backslash, quote and newline.
@@ -244,7 +244,7 @@ pub fn render(s: &Snapshot) -> String {
         family(&mut out, name, "counter", help);
         let _ = writeln!(out, "{name} {v}");
     }
-    if let Some(refused) = s.grants_refused {
+    if let Some(fleet) = s.fleet {
         family(
             &mut out,
             "limiter_fleet_grants_refused_total",
@@ -252,7 +252,19 @@ pub fn render(s: &Snapshot) -> String {
             "Allocator grants refused because their share does not compile (rate above the \
              maximum, a burst too long to refill); the rule keeps its share.",
         );
-        let _ = writeln!(out, "limiter_fleet_grants_refused_total {refused}");
+        let _ = writeln!(
+            out,
+            "limiter_fleet_grants_refused_total {}",
+            fleet.grants_refused
+        );
+        family(
+            &mut out,
+            "limiter_fleet_credited_total",
+            "counter",
+            "Frames (packets, SYNs) admitted on the fleet's credit since the daemon started: \
+             refused by a share's bucket, admitted on quota the fleet left unused.",
+        );
+        let _ = writeln!(out, "limiter_fleet_credited_total {}", fleet.credited);
     }
     if let Some((time, count)) = s.program_runs {
         family(
@@ -298,7 +310,7 @@ pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
         quotas: d.quotas(),
         sketch_width: d.maps().sketch_width(),
         program_runs,
-        grants_refused: d.fleet_counters().map(|c| c.grants_refused),
+        fleet: d.fleet_counters(),
     })
 }
 
@@ -402,10 +414,14 @@ mod tests {
             ],
             sketch_width: 1024,
             program_runs: None,
-            grants_refused: Some(6),
+            fleet: Some(FleetCounters {
+                grants_refused: 6,
+                credited: 41,
+            }),
         };
         let text = render(&snapshot);
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
+        assert!(text.contains("limiter_fleet_credited_total 41\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
         assert!(text.contains("limiter_rule_rate_packets_per_second{rule=\"we\\\"b\"} 10\n"));

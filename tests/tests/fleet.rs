@@ -295,7 +295,7 @@ fn the_allocator_refuses_bad_peers_and_bad_reports() {
                 },
                 demand: 100,
                 held: 0,
-                denials: 0,
+                ..RuleReport::default()
             })
             .collect(),
     };
@@ -1148,11 +1148,24 @@ fn a_host_fails_over_to_the_next_listed_allocator_without_leaving_leased() {
     daemon.stop();
 }
 
-/// What the fleet admitted of `web` at small bursts, and the most the shares in force
-/// summed to while it was measured.
+/// What the fleet admitted of `web` at small bursts, the most the shares in force
+/// summed to while it was measured, and what the hosts admitted on credit meanwhile
+/// (`limiter status --json` → `fleet.credited`, summed).
 struct SmallBurstRun {
     admitted: f64,
     peak_in_force: u64,
+    credited: u64,
+}
+
+/// Frames the hosts admitted on the fleet's credit so far, summed.
+fn credited(labs: &[Lab]) -> u64 {
+    labs.iter()
+        .map(|l| {
+            l.json(&["status", "--json"])["fleet"]["credited"]
+                .as_u64()
+                .expect("status --json has fleet.credited")
+        })
+        .sum()
 }
 
 /// The fleet's steady state at small bursts: a global burst of 12 over 3 hosts (4 tokens
@@ -1195,6 +1208,7 @@ fn four_tokens_per_host() -> SmallBurstRun {
         .map(|l| l.rule_stats("web")["burst"].as_u64().unwrap())
         .collect();
     let before: u64 = counters(&all, "web").iter().map(|c| c.0).sum();
+    let credited_before = credited(&labs);
     let start = Instant::now();
     let mut peak_in_force = 0;
     while start.elapsed() < Duration::from_secs(6) {
@@ -1204,11 +1218,13 @@ fn four_tokens_per_host() -> SmallBurstRun {
     }
     let after: u64 = counters(&all, "web").iter().map(|c| c.0).sum();
     let admitted = (after - before) as f64 / start.elapsed().as_secs_f64();
+    let credited = credited(&labs) - credited_before;
     let reports: Vec<_> = senders.into_iter().map(join).collect();
     let sent: Vec<f64> = reports.iter().map(|r| r.frames_per_second()).collect();
     eprintln!(
         "bursts in force {bursts:?}; offered {sent:.0?}/s a host; admitted {admitted:.0}/s = \
-         {:.1} % of the quota {QUOTA}; shares in force peaked at {peak_in_force}/s",
+         {:.1} % of the quota {QUOTA}, {credited} frames of it on credit; shares in force \
+         peaked at {peak_in_force}/s",
         100.0 * admitted / QUOTA as f64
     );
     assert!(
@@ -1221,39 +1237,33 @@ fn four_tokens_per_host() -> SmallBurstRun {
     SmallBurstRun {
         admitted,
         peak_in_force,
+        credited,
     }
 }
 
-/// At 4 tokens a host the fleet never admits more than its quota, and the shares in
-/// force never sum above it.
+/// Steady accuracy at small bursts: at 4 tokens a host the fleet admits 98-102 % of its
+/// quota, the shares in force never sum above it, and the credit is what makes up the
+/// difference (without it, 92.6 % and 93.7 % in two runs: each host's 4-token bucket
+/// overflows in the gaps of Poisson arrivals; README, "Accuracy vs burst, and the
+/// credit").
 #[test]
-fn at_four_tokens_per_host_the_fleet_stays_within_its_quota() {
+fn at_four_tokens_per_host_the_fleet_admits_its_quota_and_no_more() {
     let run = four_tokens_per_host();
+    let pct = 100.0 * run.admitted / QUOTA as f64;
     assert!(
         run.peak_in_force <= QUOTA,
         "shares in force summed to {}/s",
         run.peak_in_force
     );
     assert!(
-        run.admitted <= QUOTA as f64 * 1.02,
-        "admitted {:.0}/s over the quota",
+        (98.0..=102.0).contains(&pct),
+        "admitted {:.0}/s, {pct:.1} % of the quota",
         run.admitted
     );
-}
-
-/// The goal of steady accuracy at small bursts: at 4 tokens a host the fleet admits
-/// 98-102 % of its quota. Not met yet (measured 92.6 % and 93.7 %: each host's 4-token bucket
-/// overflows in the gaps of Poisson arrivals while rates may not sum above the quota;
-/// README, "Accuracy vs burst"), so it runs only when asked: `cargo test --release
-/// --test fleet -- --ignored at_four_tokens`.
-#[test]
-#[ignore = "steady accuracy at 4 tokens a host is 92.6-93.7 %, below the 98 % goal (README, Accuracy vs burst)"]
-fn at_four_tokens_per_host_the_fleet_admits_its_quota() {
-    let run = four_tokens_per_host();
+    // The 6 s measured at ≈ 7 % of the quota wasted by the buckets.
     assert!(
-        run.admitted >= QUOTA as f64 * 0.98 && run.peak_in_force <= QUOTA,
-        "admitted {:.0}/s, {:.1} % of the quota",
-        run.admitted,
-        100.0 * run.admitted / QUOTA as f64
+        run.credited as f64 > QUOTA as f64 * 6.0 * 0.02,
+        "only {} frames admitted on credit",
+        run.credited
     );
 }

@@ -1161,3 +1161,62 @@ fn syn_rules_count_the_syns_they_meter_and_nothing_else() {
         );
     }
 }
+
+/// The fleet's credit (`AggBucket::credit`): frames the aggregate bucket refuses pass
+/// while credit is left and the share's lease holds, one unit each; never once the lease
+/// lapsed, and never for a frame its source's own limit refused.
+#[test]
+fn a_credit_admits_what_the_bucket_refuses_while_the_lease_holds() {
+    const HOUR: u64 = 3_600_000_000_000;
+    const BURST: u64 = 5;
+    const CREDIT: u64 = 7;
+    const FRAMES: u32 = 20;
+    let frame = v4([198, 18, 9, 11]).udp(1, 53).build();
+    // (case, per-source limit, lease deadline relative to now (s), expected passed,
+    // expected credit left)
+    type Case = (&'static str, Option<u64>, i64, u64, u64);
+    let cases: [Case; 3] = [
+        ("leased", None, 3600, BURST + CREDIT, 0),
+        ("lapsed", None, -1, BURST, CREDIT),
+        // The source's limit (3) refuses before the aggregate is asked: no credit spent.
+        ("source over its limit", Some(3), 3600, 3, CREDIT),
+    ];
+    for (case, per_source, lease_s, passed_expected, left_expected) in cases {
+        let per_source = per_source
+            .map(|b| format!("[rules.per_source]\nrate = 1\nburst = {b}\n"))
+            .unwrap_or_default();
+        let config = format!(
+            "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.11/32\"\nrate = 1\nburst = {BURST}\n{per_source}"
+        );
+        for variant in Variant::ALL {
+            let v = format!("{case}, {} build", variant.as_str());
+            let mut loaded = fixture::load(&config).expect("loading the program");
+            loaded.variant = variant;
+            let now = monotonic_ns();
+            let mut table = loaded.table.clone();
+            let slot = table.slots["fleet"];
+            table.rules[0].1.lease_expires_ns = if lease_s > 0 {
+                now + HOUR
+            } else {
+                now - 1_000_000_000
+            };
+            loaded.maps.install(&table).unwrap();
+            assert_eq!(loaded.maps.swap_credit(slot, CREDIT).unwrap(), 0, "{v}");
+            let before = loaded.snapshot().unwrap();
+            for _ in 0..FRAMES {
+                loaded.run(&frame).unwrap();
+            }
+            let c = delta(&before, &loaded.snapshot().unwrap()).rules["fleet"];
+            assert_eq!(
+                (c.passed_packets, c.dropped_packets),
+                (passed_expected, u64::from(FRAMES) - passed_expected),
+                "{v}: passed, dropped"
+            );
+            assert_eq!(
+                loaded.maps.credit_left(slot).unwrap(),
+                left_expected,
+                "{v}: credit left"
+            );
+        }
+    }
+}

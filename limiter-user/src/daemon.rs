@@ -608,34 +608,37 @@ impl Daemon {
                 self.maps.set_aggregate_tat(slot, tat)?;
             }
         }
-        self.write_credits(now)
+        self.write_credits(now);
+        Ok(())
     }
 
     /// Writes the fleet's pending credits into their rules' buckets (`FleetState::
     /// pending_credit`), each replacing what was left, which the ledger counts as spent
-    /// or not.
-    fn write_credits(&mut self, now: u64) -> Result<(), Error> {
+    /// or not. A credit is an extra, so a write that fails is logged and dropped: the
+    /// shares were installed, and the rule runs on its bucket alone until the next grant.
+    fn write_credits(&mut self, now: u64) {
         let Some(fleet) = &mut self.fleet else {
-            return Ok(());
+            return;
         };
         for (rule, credit) in std::mem::take(&mut fleet.pending_credit) {
             let Some(&slot) = self.table.slots.get(&rule) else {
                 continue;
             };
-            let left = self.maps.swap_credit(slot, credit)?;
-            fleet.credit_written(&rule, credit, left, now);
+            match self.maps.swap_credit(slot, credit) {
+                Ok(left) => fleet.credit_written(&rule, credit, left, now),
+                Err(e) => tracing::warn!(%rule, "writing the fleet credit failed: {e}"),
+            }
         }
-        Ok(())
     }
 
     /// A report to group `group` failed: rules whose lease holds get their last grant's
     /// credit again, at most once a report interval (`FleetState::rearm_credit`).
-    pub fn fleet_rearm_credit(&mut self, group: usize) -> Result<(), Error> {
+    pub fn fleet_rearm_credit(&mut self, group: usize) {
         let now = monotonic_ns();
         if let Some(fleet) = &mut self.fleet {
             fleet.rearm_credit(group, now);
         }
-        self.write_credits(now)
+        self.write_credits(now);
     }
 
     /// The fleet report for this interval to group `group` of allocators (0 without
@@ -678,10 +681,12 @@ impl Daemon {
                 RuleTotals {
                     offered: offered_units(unit, &c, syns),
                     refused: c.dropped_packets,
+                    // Unreadable: the report says nothing of the credit (no credit for
+                    // the rule) rather than fail.
                     credit_left: if takes_credit(unit) {
-                        self.maps.credit_left(*slot)?
+                        self.maps.credit_left(*slot).ok()
                     } else {
-                        0
+                        None
                     },
                 },
             );

@@ -104,8 +104,10 @@ pub struct RuleTotals {
     pub offered: u64,
     /// Frames refused so far.
     pub refused: u64,
-    /// What is left of the rule's credit now (`AggBucket::credit`).
-    pub credit_left: u64,
+    /// What is left of the rule's credit now (`AggBucket::credit`); `None` for a rule
+    /// without credit, or a word the daemon could not read (its report then carries no
+    /// credit counts, so the allocator grants it none).
+    pub credit_left: Option<u64>,
 }
 
 /// Whether rules of `unit` take the fleet's credit: its refusals and its unit are both
@@ -465,9 +467,12 @@ impl FleetState {
             let offered = sample.offered.saturating_sub(last.offered);
             let denials = sample.refused.saturating_sub(last.refused);
             let (mut admitted, mut credited, mut credit) = (None, None, None);
-            if self.units.get(name).is_some_and(|u| takes_credit(*u)) {
+            if let (Some(left), true) = (
+                sample.credit_left,
+                self.units.get(name).is_some_and(|u| takes_credit(*u)),
+            ) {
                 let ledger = self.credits.entry(name.clone()).or_default();
-                ledger.observe(sample.credit_left);
+                ledger.observe(left);
                 admitted = Some(offered.saturating_sub(denials));
                 credited = Some(ledger.take_credited());
                 credit = Some(ledger.granted);
@@ -768,7 +773,7 @@ mod tests {
                 RuleTotals {
                     offered: dropped,
                     refused: dropped,
-                    credit_left: 0,
+                    credit_left: None,
                 },
             )])
         };
@@ -792,7 +797,7 @@ mod tests {
                     RuleTotals {
                         offered: dropped,
                         refused: dropped,
-                        credit_left: 0,
+                        credit_left: None,
                     },
                 )])
             };
@@ -916,7 +921,7 @@ mod tests {
                     RuleTotals {
                         offered: n,
                         refused: n,
-                        credit_left: 0,
+                        credit_left: None,
                     },
                 )])
             };
@@ -961,7 +966,7 @@ mod tests {
                 RuleTotals {
                     offered: offered_units(Unit::Bytes, c, 0),
                     refused: c.dropped_packets,
-                    credit_left: 0,
+                    credit_left: None,
                 },
             )])
         };
@@ -982,7 +987,7 @@ mod tests {
             RuleTotals {
                 offered,
                 refused,
-                credit_left,
+                credit_left: Some(credit_left),
             },
         )])
     }
@@ -1044,6 +1049,20 @@ mod tests {
         assert_eq!(r.rules[0].credited, Some(0));
         let r = fleet.report(&totals(100, 0, 20), S);
         assert_eq!(r.rules[0].credited, Some(5));
+        // A word the daemon could not read: no counts at all (the allocator then grants
+        // no credit), rather than a guess or a failed report.
+        let mut unreadable = totals(200, 0, 0);
+        if let Some(t) = unreadable.get_mut("contoso") {
+            t.credit_left = None;
+        }
+        let r = fleet.report(&unreadable, 2 * S);
+        assert_eq!(
+            (r.rules[0].admitted, r.rules[0].credited, r.rules[0].credit),
+            (None, None, None)
+        );
+        // Spending seen at the next readable look is counted from the last one.
+        let r = fleet.report(&totals(300, 0, 18), 3 * S);
+        assert_eq!(r.rules[0].credited, Some(2));
     }
 
     /// A failed report re-arms the last grant's credit while the lease holds, at most
@@ -1196,7 +1215,7 @@ mod tests {
                 RuleTotals {
                     offered,
                     refused: 0,
-                    credit_left: 0,
+                    credit_left: None,
                 },
             )])
         };

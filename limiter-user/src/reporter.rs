@@ -203,9 +203,7 @@ pub async fn report_loop(
                         failures += 1;
                         // The credit of the last grant again while the lease holds: a
                         // leader's crash must not cut it for the gap.
-                        if let Err(e) = lock(&daemon)?.fleet_rearm_credit(group) {
-                            tracing::warn!("re-arming the fleet credit failed: {e}");
-                        }
+                        lock(&daemon)?.fleet_rearm_credit(group);
                     }
                     // The first failure and then one in 30: an outage must not flood logs.
                     if !followed && (failures == 1 || failures.is_multiple_of(30)) {

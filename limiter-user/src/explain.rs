@@ -65,6 +65,10 @@ pub struct Explanation {
     pub share_state: Option<String>,
     pub aggregate: Option<BucketView>,
     pub per_source: Option<BucketView>,
+    /// Fleet mode: what is left of the share's credit while its lease holds (frames the
+    /// aggregate bucket refuses pass on it); 0 otherwise.
+    #[serde(default)]
+    pub credit: u64,
     pub dropped_total: u64,
     pub dropped_last_10s: u64,
     pub dropped_last_60s: u64,
@@ -229,6 +233,7 @@ fn explain_metered(
         share_state: None,
         aggregate: None,
         per_source: None,
+        credit: 0,
         dropped_total: 0,
         dropped_last_10s: 0,
         dropped_last_60s: 0,
@@ -327,6 +332,10 @@ fn explain_metered(
     }
     if rule.flags & RULE_HAS_AGGREGATE != 0 {
         let tat = maps.aggregate_bucket(slot)?.tat;
+        // As the program: the credit while the lease holds (unreadable: none).
+        if (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0 {
+            out.credit = maps.credit_left(slot).unwrap_or(0);
+        }
         // A zero share is closed until its lease lapses (then the kernel meters the
         // bootstrap share the entry carries).
         let zero_share = rule.flags & RULE_CLOSED_UNTIL_LAPSE != 0;
@@ -361,8 +370,17 @@ fn explain_metered(
     .map(|(what, _)| *what)
     .collect::<Vec<_>>();
     let shadow = rule.flags & RULE_SHADOW != 0;
+    let on_credit = refused_by == ["aggregate"] && out.credit >= units;
     let (verdict, reason) = match (refused_by.is_empty(), shadow) {
         (true, _) => ("pass", "the frame conforms to every limit of the rule".to_string()),
+        (false, _) if on_credit => (
+            "pass",
+            format!(
+                "over the aggregate limit, admitted on the fleet's credit ({} left: quota \
+                 the other hosts left unused, lent by the allocator until the next grant)",
+                out.credit
+            ),
+        ),
         (false, true) => (
             "pass",
             format!(
@@ -434,6 +452,12 @@ fn render_verdict(e: &Explanation) -> String {
                 if b.conforms { "conforms" } else { "EXCEEDED" }
             );
         }
+    }
+    if e.credit > 0 {
+        out += &format!(
+            "fleet credit: {} left (spent on frames the aggregate bucket refuses)\n",
+            e.credit
+        );
     }
     out += &format!(
         "drops: {} in the last 10 s, {} in the last 60 s, {} in total\n",
@@ -539,6 +563,7 @@ mod tests {
             share_state: Some("leased".into()),
             aggregate: Some(bucket_view("rule".into(), 0, 0, &Limit::CLOSED, 0, now, 1)),
             per_source: None,
+            credit: 0,
             dropped_total: 0,
             dropped_last_10s: 0,
             dropped_last_60s: 0,
@@ -553,6 +578,16 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("full again"), "{text}");
+        assert!(!text.contains("fleet credit"), "{text}");
+        let credited = Explanation {
+            credit: 12,
+            ..e.clone()
+        };
+        assert!(
+            render(&credited).contains("fleet credit: 12 left"),
+            "{}",
+            render(&credited)
+        );
         assert!(
             !text.contains("then:"),
             "a dropped frame goes nowhere: {text}"

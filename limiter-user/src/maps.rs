@@ -339,36 +339,17 @@ impl Maps {
             return Ok(());
         }
         let (base, mask) = sketch::region_span(region, (width - 1) as u32);
-        let bytes = cells * std::mem::size_of::<Bucket>();
-        // SAFETY: a shared read-write mapping of the array map's values, which the kernel
-        // page-aligns for BPF_F_MMAPABLE arrays; unmapped below before anything else.
-        let mapped = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.src_sketch_fd.as_raw_fd(),
-                0,
-            )
-        };
-        if mapped == libc::MAP_FAILED {
-            return Err(Error::Io {
-                what: "mapping SRC_SKETCH to clear a rule's region".into(),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: `bytes` bytes of u64 cells, aligned (page-aligned mapping); the program
-        // reads and updates them atomically, so they are written as atomics here.
-        let tats = unsafe { std::slice::from_raw_parts(mapped as *const AtomicU64, cells) };
+        let mapping = Mapping::new(&self.src_sketch_fd, cells).map_err(|source| Error::Io {
+            what: "mapping SRC_SKETCH to clear a rule's region".into(),
+            source,
+        })?;
+        let tats = mapping.words();
         for row in 0..sketch::ROWS as usize {
             let start = row * width + base as usize;
             for tat in &tats[start..=start + mask as usize] {
                 tat.store(0, Ordering::Relaxed);
             }
         }
-        // SAFETY: the mapping made above, no longer referenced.
-        unsafe { libc::munmap(mapped, bytes) };
         Ok(())
     }
 
@@ -785,9 +766,12 @@ struct SharedWords {
     mapping: std::sync::OnceLock<Mapping>,
 }
 
+/// A shared read-write mapping of the first `words` 8-byte values of a `BPF_F_MMAPABLE`
+/// array map (which the kernel page-aligns), unmapped on drop. The program reads and
+/// updates those words atomically, so they are only ever touched as atomics here.
 struct Mapping {
     base: std::ptr::NonNull<AtomicU64>,
-    bytes: usize,
+    words: usize,
 }
 
 // SAFETY: the mapping is shared memory touched only through atomics; the pointer is
@@ -796,11 +780,45 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above: every access is an atomic operation.
 unsafe impl Sync for Mapping {}
 
+impl Mapping {
+    fn new(fd: &OwnedFd, words: usize) -> std::io::Result<Mapping> {
+        let bytes = words * std::mem::size_of::<AtomicU64>();
+        // SAFETY: a shared read-write mapping of the array map's values; unmapped on drop.
+        let mapped = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let base = std::ptr::NonNull::new(mapped.cast::<AtomicU64>())
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
+        Ok(Mapping { base, words })
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `words` aligned 8-byte values (a page-aligned mapping), alive as long as
+        // `self`.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.words) }
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in `SharedWords::word`, no longer referenced (its
-        // words are borrowed from `&self` only).
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
+        // SAFETY: the mapping made in `Mapping::new`, no longer referenced (its words are
+        // borrowed from `&self` only).
+        unsafe {
+            libc::munmap(
+                self.base.as_ptr().cast(),
+                self.words * std::mem::size_of::<AtomicU64>(),
+            )
+        };
     }
 }
 
@@ -820,37 +838,18 @@ impl SharedWords {
         let mapping = match self.mapping.get() {
             Some(m) => m,
             None => {
-                // SAFETY: a shared read-write mapping of the array map's values, which
-                // the kernel page-aligns for BPF_F_MMAPABLE arrays; unmapped on drop.
-                let mapped = unsafe {
-                    libc::mmap(
-                        std::ptr::null_mut(),
-                        bytes,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_SHARED,
-                        self.fd.as_raw_fd(),
-                        0,
-                    )
-                };
-                if mapped == libc::MAP_FAILED {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let base = std::ptr::NonNull::new(mapped.cast::<AtomicU64>())
-                    .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidData))?;
-                // Another caller cannot race this one: `Maps` is used from one thread at
-                // a time (behind the daemon's lock); if one did, its mapping is dropped.
-                let _ = self.mapping.set(Mapping { base, bytes });
+                // `Maps` is used from one thread at a time (behind the daemon's lock); if
+                // another caller won a race, this mapping is dropped (unmapped).
+                let _ = self.mapping.set(Mapping::new(&self.fd, bytes / 8)?);
                 self.mapping
                     .get()
                     .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Other))?
             }
         };
-        if at + 8 > mapping.bytes {
-            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
-        }
-        // SAFETY: in bounds and 8-byte aligned (page-aligned base, `at` a multiple of 8);
-        // the program updates these words only atomically.
-        Ok(unsafe { &*mapping.base.as_ptr().add(at / 8) })
+        mapping
+            .words()
+            .get(at / 8)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))
     }
 }
 

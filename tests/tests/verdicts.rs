@@ -1220,3 +1220,50 @@ fn a_credit_admits_what_the_bucket_refuses_while_the_lease_holds() {
         }
     }
 }
+
+/// `limiter explain` says what the program does with the credit: with the bucket empty,
+/// a frame passes on credit while some is left and the lease holds, and is dropped once
+/// it is spent.
+#[test]
+fn explain_agrees_with_the_program_about_the_credit() {
+    use limiter_user::{
+        config::Proto,
+        explain::{self, ExplainQuery},
+    };
+    const HOUR: u64 = 3_600_000_000_000;
+    let frame = v4([198, 18, 9, 12]).udp(1, 53).build();
+    let config = "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.12/32\"\nrate = 1\nburst = 2\n";
+    let mut loaded = fixture::load(config).expect("loading the program");
+    let mut table = loaded.table.clone();
+    let slot = table.slots["fleet"];
+    table.rules[0].1.lease_expires_ns = monotonic_ns() + HOUR;
+    loaded.maps.install(&table).unwrap();
+    let query = ExplainQuery {
+        src: "198.18.0.1".parse().unwrap(),
+        dst: "198.18.9.12".parse().unwrap(),
+        dst_port: Some(53),
+        proto: Proto::Udp,
+        frame_len: 64,
+        syn: false,
+    };
+    let explain = |loaded: &Loaded| {
+        let e = explain::explain(&table, &loaded.maps, &query, |_, _| (0, 0)).unwrap();
+        (e.verdict, e.credit, e.reason)
+    };
+    // The burst of 2, then nothing left: explain and the program both drop.
+    for _ in 0..2 {
+        assert_eq!(loaded.run(&frame).unwrap(), XDP_PASS);
+    }
+    assert_eq!(explain(&loaded).0, "drop");
+    assert_eq!(loaded.run(&frame).unwrap(), XDP_DROP);
+    // A credit of 2: explain says pass on credit, the program passes two frames.
+    loaded.maps.swap_credit(slot, 2).unwrap();
+    for left in [2, 1] {
+        let (verdict, credit, reason) = explain(&loaded);
+        assert_eq!((verdict.as_str(), credit), ("pass", left), "{reason}");
+        assert!(reason.contains("fleet's credit"), "{reason}");
+        assert_eq!(loaded.run(&frame).unwrap(), XDP_PASS, "{left} left");
+    }
+    assert_eq!(explain(&loaded).0, "drop");
+    assert_eq!(loaded.run(&frame).unwrap(), XDP_DROP);
+}

@@ -390,7 +390,7 @@ impl State {
             ),
             (
                 "limiter_allocator_credit_cap",
-                "The most credit the rule's hosts hold at once (credit_bursts × the global burst; 0: no credit).",
+                "The most credit the rule's hosts hold at once: credit_pct % of what the quota admits in one report interval (0: no credit).",
             ),
         ];
         let mut rows: Vec<[f64; 9]> = Vec::new();
@@ -546,9 +546,9 @@ mod tests {
     }
 
     /// The credit on the wire: hosts that send what they admitted and refused get what
-    /// the fleet left unused of its quota, within `credit_bursts` global bursts, as a
+    /// the fleet left unused of its quota, within `credit_pct` % of an interval's quota, as a
     /// grant's credit; hosts that do not (an earlier protocol) get none, and neither
-    /// does a fleet with `credit_bursts = 0`. Shares are the same either way.
+    /// does a fleet with `credit_pct = 0`. Shares are the same either way.
     #[test]
     fn hosts_that_report_usage_get_the_unused_quota_as_credit() {
         let mut s = web_state();

@@ -770,8 +770,9 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
          unused share feeds the credit, also where demand fell; `nojoiners`: no joiner's \
          share while the allocator learns; `norearm`: a host whose report fails does not \
          re-arm its last credit), beside the same scenario with the winners \
-         (credit bank, cap 30 % of an interval's quota; a joiner's share while learning). Contoso; \
-         admitted ÷ quota over the seconds offered ≥ 105 % of it.\n"
+         (credit bank, cap {} % of an interval's quota; a joiner's share while learning). Contoso; \
+         admitted ÷ quota over the seconds offered ≥ 105 % of it.\n",
+        limiter_fleet::alloc::DEFAULT_CREDIT_PCT
     );
     let back = |v: &[Option<f64>]| {
         if v.is_empty() {

@@ -137,6 +137,8 @@ struct HostState {
     /// The credit of its last grant (its bucket's credit, at most: it may have spent
     /// some; the next grant replaces it).
     credit: u64,
+    /// What its last report raised the credit level by (frame-ns, after the clamp).
+    raised: i128,
 }
 
 impl HostState {
@@ -365,11 +367,19 @@ impl RuleAllocator {
                     let entitled = u64::try_from(h.entitled / FRAME).unwrap_or(0);
                     let offered = u.admitted.saturating_add(u.denials);
                     let fell = offered.saturating_mul(8) < entitled;
+                    let mut level = self.credit_level;
                     if !self.credit_idle_unused && fell {
                         unused = unused.min(0);
+                        // What it left unused in the interval before was most likely
+                        // the same fall, seen in part (its demand left mid-interval),
+                        // not a bucket's waste: taken back, else that stale credit is
+                        // handed out once the shares have followed the shift.
+                        level -= h.raised;
                     }
                     let top = i128::from(self.credit_cap.min(self.denials_sum)) * FRAME;
-                    self.credit_level = (self.credit_level + unused).clamp(0, top);
+                    let raised = (level + unused).clamp(0, top);
+                    h.raised = (raised - self.credit_level).max(0);
+                    self.credit_level = raised;
                 }
             }
         } else if usage.is_none() {
@@ -396,7 +406,24 @@ impl RuleAllocator {
             Some(h) => {
                 self.held_sum = self.held_sum - h.held + report.held;
                 let was = h.joining();
-                h.demand = report.demand.max(h.reported / 2 + report.demand / 2);
+                // A host whose demand left (its count below an eighth of a demand that
+                // had it expect 24 frames or more: Poisson counts fall that far once in
+                // 10⁸ intervals) gives its share up at once rather than over two
+                // reports, and the allocation is recomputed soon: the hosts the demand
+                // moved to get it at their next report, one interval sooner.
+                let expected = u128::from(h.demand) * u128::from(now.saturating_sub(h.last_report));
+                let left = expected >= 24 * FRAME as u128
+                    && u128::from(report.demand) * 8 < u128::from(h.demand);
+                h.demand = if left {
+                    // Recomputed within a sixteenth of `refresh_ns`, not at once: hosts
+                    // that flap between idle and busy cost at most 16 allocations per
+                    // refresh period, not one per report.
+                    let soon = now.saturating_sub(self.refresh_ns - self.refresh_ns / 16);
+                    self.computed = self.computed.map(|(at, quota)| (at.min(soon), quota));
+                    report.demand
+                } else {
+                    report.demand.max(h.reported / 2 + report.demand / 2)
+                };
                 self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
                 h.reported = report.demand;
                 h.held = report.held;
@@ -426,6 +453,7 @@ impl RuleAllocator {
                         joiner: false,
                         credit_held: usage.map_or(0, |u| u.credit),
                         credit: 0,
+                        raised: 0,
                     },
                 );
             }
@@ -823,6 +851,90 @@ mod tests {
         }
         let g = r.grants(t + 2);
         assert_eq!((g["a"].rate, g["b"].rate, g["c"].rate), (500, 500, 2000));
+    }
+
+    /// A host whose demand left (its count far below a share of 16 frames or more)
+    /// gives the share up at its first report that shows it, and the host the demand
+    /// moved to gets it at its own report in the same round; a share too small to tell a
+    /// fall from Poisson noise still counts a drop over two reports.
+    #[test]
+    fn a_host_whose_demand_left_gives_its_share_up_at_once() {
+        const S: u64 = 1_000_000_000;
+        for (quota, a_then, b_then) in [(1000, 0, 1000), (20, 10, 10)] {
+            let mut r = RuleAllocator::added(quota, 100, Duration::from_secs(3), 0, 10 * S);
+            let t = 10 * S;
+            for host in ["a", "b"] {
+                r.report(
+                    host,
+                    Report {
+                        demand: quota,
+                        held: 0,
+                    },
+                    t,
+                );
+            }
+            let half = quota / 2;
+            for host in ["a", "b"] {
+                assert_eq!(r.grant_for(host, t).map(|g| g.rate), Some(half));
+            }
+            r.report(
+                "a",
+                Report {
+                    demand: 0,
+                    held: half,
+                },
+                t + S,
+            );
+            r.report(
+                "b",
+                Report {
+                    demand: quota,
+                    held: half,
+                },
+                t + S,
+            );
+            let a = r.grant_for("a", t + S).map(|g| g.rate);
+            let b = r.grant_for("b", t + S).map(|g| g.rate);
+            assert_eq!((a, b), (Some(a_then), Some(b_then)), "quota {quota}");
+        }
+    }
+
+    /// What a host's report added to the credit level is taken back when its next
+    /// report shows its demand fell: the first report after a shift sees the fall in
+    /// part (the demand left mid-interval), which is not a bucket's waste.
+    #[test]
+    fn a_fall_takes_back_what_its_first_glimpse_added_to_the_credit() {
+        const S: u64 = 1_000_000_000;
+        let mut r = RuleAllocator::added(1000, 100, Duration::from_secs(3), 0, 10 * S);
+        r.credit_cap = 1000;
+        let usage = |admitted, denials| Usage {
+            admitted,
+            denials,
+            credited: 0,
+            credit: 0,
+        };
+        let held = |demand| Report { demand, held: 500 };
+        let mut t = 10 * S;
+        for _ in 0..2 {
+            for host in ["a", "b"] {
+                r.report_usage(host, held(700), Some(usage(500, 200)), t);
+            }
+            for host in ["a", "b"] {
+                r.grant_for(host, t);
+            }
+            t += S;
+        }
+        assert_eq!(r.credit_level(), 0, "both used their shares");
+        r.report_usage("b", held(900), Some(usage(500, 400)), t);
+        // a's demand left half-way through the interval.
+        r.report_usage("a", held(250), Some(usage(250, 0)), t);
+        assert_eq!(r.credit_level(), 250);
+        for host in ["a", "b"] {
+            r.grant_for(host, t);
+        }
+        t += S;
+        r.report_usage("a", held(0), Some(usage(0, 0)), t);
+        assert_eq!(r.credit_level(), 0, "the glimpse of the fall is taken back");
     }
 
     #[test]

@@ -44,6 +44,13 @@ pub const DEFAULT_STICKY_MAX_S: u64 = 300;
 /// often a host reports, and so renews its leases.
 pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 1_000;
 
+/// How soon a daemon with a share in FAIL_OPEN retries a failed report (ms), instead of a
+/// report interval later: a FAIL_OPEN share passes everything until a report reaches an
+/// allocator, so an allocator's return should be seen within this, not within an
+/// interval. No faster than the daemons' early reports (limiter-proto's
+/// `MIN_REPORT_SPACING_MS`), which the allocator's report rate limit allows for.
+pub const FAIL_OPEN_RETRY_MS: u64 = 200;
+
 /// Timings and fleet size; the defaults (the `DEFAULT_*` above) are the brief's (docs/design.md, "Fleet state machine").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShareParams {

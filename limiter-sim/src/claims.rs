@@ -565,7 +565,7 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
             });
         }
     }
-    for (run, r) in ["outage", "outage-idle", "outage-move"]
+    for (run, r) in ["outage", "outage-idle", "outage-move", "outage+noretry"]
         .into_iter()
         .filter_map(|n| find(runs, n))
     {
@@ -639,13 +639,17 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
                 "all LEASED {:.1} s after the return (meanwhile {:+.0} %, {}); then {:+.1} %",
                 f.released_after.unwrap_or(f64::NAN),
                 f.return_peak_pct,
-                if sc.learning_joiners {
-                    "in the second of the return: a host in FAIL_OPEN passes everything until \
-                     its next report reaches the allocator, then runs at a joiner's share \
-                     while it learns"
-                } else {
+                if !sc.learning_joiners {
                     "hosts that never had a grant get none while the new allocator learns, \
                      and stay FAIL_OPEN"
+                } else if sc.fail_open_retry {
+                    "in the second of the return: a host in FAIL_OPEN passes everything until \
+                     a report reaches the allocator (it retries every 200 ms; the grant comes \
+                     a round trip later), then runs at a joiner's share while it learns"
+                } else {
+                    "in the second of the return: a host in FAIL_OPEN passes everything until \
+                     its next report, up to an interval later, reaches the allocator, then \
+                     runs at a joiner's share while it learns"
                 },
                 f.after_peak_pct
             ),

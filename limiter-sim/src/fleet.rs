@@ -18,7 +18,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use limiter_fleet::{
     alloc::{allocate, Report, RuleAllocator, Usage},
-    share::{Enforcement, Grant, Share, ShareState},
+    share::{Enforcement, Grant, Share, ShareState, FAIL_OPEN_RETRY_MS},
 };
 
 use crate::{
@@ -299,6 +299,8 @@ impl Fleet {
         let interval = ns(self.sc.params.report_interval).max(STEP);
         // Phases on whole steps, so that every group's time comes.
         let phase = (interval / self.groups.len() as u64 / STEP).max(1) * STEP;
+        // FAIL_OPEN retries: every this many phases, on each host's own phase.
+        let retry_phases = (FAIL_OPEN_RETRY_MS * MS / phase).max(1) as usize;
         let mut next_event = 0;
         let mut now = EPOCH;
         while now <= EPOCH + self.sc.duration {
@@ -319,6 +321,9 @@ impl Fleet {
                         self.send_report(r, p, now, false);
                     }
                     self.groups[g] = group;
+                    if self.sc.fail_open_retry {
+                        self.retry_fail_open(g, retry_phases, now);
+                    }
                 }
             }
             self.allocator(now);
@@ -396,6 +401,30 @@ impl Fleet {
             self.send_report(r, p, now, true);
         }
         Ok(())
+    }
+
+    /// The pairs of the groups whose phase is a whole number of FAIL_OPEN retries
+    /// (`retry_phases` phases) after group `g`'s (not `g` itself: it just reported) that
+    /// are in FAIL_OPEN report again: the daemon retries a failed report that soon
+    /// while a share fails open, so each host retries on its own phase.
+    fn retry_fail_open(&mut self, g: usize, retry_phases: usize, now: u64) {
+        let n = self.groups.len();
+        let mut due = Vec::new();
+        for k in (retry_phases..n).step_by(retry_phases) {
+            for &(r, p) in &self.groups[(g + n - k) % n] {
+                let pair = &self.rules[r as usize].pairs[p as usize];
+                if pair
+                    .share
+                    .as_ref()
+                    .is_some_and(|s| s.state(now) == ShareState::FailOpen)
+                {
+                    due.push((r, p));
+                }
+            }
+        }
+        for (r, p) in due {
+            self.send_report(r, p, now, false);
+        }
     }
 
     /// Sends a pair's report; `first`: the bootstrap request, which claims the

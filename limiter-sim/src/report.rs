@@ -769,7 +769,8 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
          `bank-Npct`: the credit bank with a cap of N % of an interval's quota; `all-unused`: every host's \
          unused share feeds the credit, also where demand fell; `nojoiners`: no joiner's \
          share while the allocator learns; `norearm`: a host whose report fails does not \
-         re-arm its last credit), beside the same scenario with the winners \
+         re-arm its last credit; `noretry`: a host in FAIL_OPEN retries its report once an \
+         interval, not every 200 ms), beside the same scenario with the winners \
          (credit bank, cap {} % of an interval's quota; a joiner's share while learning). Contoso; \
          admitted ÷ quota over the seconds offered ≥ 105 % of it.\n",
         limiter_fleet::alloc::DEFAULT_CREDIT_PCT

@@ -129,6 +129,10 @@ pub struct Scenario {
     /// A host whose report fails re-arms its last grant's credit while the lease holds
     /// (`false`: the credit stops until the next grant, for comparison).
     pub credit_rearm: bool,
+    /// A host with a share in FAIL_OPEN retries its report every
+    /// `limiter_fleet::share::FAIL_OPEN_RETRY_MS` (on its phase), as the daemon does
+    /// (`false`: once a report interval, for comparison).
+    pub fail_open_retry: bool,
 }
 
 /// Scales the built-in scenarios: the defaults are the design's (docs/design.md, Fleet
@@ -301,6 +305,7 @@ impl Scenario {
             learning_joiners: k.learning_joiners,
             credit_idle_unused: false,
             credit_rearm: true,
+            fail_open_retry: true,
         }
     }
 
@@ -812,6 +817,9 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
     v.push(variant(outage(k), "nojoiners", credit, cap, false));
     let mut sc = variant(failover(k), "norearm", credit, cap, joiners);
     sc.credit_rearm = false;
+    v.push(sc);
+    let mut sc = variant(outage(k), "noretry", credit, cap, joiners);
+    sc.fail_open_retry = false;
     v.push(sc);
     v
 }

@@ -136,6 +136,8 @@ pub struct FleetCounters {
     pub grants_refused: u64,
     /// Frames admitted on the fleet's credit (beyond the buckets), every rule.
     pub credited: u64,
+    /// Reports that reached no allocator (every group).
+    pub report_failures: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -631,11 +633,13 @@ impl Daemon {
         }
     }
 
-    /// A report to group `group` failed: rules whose lease holds get their last grant's
-    /// credit again, at most once a report interval (`FleetState::rearm_credit`).
-    pub fn fleet_rearm_credit(&mut self, group: usize) {
+    /// A report to group `group` failed: counted (`limiter_fleet_report_failures_total`),
+    /// and rules whose lease holds get their last grant's credit again, at most once a
+    /// report interval (`FleetState::rearm_credit`).
+    pub fn fleet_report_failed(&mut self, group: usize) {
         let now = monotonic_ns();
         if let Some(fleet) = &mut self.fleet {
+            fleet.report_failed();
             fleet.rearm_credit(group, now);
         }
         self.write_credits(now);
@@ -650,6 +654,13 @@ impl Daemon {
             .fleet
             .as_mut()
             .map(|f| f.report_to(group, &totals, now)))
+    }
+
+    /// Whether a fleet rule reported to group `group` is in FAIL_OPEN now.
+    pub fn fleet_fails_open(&self, group: usize) -> bool {
+        self.fleet
+            .as_ref()
+            .is_some_and(|f| f.fails_open_to(group, monotonic_ns()))
     }
 
     /// Whether any fleet rule is reported to group `group` now.
@@ -699,6 +710,7 @@ impl Daemon {
         self.fleet.as_ref().map(|f| FleetCounters {
             grants_refused: f.grants_refused(),
             credited: f.credited_total(),
+            report_failures: f.report_failures(),
         })
     }
 

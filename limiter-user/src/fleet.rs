@@ -217,6 +217,8 @@ pub struct FleetState {
     routing: Routing,
     /// Grants refused because their share does not compile, since start.
     grants_refused: u64,
+    /// Reports that reached no allocator (or no leader), since start.
+    report_failures: u64,
 }
 
 impl FleetState {
@@ -241,6 +243,7 @@ impl FleetState {
             asking: BTreeSet::new(),
             routing,
             grants_refused: 0,
+            report_failures: 0,
         };
         fleet.sync_rules(rules, now);
         fleet
@@ -350,6 +353,16 @@ impl FleetState {
     /// Grants refused since start (their share did not compile).
     pub fn grants_refused(&self) -> u64 {
         self.grants_refused
+    }
+
+    /// Reports that reached no allocator since start.
+    pub fn report_failures(&self) -> u64 {
+        self.report_failures
+    }
+
+    /// Counts a report that reached no allocator.
+    pub fn report_failed(&mut self) {
+        self.report_failures += 1;
     }
 
     /// Counts `n` more refused grants (a restored copy keeps the count).
@@ -520,6 +533,15 @@ impl FleetState {
             self.routing.group_of(name) == group
                 && (self.asking.contains(name)
                     || share.wants_early_report(self.denials(name, totals), now))
+        })
+    }
+
+    /// Whether a share routed to `group` is in FAIL_OPEN now: it passes everything
+    /// until a report reaches an allocator, so the reporter retries at once rather than
+    /// an interval later (`limiter_fleet::share::FAIL_OPEN_RETRY_MS`).
+    pub fn fails_open_to(&self, group: usize, now: u64) -> bool {
+        self.shares.iter().any(|(name, share)| {
+            self.routing.group_of(name) == group && share.state(now) == ShareState::FailOpen
         })
     }
 

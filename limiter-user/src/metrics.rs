@@ -265,6 +265,19 @@ pub fn render(s: &Snapshot) -> String {
              refused by a share's bucket, admitted on quota the fleet left unused.",
         );
         let _ = writeln!(out, "limiter_fleet_credited_total {}", fleet.credited);
+        family(
+            &mut out,
+            "limiter_fleet_report_failures_total",
+            "counter",
+            "Reports to the allocators that failed (none reachable, no leader, a deadline \
+             passed) since the daemon started: shares go STICKY, then FAIL_OPEN, on their \
+             deadlines.",
+        );
+        let _ = writeln!(
+            out,
+            "limiter_fleet_report_failures_total {}",
+            fleet.report_failures
+        );
     }
     if let Some((time, count)) = s.program_runs {
         family(
@@ -417,11 +430,13 @@ mod tests {
             fleet: Some(FleetCounters {
                 grants_refused: 6,
                 credited: 41,
+                report_failures: 9,
             }),
         };
         let text = render(&snapshot);
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
         assert!(text.contains("limiter_fleet_credited_total 41\n"));
+        assert!(text.contains("limiter_fleet_report_failures_total 9\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
         assert!(text.contains("limiter_rule_rate_packets_per_second{rule=\"we\\\"b\"} 10\n"));

@@ -14,12 +14,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_fleet::failover::{Redirect, Replicas, TermFence};
+use limiter_fleet::{
+    failover::{Redirect, Replicas, TermFence},
+    share::FAIL_OPEN_RETRY_MS,
+};
 use limiter_proto::pb::allocator_client::AllocatorClient;
 use tokio::sync::broadcast;
 use tonic::transport::Endpoint;
 
 use crate::{config::FleetSpec, daemon::Daemon, error::Error, shutdown::Shutdown};
+
+// A FAIL_OPEN daemon's retries stay within what the allocator's report rate limit allows
+// a daemon (its early reports' spacing).
+const _: () = assert!(FAIL_OPEN_RETRY_MS >= limiter_proto::MIN_REPORT_SPACING_MS);
 
 /// The host id must be a name of this host's client certificate (its DNS SANs, or its CN
 /// without any): the allocator refuses reports under any other name. Checked at start, so
@@ -201,9 +208,9 @@ pub async fn report_loop(
                         next = Instant::now();
                     } else {
                         failures += 1;
-                        // The credit of the last grant again while the lease holds: a
-                        // leader's crash must not cut it for the gap.
-                        lock(&daemon)?.fleet_rearm_credit(group);
+                        // Counted, and the credit of the last grant again while the lease
+                        // holds: a leader's crash must not cut it for the gap.
+                        lock(&daemon)?.fleet_report_failed(group);
                     }
                     // The first failure and then one in 30: an outage must not flood logs.
                     if !followed && (failures == 1 || failures.is_multiple_of(30)) {
@@ -216,10 +223,19 @@ pub async fn report_loop(
                         );
                     }
                     // With replicas, the next one is tried soon rather than an interval
-                    // later: the shares in force keep their deadlines meanwhile.
-                    if !followed && allocators.len() > 1 {
-                        next = Instant::now()
-                            + Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS);
+                    // later: the shares in force keep their deadlines meanwhile. So is it
+                    // while a share fails open: it passes everything until a report gets
+                    // through, so a returning allocator is found within 200 ms, not within
+                    // an interval (one call at a time, within the allocator's rate limit).
+                    let soon = if followed {
+                        None
+                    } else if lock(&daemon)?.fleet_fails_open(group) {
+                        Some(FAIL_OPEN_RETRY_MS)
+                    } else {
+                        (allocators.len() > 1).then_some(limiter_proto::MIN_REPORT_SPACING_MS)
+                    };
+                    if let Some(ms) = soon {
+                        next = Instant::now() + Duration::from_millis(ms);
                     }
                 }
             }

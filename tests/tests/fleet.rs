@@ -525,19 +525,7 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
     let pki = Pki::new(dir.path());
     let metrics_port = free_port();
     let allocator = Allocator::timed(dir.path(), &pki, Some(metrics_port), LEASE, INTERVAL);
-    let labs: Vec<Lab> = (1..=2)
-        .map(|i| {
-            let host = format!("lb-{i}");
-            Lab::new(&daemon_config_timed(
-                &host,
-                &pki,
-                allocator.port,
-                &host,
-                LEASE,
-                INTERVAL,
-            ))
-        })
-        .collect();
+    let labs = timed_hosts(2, &pki, allocator.port, LEASE, INTERVAL);
     let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
     let all: Vec<&Lab> = labs.iter().collect();
     wait_state(&all, "web", "leased", Duration::from_secs(15));
@@ -1266,4 +1254,69 @@ fn at_four_tokens_per_host_the_fleet_admits_its_quota_and_no_more() {
         "only {} frames admitted on credit",
         run.credited
     );
+}
+
+/// A host whose shares fail open passes everything until a report gets through, so it
+/// retries every `FAIL_OPEN_RETRY_MS` (200 ms) rather than once a report interval
+/// (4 s here): the failures count at that pace while it fails open, and a returning
+/// allocator is found within a retry, not within an interval.
+#[test]
+fn a_host_in_fail_open_retries_every_200_ms_and_finds_the_returning_allocator_at_once() {
+    const LEASE: u64 = 5_000;
+    const INTERVAL: u64 = 4_000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut allocator = Allocator::timed(dir.path(), &pki, None, LEASE, INTERVAL);
+    let labs = timed_hosts(2, &pki, allocator.port, LEASE, INTERVAL);
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    wait_state(&all, "web", "leased", Duration::from_secs(10));
+
+    allocator.kill();
+    wait_state(
+        &all,
+        "web",
+        "fail_open",
+        Duration::from_millis(LEASE + STICKY_S * 1000 + INTERVAL),
+    );
+    let failures = |lab: &Lab| {
+        lab.json(&["status", "--json"])["fleet"]["report_failures"]
+            .as_u64()
+            .expect("status --json has fleet.report_failures")
+    };
+    let before: Vec<u64> = labs.iter().map(failures).collect();
+    let window = Instant::now();
+    std::thread::sleep(Duration::from_millis(1600));
+    let after: Vec<u64> = labs.iter().map(failures).collect();
+    let elapsed = window.elapsed();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        eprintln!(
+            "lb-{}: {} failed reports in {elapsed:?} of FAIL_OPEN",
+            i + 1,
+            a - b
+        );
+        // Every 200 ms: 8 in 1.6 s (once an interval: at most 1).
+        assert!(
+            a - b >= 5,
+            "lb-{}: {} failed reports in {elapsed:?} of FAIL_OPEN",
+            i + 1,
+            a - b
+        );
+    }
+
+    allocator.start();
+    let found = wait_state(
+        &all,
+        "web",
+        "leased",
+        Duration::from_millis(INTERVAL + 2000),
+    );
+    eprintln!("both hosts leased {found:?} after the allocator listened again");
+    assert!(
+        found < Duration::from_millis(1200),
+        "the returning allocator was found after {found:?} (interval {INTERVAL} ms)"
+    );
+    for d in daemons {
+        d.stop();
+    }
 }

@@ -239,6 +239,18 @@ pub fn admitted_rate(labs: &[&Lab], rule: &str, window: Duration) -> f64 {
     (after - before) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// [`hosts`] with their own lease TTL and report interval (ms).
+pub fn timed_hosts(n: usize, pki: &Pki, port: u16, lease_ms: u64, report_ms: u64) -> Vec<Lab> {
+    (1..=n)
+        .map(|i| {
+            let host = format!("lb-{i}");
+            Lab::new(&daemon_config_timed(
+                &host, pki, port, &host, lease_ms, report_ms,
+            ))
+        })
+        .collect()
+}
+
 /// `n` hosts lb-1…lb-n, each with its own veth pair, pins and socket, and its own
 /// client certificate.
 pub fn hosts(n: usize, pki: &Pki, port: u16) -> Vec<Lab> {

@@ -644,8 +644,8 @@ pub fn claims(runs: &[Run]) -> Vec<Claim> {
                      and stay FAIL_OPEN"
                 } else if sc.fail_open_retry {
                     "in the second of the return: a host in FAIL_OPEN passes everything until \
-                     a report reaches the allocator (it retries every 200 ms; the grant comes \
-                     a round trip later), then runs at a joiner's share while it learns"
+                     a report reaches the allocator (it retries 200 ms after each failure; the \
+                     grant comes a round trip later), then runs at a joiner's share while it learns"
                 } else {
                     "in the second of the return: a host in FAIL_OPEN passes everything until \
                      its next report, up to an interval later, reaches the allocator, then \

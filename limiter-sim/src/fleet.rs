@@ -65,6 +65,9 @@ struct Pair {
     credited_at_report: u64,
     /// The share started in the current tick.
     tick_joined: bool,
+    /// A FAIL_OPEN retry is queued: it replaces the interval's report (the daemon's next
+    /// report is the retry).
+    retrying: bool,
 }
 
 impl Pair {
@@ -152,6 +155,10 @@ pub struct Fleet {
     /// (rule, pair) by report phase group.
     groups: Vec<Vec<(u32, u32)>>,
     first_frames: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    /// FAIL_OPEN retries due: (at, rule, pair).
+    retries: BinaryHeap<Reverse<(u64, u32, u32)>>,
+    /// The retries' loop-tick jitter.
+    jitter: Rng,
     reports: VecDeque<InFlight<(Report, Option<Usage>)>>,
     grants: VecDeque<InFlight<Grant>>,
     allocator_up: bool,
@@ -226,6 +233,7 @@ impl Fleet {
                     credited_at_report: 0,
                     last_credit: 0,
                     tick_joined: false,
+                    retrying: false,
                 });
             }
             rules.push(Rule {
@@ -251,6 +259,8 @@ impl Fleet {
             names: (0..sc.hosts).map(|h| format!("lb{h:03}")).collect(),
             groups,
             first_frames: BinaryHeap::new(),
+            retries: BinaryHeap::new(),
+            jitter: Rng::new(sc.seed ^ 0x7e7a),
             reports: VecDeque::new(),
             grants: VecDeque::new(),
             allocator_up: true,
@@ -299,8 +309,6 @@ impl Fleet {
         let interval = ns(self.sc.params.report_interval).max(STEP);
         // Phases on whole steps, so that every group's time comes.
         let phase = (interval / self.groups.len() as u64 / STEP).max(1) * STEP;
-        // FAIL_OPEN retries: every this many phases, on each host's own phase.
-        let retry_phases = (FAIL_OPEN_RETRY_MS * MS / phase).max(1) as usize;
         let mut next_event = 0;
         let mut now = EPOCH;
         while now <= EPOCH + self.sc.duration {
@@ -311,6 +319,7 @@ impl Fleet {
                 self.apply(&action, now)?;
             }
             self.first_frames(now)?;
+            self.retries(now);
             self.deliver_grants(now)?;
             let rem = elapsed % interval;
             if rem.is_multiple_of(phase) {
@@ -318,12 +327,11 @@ impl Fleet {
                 if g < self.groups.len() {
                     let group = std::mem::take(&mut self.groups[g]);
                     for &(r, p) in &group {
-                        self.send_report(r, p, now, false);
+                        if !self.rules[r as usize].pairs[p as usize].retrying {
+                            self.send_report(r, p, now, false);
+                        }
                     }
                     self.groups[g] = group;
-                    if self.sc.fail_open_retry {
-                        self.retry_fail_open(g, retry_phases, now);
-                    }
                 }
             }
             self.allocator(now);
@@ -403,27 +411,23 @@ impl Fleet {
         Ok(())
     }
 
-    /// The pairs of the groups whose phase is a whole number of FAIL_OPEN retries
-    /// (`retry_phases` phases) after group `g`'s (not `g` itself: it just reported) that
-    /// are in FAIL_OPEN report again: the daemon retries a failed report that soon
-    /// while a share fails open, so each host retries on its own phase.
-    fn retry_fail_open(&mut self, g: usize, retry_phases: usize, now: u64) {
-        let n = self.groups.len();
-        let mut due = Vec::new();
-        for k in (retry_phases..n).step_by(retry_phases) {
-            for &(r, p) in &self.groups[(g + n - k) % n] {
-                let pair = &self.rules[r as usize].pairs[p as usize];
-                if pair
-                    .share
-                    .as_ref()
-                    .is_some_and(|s| s.state(now) == ShareState::FailOpen)
-                {
-                    due.push((r, p));
-                }
+    /// FAIL_OPEN retries that are due: the pair reports again if it still fails open
+    /// (a grant since moved it out).
+    fn retries(&mut self, now: u64) {
+        while let Some(&Reverse((at, r, p))) = self.retries.peek() {
+            if at > now {
+                break;
             }
-        }
-        for (r, p) in due {
-            self.send_report(r, p, now, false);
+            self.retries.pop();
+            let pair = &mut self.rules[r as usize].pairs[p as usize];
+            pair.retrying = false;
+            let still = pair
+                .share
+                .as_ref()
+                .is_some_and(|s| s.state(now) == ShareState::FailOpen);
+            if still {
+                self.send_report(r, p, now, false);
+            }
         }
     }
 
@@ -450,9 +454,24 @@ impl Fleet {
                 bucket.credit = pair.last_credit;
             }
         }
+        // A daemon whose share fails open retries a failed report FAIL_OPEN_RETRY_MS
+        // after the failure (a round trip: the refused connection), on its 50 ms loop:
+        // due then plus up to 50 ms, so the hosts' retries do not line up.
+        let retry = self.sc.fail_open_retry
+            && !pair.retrying
+            && pair
+                .share
+                .as_ref()
+                .is_some_and(|s| s.state(now) == ShareState::FailOpen);
         let Some((mut report, usage)) = pair.report(now) else {
             return;
         };
+        if retry {
+            pair.retrying = true;
+            let tick = (self.jitter.unit() * (50 * MS) as f64) as u64;
+            let at = now + self.sc.rtt + FAIL_OPEN_RETRY_MS * MS + tick;
+            self.retries.push(Reverse((at, r, p)));
+        }
         if first {
             report.demand = Share::bootstrap_rate(rule.tenant.quota, fleet);
         }

@@ -129,9 +129,10 @@ pub struct Scenario {
     /// A host whose report fails re-arms its last grant's credit while the lease holds
     /// (`false`: the credit stops until the next grant, for comparison).
     pub credit_rearm: bool,
-    /// A host with a share in FAIL_OPEN retries its report every
-    /// `limiter_fleet::share::FAIL_OPEN_RETRY_MS` (on its phase), as the daemon does
-    /// (`false`: once a report interval, for comparison).
+    /// A host with a share in FAIL_OPEN retries a failed report
+    /// `limiter_fleet::share::FAIL_OPEN_RETRY_MS` after the failure (a round trip after
+    /// it sent it), plus up to the daemon's 50 ms loop tick, instead of at its next
+    /// interval, as the daemon does (`false`: once a report interval, for comparison).
     pub fail_open_retry: bool,
 }
 

@@ -72,6 +72,32 @@ fn outage_with_460_joiners() {
     assert!((9.0..=10.5).contains(&g.joiner_peak_pct), "{g:?}");
 }
 
+/// Hosts in FAIL_OPEN retry 200 ms after each failed report, so on the allocator's
+/// return they stop passing everything within a few hundred milliseconds rather than
+/// within a report interval.
+#[test]
+fn fail_open_hosts_find_the_returning_allocator_within_a_retry() {
+    let k = Knobs::quick();
+    let figures = |retry: bool| {
+        let mut sc = scenario::outage(&k);
+        sc.fail_open_retry = retry;
+        let r = run(&sc);
+        let (down, up) = outages(&sc)[0];
+        let joiners = event_at(&sc, "joiners");
+        outage_figures(&r, r.rule("contoso").unwrap(), down, Some(joiners), up)
+    };
+    let (with, without) = (figures(true), figures(false));
+    assert!(with.fail_open_hosts > 400, "{with:?}");
+    // All LEASED within the retry, its round trip and a metrics tick (0.1 s steps).
+    assert!(with.released_after.unwrap() <= 0.5, "{with:?}");
+    assert!(without.released_after.unwrap() >= 0.9, "{without:?}");
+    // The second of the return: +469 % without, about a third of that with.
+    assert!(
+        with.return_peak_pct < without.return_peak_pct / 2.0,
+        "{with:?} {without:?}"
+    );
+}
+
 #[test]
 fn closed_shares_that_see_demand_mid_outage_run_as_joiners() {
     let k = Knobs::quick();

@@ -231,6 +231,18 @@ pub struct RuleAllocator {
     pub learning_joiner_share: u64,
 }
 
+/// `computed` moved back so that the allocation is recomputed at the next grant, or a
+/// sixteenth of `refresh_ns` after the last computation if that was later: hosts that
+/// flap between idle and busy cost at most 16 allocations per refresh period, not one
+/// per report.
+fn recompute_soon(computed: Option<(u64, u64)>, refresh_ns: u64, now: u64) -> Option<(u64, u64)> {
+    let step = refresh_ns / 16;
+    computed.map(|(at, quota)| {
+        let due = now.max(at.saturating_add(step));
+        (at.min(due.saturating_sub(refresh_ns)), quota)
+    })
+}
+
 /// While learning: renew what a host holds, scaled down if together the hosts' holdings
 /// (`held_sum`) exceed the quota; a host holding nothing gets `joiner` (a joiner's share,
 /// quota ÷ fleet_size; 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends).
@@ -351,6 +363,15 @@ impl RuleAllocator {
     /// shortfall: over n report intervals the fleet admits at most n × quota × interval
     /// + the level at the start + the buckets' bursts.
     pub fn report_usage(&mut self, host: &str, report: Report, usage: Option<Usage>, now: u64) {
+        // A host whose demand left (its count below an eighth of a demand that had it
+        // expect 24 frames or more: Poisson counts fall that far once in 10⁸ intervals)
+        // gives its share up at once rather than over two reports, feeds no credit, and
+        // the allocation is recomputed at the next grant: the hosts the demand moved to
+        // get it at their next report, one interval sooner.
+        let left = self.hosts.get(host).is_some_and(|h| {
+            let expected = u128::from(h.demand) * u128::from(now.saturating_sub(h.last_report));
+            expected >= 24 * FRAME as u128 && u128::from(report.demand) * 8 < u128::from(h.demand)
+        });
         if let (Some(u), Some(h)) = (usage, self.hosts.get_mut(host)) {
             // What the bucket refused: a credit spent on a frame does not make it less
             // wanted (else the credit would cap itself).
@@ -372,7 +393,7 @@ impl RuleAllocator {
                     // of a few frames, early reports after a burst), to be reassigned.
                     let entitled = u64::try_from(h.entitled / FRAME).unwrap_or(0);
                     let offered = u.admitted.saturating_add(u.denials);
-                    let fell = offered.saturating_mul(8) < entitled;
+                    let fell = left || offered.saturating_mul(8) < entitled;
                     let mut level = self.credit_level;
                     if !self.credit_idle_unused && fell {
                         unused = unused.min(0);
@@ -416,20 +437,15 @@ impl RuleAllocator {
             Some(h) => {
                 self.held_sum = self.held_sum - h.held + report.held;
                 let was = h.joining();
-                // A host whose demand left (its count below an eighth of a demand that
-                // had it expect 24 frames or more: Poisson counts fall that far once in
-                // 10⁸ intervals) gives its share up at once rather than over two
-                // reports, and the allocation is recomputed soon: the hosts the demand
-                // moved to get it at their next report, one interval sooner.
-                let expected = u128::from(h.demand) * u128::from(now.saturating_sub(h.last_report));
-                let left = expected >= 24 * FRAME as u128
-                    && u128::from(report.demand) * 8 < u128::from(h.demand);
+                // A demand that comes back after a report of none (the hosts a shift
+                // returns to) is reallocated at the next grant too, else it waits up to
+                // a refresh for its share.
+                let back = h.demand == 0 && report.demand > 0;
+                if back {
+                    self.computed = recompute_soon(self.computed, self.refresh_ns, now);
+                }
                 h.demand = if left {
-                    // Recomputed within a sixteenth of `refresh_ns`, not at once: hosts
-                    // that flap between idle and busy cost at most 16 allocations per
-                    // refresh period, not one per report.
-                    let soon = now.saturating_sub(self.refresh_ns - self.refresh_ns / 16);
-                    self.computed = self.computed.map(|(at, quota)| (at.min(soon), quota));
+                    self.computed = recompute_soon(self.computed, self.refresh_ns, now);
                     report.demand
                 } else {
                     report.demand.max(h.reported / 2 + report.demand / 2)
@@ -922,6 +938,63 @@ mod tests {
             let b = r.grant_for("b", t + S).map(|g| g.rate);
             assert_eq!((a, b), (Some(a_then), Some(b_then)), "quota {quota}");
         }
+    }
+
+    /// After a demand left (or came back), the allocation is recomputed at the next
+    /// grant, so the host the demand moved to gets the share at its very next report;
+    /// but at most once per sixteenth of `refresh_ns`, so a host flapping between idle
+    /// and busy cannot make every report cost an allocation.
+    #[test]
+    fn a_departure_is_reallocated_at_the_next_grant_at_most_16_times_a_refresh() {
+        const S: u64 = 1_000_000_000;
+        const MS: u64 = 1_000_000;
+        let mut r = RuleAllocator::added(1000, 100, Duration::from_secs(3), 0, 10 * S);
+        r.refresh_ns = S / 2;
+        let t = 10 * S;
+        let busy = |held| Report { demand: 1000, held };
+        for host in ["a", "b"] {
+            r.report(host, busy(0), t);
+        }
+        for host in ["a", "b"] {
+            assert_eq!(r.grant_for(host, t).map(|g| g.rate), Some(500));
+        }
+        r.report(
+            "a",
+            Report {
+                demand: 0,
+                held: 500,
+            },
+            t + S,
+        );
+        r.report("b", busy(500), t + S + MS);
+        assert_eq!(
+            r.grant_for("b", t + S + MS).map(|g| g.rate),
+            Some(500),
+            "a still holds its share: nothing more to give yet"
+        );
+        assert_eq!(r.grant_for("a", t + S + MS).map(|g| g.rate), Some(0));
+        r.report("b", busy(500), t + S + 2 * MS);
+        assert_eq!(
+            r.grant_for("b", t + S + 2 * MS).map(|g| g.rate),
+            Some(1000),
+            "the next report gets the share a gave up, not a refresh later"
+        );
+
+        let due = |computed: Option<(u64, u64)>, now: u64| {
+            computed.is_some_and(|(at, _)| now.saturating_sub(at) >= S / 2)
+        };
+        let last = t + 3 * S;
+        assert!(due(
+            recompute_soon(Some((last, 1000)), S / 2, last + S / 32),
+            last + S / 32
+        ));
+        let soon = recompute_soon(Some((last, 1000)), S / 2, last + MS);
+        assert!(
+            !due(soon, last + S / 32 - 1),
+            "computed 1 ms ago: not before 1/16 of 500 ms"
+        );
+        assert!(due(soon, last + S / 32));
+        assert_eq!(recompute_soon(None, S / 2, last), None, "already due");
     }
 
     /// What a host's report added to the credit level is taken back when its next

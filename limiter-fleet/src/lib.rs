@@ -5,5 +5,6 @@
 pub mod alloc;
 pub mod clock;
 pub mod failover;
+pub mod quiet;
 pub mod shard;
 pub mod share;

@@ -18,6 +18,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use limiter_fleet::{
     alloc::{allocate, Report, RuleAllocator, Usage},
+    quiet::Quiet,
     share::{Enforcement, Grant, Share, ShareState, FAIL_OPEN_RETRY_MS},
 };
 
@@ -65,6 +66,10 @@ struct Pair {
     credited_at_report: u64,
     /// The share started in the current tick.
     tick_joined: bool,
+    /// Offered since the share started: what the daemon reads from its counters.
+    offered_total: u64,
+    /// Whether the demand last reported left (`limiter_fleet::quiet`).
+    quiet: Quiet,
     /// A FAIL_OPEN retry is queued: it replaces the interval's report (the daemon's next
     /// report is the retry).
     retrying: bool,
@@ -97,6 +102,7 @@ impl Pair {
                 self.tick_bootstrap += c.admitted;
             }
             self.since_report.add(c);
+            self.offered_total += c.offered;
             self.tick.add(c);
             self.t = end;
         }
@@ -104,11 +110,20 @@ impl Pair {
 
     /// The report a host sends now: offered per second since its last report, and the
     /// share it holds (as limiter-user reports it: 0 in BOOTSTRAP and FAIL_OPEN).
-    fn report(&mut self, now: u64) -> Option<(Report, Usage)> {
+    fn report(&mut self, now: u64, quiet: bool) -> Option<(Report, Usage)> {
         let share = self.share.as_ref()?;
         let elapsed = now.saturating_sub(self.last_report).max(1);
         let demand =
             u128::from(self.since_report.offered) * u128::from(NS_PER_S) / u128::from(elapsed);
+        let demand = u64::try_from(demand).unwrap_or(u64::MAX);
+        let demand = if quiet {
+            // Seen at every metrics tick, and here too (untracked rules are seen once a
+            // second only: a silence would be measured from the whole second).
+            self.quiet.observe(self.offered_total, now);
+            self.quiet.demand(self.since_report.offered, demand, now)
+        } else {
+            demand
+        };
         let held = match share.state(now) {
             ShareState::Leased | ShareState::Sticky => share.rate(),
             ShareState::Standalone | ShareState::Bootstrap | ShareState::FailOpen => 0,
@@ -123,13 +138,7 @@ impl Pair {
         self.credited_at_report = credited;
         self.since_report = Counts::default();
         self.last_report = now;
-        Some((
-            Report {
-                demand: u64::try_from(demand).unwrap_or(u64::MAX),
-                held,
-            },
-            usage,
-        ))
+        Some((Report { demand, held }, usage))
     }
 }
 
@@ -234,6 +243,8 @@ impl Fleet {
                     last_credit: 0,
                     tick_joined: false,
                     retrying: false,
+                    offered_total: 0,
+                    quiet: Quiet::default(),
                 });
             }
             rules.push(Rule {
@@ -463,7 +474,7 @@ impl Fleet {
                 .share
                 .as_ref()
                 .is_some_and(|s| s.state(now) == ShareState::FailOpen);
-        let Some((mut report, usage)) = pair.report(now) else {
+        let Some((mut report, usage)) = pair.report(now, self.sc.quiet_reports) else {
             return;
         };
         if retry {
@@ -582,6 +593,7 @@ impl Fleet {
     fn flush(&mut self, now: u64, whole_second: bool) -> Result<()> {
         let gap = self.sc.early_report_gap;
         let rejoin = self.sc.rejoin;
+        let quiet = self.sc.quiet_reports;
         let mut early = Vec::new();
         let mut rejoined = Vec::new();
         for (ri, rule) in self.rules.iter_mut().enumerate() {
@@ -591,6 +603,7 @@ impl Fleet {
             let mut tick = Tick::default();
             for (pi, pair) in rule.pairs.iter_mut().enumerate() {
                 pair.advance(now);
+                pair.quiet.observe(pair.offered_total, now);
                 tick.offered += pair.tick.offered;
                 tick.admitted += pair.tick.admitted;
                 tick.bootstrap_admitted += pair.tick_bootstrap;
@@ -604,7 +617,8 @@ impl Fleet {
                 tick.hosts[i] += 1;
                 tick.shares[i] += share.rate();
                 if state == ShareState::Leased
-                    && share.wants_early_report(pair.since_report.dropped(), now)
+                    && (share.wants_early_report(pair.since_report.dropped(), now)
+                        || quiet && (pair.quiet.left(now) || pair.quiet.resumed()))
                     && now - pair.last_report >= gap
                 {
                     early.push((ri as u32, pi as u32));

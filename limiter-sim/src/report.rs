@@ -770,7 +770,8 @@ fn candidates_section(o: &mut String, runs: &[Run]) {
          unused share feeds the credit, also where demand fell; `nojoiners`: no joiner's \
          share while the allocator learns; `norearm`: a host whose report fails does not \
          re-arm its last credit; `noretry`: a host in FAIL_OPEN retries its report once an \
-         interval, not every 200 ms), beside the same scenario with the winners \
+         interval, not every 200 ms; `quiet`: a host whose demand left reports demand 0 at \
+         once, a candidate the daemon does not run), beside the same scenario with the winners \
          (credit bank, cap {} % of an interval's quota; a joiner's share while learning). Contoso; \
          admitted ÷ quota over the seconds offered ≥ 105 % of it.\n",
         limiter_fleet::alloc::DEFAULT_CREDIT_PCT

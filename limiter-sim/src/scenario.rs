@@ -134,6 +134,11 @@ pub struct Scenario {
     /// it sent it), plus up to the daemon's 50 ms loop tick, instead of at its next
     /// interval, as the daemon does (`false`: once a report interval, for comparison).
     pub fail_open_retry: bool,
+    /// A candidate the daemon does not run yet: a host whose demand left (nothing
+    /// offered for as long as its last reported demand takes to bring 24 frames, at
+    /// least 500 ms: `limiter_fleet::quiet`) reports at once, with demand 0, and again
+    /// at once if frames come back (`false`: the daemon's behaviour).
+    pub quiet_reports: bool,
 }
 
 /// Scales the built-in scenarios: the defaults are the design's (docs/design.md, Fleet
@@ -307,6 +312,7 @@ impl Scenario {
             credit_idle_unused: false,
             credit_rearm: true,
             fail_open_retry: true,
+            quiet_reports: false,
         }
     }
 
@@ -822,5 +828,10 @@ pub fn all(k: &Knobs) -> Vec<Scenario> {
     let mut sc = variant(outage(k), "noretry", credit, cap, joiners);
     sc.fail_open_retry = false;
     v.push(sc);
+    for sc in [shift(k), flash(k)] {
+        let mut sc = variant(sc, "quiet", credit, cap, joiners);
+        sc.quiet_reports = true;
+        v.push(sc);
+    }
     v
 }

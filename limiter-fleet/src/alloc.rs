@@ -439,8 +439,11 @@ impl RuleAllocator {
                 let was = h.joining();
                 // A demand that comes back after a report of none (the hosts a shift
                 // returns to) is reallocated at the next grant too, else it waits up to
-                // a refresh for its share.
-                let back = h.demand == 0 && report.demand > 0;
+                // a refresh for its share; if worth 24 frames since the last report,
+                // so that a trickle flapping between 0 and 1 frame a second does not.
+                let back = h.demand == 0
+                    && u128::from(report.demand) * u128::from(now.saturating_sub(h.last_report))
+                        >= 24 * FRAME as u128;
                 if back {
                     self.computed = recompute_soon(self.computed, self.refresh_ns, now);
                 }
@@ -995,6 +998,27 @@ mod tests {
         );
         assert!(due(soon, last + S / 32));
         assert_eq!(recompute_soon(None, S / 2, last), None, "already due");
+    }
+
+    /// A demand back from none is reallocated at the next grant if it is worth 24
+    /// frames since the host's last report; a trickle waits for the refresh.
+    #[test]
+    fn a_demand_back_from_none_is_reallocated_unless_a_trickle() {
+        const S: u64 = 1_000_000_000;
+        for (demand, moved) in [(10, false), (100, true)] {
+            let mut r = RuleAllocator::added(1000, 100, Duration::from_secs(3), 0, 10 * S);
+            r.refresh_ns = S / 2;
+            let t = 10 * S;
+            for host in ["a", "b"] {
+                let demand = if host == "a" { 0 } else { 1000 };
+                r.report(host, Report { demand, held: 0 }, t);
+                r.grant_for(host, t);
+            }
+            let computed = r.computed;
+            r.report("a", Report { demand, held: 0 }, t + S / 4);
+            // A quarter of a second: 2.5 frames at 10/s, 25 at 100/s.
+            assert_eq!(r.computed != computed, moved, "demand {demand}");
+        }
     }
 
     /// What a host's report added to the credit level is taken back when its next

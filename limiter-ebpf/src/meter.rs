@@ -57,7 +57,7 @@ pub fn meter(
     // SAFETY: per-CPU value, touched only by this CPU's program run.
     let cpu_state = unsafe { &mut *cpu_state };
     let counters = &mut cpu_state.counters;
-    let flags = rule.flags;
+    let mut flags = rule.flags;
     if flags & RULE_IN_USE == 0 {
         return Ok(pass(counters, size));
     }
@@ -84,13 +84,17 @@ pub fn meter(
         tick_ns(&mut cpu_state.clock)
     };
     // FAIL_OPEN is applied here, on the kernel's clock, so it happens on time even when
-    // the daemon is dead.
+    // the daemon is dead. It opens the fleet's share, the aggregate: a per-source limit
+    // needs no allocator and keeps holding.
     let fail_open_at = rule.fail_open_at_ns;
     if fail_open_at != 0
         && flags & RULE_FAIL_STATIC == 0
         && (now_ns.wrapping_sub(fail_open_at) as i64) >= 0
     {
-        return Ok(pass(counters, size));
+        if flags & RULE_HAS_PER_SOURCE == 0 {
+            return Ok(pass(counters, size));
+        }
+        flags &= !RULE_HAS_AGGREGATE;
     }
     // A zero share refuses everything until its lease lapses, without touching a bucket;
     // then the aggregate (the bootstrap share) meters, as for a host joining mid-outage.

@@ -280,10 +280,12 @@ fn explain_metered(
         out.reason = "the rule meters only TCP SYNs (new connections); this frame is not one and passes unmetered".into();
         return Ok(out);
     }
-    if rule.fail_open_at_ns != 0
+    // As the kernel: FAIL_OPEN opens the aggregate (the fleet's share); a per-source limit
+    // keeps holding.
+    let failed_open = rule.fail_open_at_ns != 0
         && rule.flags & RULE_FAIL_STATIC == 0
-        && now_ns.wrapping_sub(rule.fail_open_at_ns) as i64 >= 0
-    {
+        && now_ns.wrapping_sub(rule.fail_open_at_ns) as i64 >= 0;
+    if failed_open && rule.flags & RULE_HAS_PER_SOURCE == 0 {
         out.reason = "the rule's share has expired (fail_mode open): everything passes".into();
         return Ok(out);
     }
@@ -330,7 +332,7 @@ fn explain_metered(
             units,
         ));
     }
-    if rule.flags & RULE_HAS_AGGREGATE != 0 {
+    if rule.flags & RULE_HAS_AGGREGATE != 0 && !failed_open {
         let tat = maps.aggregate_bucket(slot)?.tat;
         // As the program: the credit while the lease holds (unreadable: none).
         if (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0 {
@@ -390,7 +392,12 @@ fn explain_metered(
         ),
         (false, false) => ("drop", format!("over the {} limit", refused_by.join(" and "))),
     };
-    let reason = if out.aggregate.as_ref().is_some_and(|b| b.closed) {
+    let reason = if failed_open {
+        format!(
+            "{reason} (the rule's share has expired, fail_mode open: the aggregate stands \
+             aside, the per-source limit holds)"
+        )
+    } else if out.aggregate.as_ref().is_some_and(|b| b.closed) {
         format!(
             "{reason}: this host's share of the rule's global quota is 0 (closed: the \
              allocator had no room for it, or it had no demand, at its last report); \

@@ -1048,6 +1048,62 @@ fn a_closed_share_refuses_until_its_lease_lapses_then_meters_as_a_joiner() {
     }
 }
 
+/// FAIL_OPEN opens the fleet's share (the aggregate), not the per-source limit, which
+/// needs no allocator: each source keeps its burst and no more. A `static` rule keeps its
+/// aggregate too.
+#[test]
+fn fail_open_leaves_per_source_limits_in_force() {
+    use limiter_common::abi::RULE_FAIL_STATIC;
+    const HOUR: u64 = 3_600_000_000_000;
+    // The aggregate admits one frame an hour; each source five, then one a second.
+    let config = "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.11/32\"\nrate = 1\nburst = 1\n\
+                  [rules.per_source]\nrate = 1\nburst = 5\n";
+    let from = |src: [u8; 4]| {
+        FrameBuilder::ipv4(Ipv4Addr::from(src), Ipv4Addr::new(198, 18, 9, 11))
+            .udp(1, 53)
+            .build()
+    };
+    for variant in Variant::ALL {
+        let mut loaded = fixture::load(config).expect("loading the program");
+        loaded.variant = variant;
+        let mut run = |fail_open_at_ns: u64, extra_flags: u32, sources: [[u8; 4]; 2]| {
+            let mut table = loaded.table.clone();
+            let rule = &mut table.rules[0].1;
+            rule.flags |= extra_flags;
+            rule.lease_expires_ns = monotonic_ns() + HOUR;
+            rule.fail_open_at_ns = fail_open_at_ns;
+            loaded.maps.install(&table).unwrap();
+            // The aggregate's bucket full again: one frame.
+            loaded.maps.set_aggregate_tat(0, 0).unwrap();
+            let before = loaded.snapshot().unwrap();
+            for src in sources {
+                for _ in 0..100 {
+                    loaded.run(&from(src)).unwrap();
+                }
+            }
+            let c = delta(&before, &loaded.snapshot().unwrap()).rules["fleet"];
+            (c.passed_packets, c.dropped_packets)
+        };
+        let v = variant.as_str();
+        let past = monotonic_ns() - 1;
+        assert_eq!(
+            run(past, 0, [[198, 19, 1, 1], [198, 19, 1, 2]]),
+            (10, 190),
+            "{v}: FAIL_OPEN, two sources: each its per-source burst of 5"
+        );
+        assert_eq!(
+            run(0, 0, [[198, 19, 2, 1], [198, 19, 2, 2]]),
+            (1, 199),
+            "{v}: leased: the aggregate's one token"
+        );
+        assert_eq!(
+            run(past, RULE_FAIL_STATIC, [[198, 19, 3, 1], [198, 19, 3, 2]]),
+            (1, 199),
+            "{v}: static past its deadline keeps the aggregate"
+        );
+    }
+}
+
 /// With a rate too low to refill during the run, exactly `burst` frames pass out of
 /// burst + 1000.
 #[test]

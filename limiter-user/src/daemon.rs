@@ -22,6 +22,7 @@ use crate::{
     error::Error,
     explain::{self, ExplainQuery, Explanation},
     fleet::{offered_units, takes_credit, FleetState, RuleTotals},
+    grace,
     handoff::{HandoffControl, HandoffStatus},
     maps::Maps,
     object::Variant,
@@ -40,13 +41,34 @@ pub fn install_rules(maps: &mut Maps, rules: &[RuleSpec]) -> Result<RuleTable, E
 
 /// [`install_rules`], letting `annotate` adjust the compiled entries (fleet state and
 /// deadlines) before they go live.
+///
+/// A rule that takes over the slot of a live rule (one removed in the same change) comes
+/// in one grace period later: first the table without it goes live, then, once no frame
+/// is still decided with the old table ([`grace`]), its slot is cleared and the whole
+/// table goes live. Cleared any earlier, the removed rule's last frames would meet a
+/// fresh bucket and be counted as the new rule's.
 fn install_annotated(
     maps: &mut Maps,
     rules: &[RuleSpec],
-    annotate: impl FnOnce(&mut RuleTable),
+    annotate: impl Fn(&mut RuleTable),
 ) -> Result<RuleTable, Error> {
     let previous = maps.live_slots()?;
     let slots = ruleset::assign_slots(&previous, rules)?;
+    let taking_over = ruleset::taking_over(&previous, &slots);
+    if !taking_over.is_empty() {
+        let interim_rules: Vec<RuleSpec> = rules
+            .iter()
+            .filter(|r| !taking_over.contains(&r.name))
+            .cloned()
+            .collect();
+        let mut interim = ruleset::compile(&interim_rules, &slots)?;
+        annotate(&mut interim);
+        maps.install(&interim)?;
+        grace::wait_for_running_programs().map_err(|source| Error::Io {
+            what: "waiting for program runs on the replaced rule table to finish".into(),
+            source,
+        })?;
+    }
     let mut table = ruleset::compile(rules, &slots)?;
     annotate(&mut table);
     maps.install(&table)?;

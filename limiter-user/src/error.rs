@@ -42,6 +42,17 @@ pub enum Error {
     /// holds it, and what the operator can do.
     #[error("{iface}: {reason}")]
     Sharing { iface: String, reason: String },
+    /// A table that gives a live rule's slot to another rule while the live table can
+    /// still meter with it (see `daemon::install_rules`).
+    #[error(
+        "rule slot {slot} is live for rule {live:?}: rule {new:?} can take it only from a \
+         table without {live:?}, once no frame runs on the old one"
+    )]
+    SlotInUse {
+        slot: u32,
+        live: String,
+        new: String,
+    },
     #[error("no rule named {0:?}")]
     UnknownRule(String),
     #[error("{0}")]
@@ -126,6 +137,7 @@ pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
         | Error::MissingMap(_)
         | Error::PinnedLayout { .. }
         | Error::PinInTheWay { .. }
-        | Error::NotBpffs(_) => Some(Exit::Failure),
+        | Error::NotBpffs(_)
+        | Error::SlotInUse { .. } => Some(Exit::Failure),
     }
 }

@@ -10,7 +10,7 @@
 //!    `privilege`, which ask the kernel what it supports and what this process may do,
 //!    and `config`, which reads its file and the hostname.
 //! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
-//!    `tc_filter`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
+//!    `tc_filter`, `grace`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
 //!    `teardown`.
 //! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`,
 //!    `top` (its rates and screen pure).
@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod error;
 pub mod explain;
 pub mod fleet;
+pub mod grace;
 pub mod handoff;
 pub mod hook;
 pub mod kernel;

@@ -242,12 +242,20 @@ impl Maps {
         let next = (control.generation ^ 1) & 1;
 
         // A slot new to its rule starts with a full aggregate bucket and zero counters.
+        // Only a slot no live rule holds is cleared: the live table's frames would meet
+        // the fresh bucket, and count as the new rule's (`daemon::install_rules` brings
+        // a rule that takes over a live slot in after a grace period).
         for (slot, rule) in &table.rules {
-            let same_owner = live
-                .get(slot)
-                .is_some_and(|old| old.name_bytes() == rule.name_bytes());
-            if !same_owner {
-                self.reset_slot(*slot)?;
+            match live.get(slot) {
+                Some(old) if old.name_bytes() == rule.name_bytes() => {}
+                Some(old) if old.flags & RULE_IN_USE != 0 => {
+                    return Err(Error::SlotInUse {
+                        slot: *slot,
+                        live: String::from_utf8_lossy(old.name_bytes()).into_owned(),
+                        new: String::from_utf8_lossy(rule.name_bytes()).into_owned(),
+                    })
+                }
+                _ => self.reset_slot(*slot)?,
             }
         }
         let regions = self.place_sources(&live, table)?;

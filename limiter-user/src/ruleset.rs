@@ -21,10 +21,12 @@
 //!
 //! Every rule lives in a slot (`0..MAX_RULES`) that indexes `RULES`, the aggregate
 //! buckets and the counters. [`assign_slots`] keeps a name's slot across reloads, so its
-//! bucket and counters continue. A new rule takes the lowest slot no current rule holds,
-//! which may be the slot of a rule that was just removed: the caller must reset that
-//! slot's aggregate bucket and counters when a slot changes owner (compare the old and
-//! new name → slot maps).
+//! bucket and counters continue. A new rule takes the lowest slot no rule holds, live or
+//! new, and its bucket and counters are reset before the table goes live. Only when
+//! every other slot is taken does it take the slot of a rule removed in the same change:
+//! such a slot changes owner only once no frame is still decided with the table that
+//! gave it to the removed rule ([`taking_over`] names those rules;
+//! `daemon::install_rules` brings them in a grace period later).
 
 use std::{
     cmp::Reverse,
@@ -213,9 +215,10 @@ pub enum RulesetError {
     TooManyPrefixes { family: &'static str, count: usize },
 }
 
-/// Assigns a slot to every rule: a name keeps its slot from `previous`; a new name takes
-/// the lowest slot below `MAX_RULES` that no rule in `rules` holds (possibly one freed by
-/// a removed rule — see the module doc). New names are served in `rules` order.
+/// Assigns a slot to every rule: a name keeps its slot from `previous` (the live table's);
+/// a new name takes the lowest slot below `MAX_RULES` that no rule holds, in `rules` or
+/// in `previous`, or, when there is none, the lowest one a rule removed in this change
+/// gives up (see the module doc). New names are served in `rules` order.
 pub fn assign_slots(
     previous: &BTreeMap<String, u32>,
     rules: &[RuleSpec],
@@ -248,22 +251,40 @@ pub fn assign_slots(
         }
         slots.insert(rule.name.clone(), slot);
     }
-    let mut next = 0u32;
+    // A new name takes a slot no live rule holds, so that no slot changes hands while the
+    // live table can still meter with it; only when every other slot is taken does it
+    // take one a rule removed in this change gives up ([`taking_over`]).
+    let live: BTreeSet<u32> = previous.values().copied().collect();
     for rule in rules {
         if slots.contains_key(&rule.name) {
             continue;
         }
-        while owners.contains_key(&next) {
-            next += 1;
-        }
-        // rules.len() <= MAX_RULES, so a free slot below MAX_RULES always exists.
-        if next >= abi::MAX_RULES {
+        let unowned = |s: &u32| !owners.contains_key(s);
+        // rules.len() <= MAX_RULES, so an unowned slot below MAX_RULES always exists.
+        let Some(slot) = (0..abi::MAX_RULES)
+            .find(|s| unowned(s) && !live.contains(s))
+            .or_else(|| (0..abi::MAX_RULES).find(unowned))
+        else {
             return Err(RulesetError::TooManyRules { count: rules.len() });
-        }
-        owners.insert(next, &rule.name);
-        slots.insert(rule.name.clone(), next);
+        };
+        owners.insert(slot, &rule.name);
+        slots.insert(rule.name.clone(), slot);
     }
     Ok(slots)
+}
+
+/// The rules of `slots` that take over a slot another rule holds in `previous` (a rule
+/// removed in the same change): names, sorted.
+pub fn taking_over(
+    previous: &BTreeMap<String, u32>,
+    slots: &BTreeMap<String, u32>,
+) -> BTreeSet<String> {
+    let owner: BTreeMap<u32, &str> = previous.iter().map(|(n, s)| (*s, n.as_str())).collect();
+    slots
+        .iter()
+        .filter(|(name, slot)| owner.get(slot).is_some_and(|o| o != name))
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// The IP protocol number a rule's candidate matches in a family (`None` = any).
@@ -817,7 +838,8 @@ mod tests {
             BTreeMap::from([("a".into(), 0), ("b".into(), 1), ("c".into(), 2)])
         );
 
-        // b removed, d and e added, order changed: a and c keep theirs, d takes b's.
+        // b removed, d and e added, order changed: a and c keep theirs; b's slot is still
+        // live, so d and e take slots no rule holds.
         let second = [
             spec("c", "198.18.0.3", None, Proto::Any),
             spec("d", "198.18.0.4", None, Proto::Any),
@@ -830,10 +852,11 @@ mod tests {
             BTreeMap::from([
                 ("a".into(), 0),
                 ("c".into(), 2),
-                ("d".into(), 1),
-                ("e".into(), 3)
+                ("d".into(), 3),
+                ("e".into(), 4)
             ])
         );
+        assert!(taking_over(&s1, &s2).is_empty());
         let t = compile(&second, &s2).unwrap();
         assert_eq!(t.slots, s2);
         assert_eq!(which(&t, "198.18.0.1", Some(80), TCP).as_deref(), Some("a"));
@@ -847,7 +870,38 @@ mod tests {
             spec("f", "198.18.0.6", None, Proto::Any),
         ];
         let s3 = assign_slots(&s2, &third).unwrap();
-        assert_eq!(s3, BTreeMap::from([("e".into(), 3), ("f".into(), 0)]));
+        assert_eq!(s3, BTreeMap::from([("e".into(), 4), ("f".into(), 1)]));
+    }
+
+    /// A slot changes hands in one change only when every other slot is taken.
+    #[test]
+    fn a_live_slot_is_taken_over_only_from_a_full_table() {
+        let rule = |i: u32| {
+            spec(
+                &format!("r{i}"),
+                &format!("198.18.{}.{}", i / 256, i % 256),
+                None,
+                Proto::Any,
+            )
+        };
+        let full: Vec<RuleSpec> = (0..abi::MAX_RULES).map(rule).collect();
+        let live = assign_slots(&BTreeMap::new(), &full).unwrap();
+        // r5 goes, "new" comes: 1023 kept rules and every slot live.
+        let mut next: Vec<RuleSpec> = full.iter().filter(|r| r.name != "r5").cloned().collect();
+        next.push(spec("new", "198.19.0.1", None, Proto::Any));
+        let slots = assign_slots(&live, &next).unwrap();
+        assert_eq!(slots["new"], live["r5"]);
+        assert_eq!(
+            taking_over(&live, &slots),
+            BTreeSet::from(["new".to_string()])
+        );
+        // One slot free beside the live ones: "new" takes it, and no slot changes hands.
+        let mut live = live;
+        live.remove("r1000");
+        next.retain(|r| r.name != "r1000");
+        let slots = assign_slots(&live, &next).unwrap();
+        assert_eq!(slots["new"], 1000);
+        assert!(taking_over(&live, &slots).is_empty());
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{pki::Pki, Lab, LIMITER};
+use common::{join, pki::Pki, Lab, LIMITER};
 use limiter_common::abi::{Control, SourceKey, CONTROL_BYPASS};
 use limiter_tests::{
     netns::VethPair,
@@ -455,13 +455,28 @@ fn plan(frames: Vec<Vec<u8>>, rate: u64, count: u64) -> SendPlan {
     }
 }
 
+/// Rules for every slot but one (on addresses no test frame goes to): a rule added then
+/// can only take the slot of one removed in the same change.
+fn all_slots_but_one() -> String {
+    (0..limiter_common::abi::MAX_RULES - 1)
+        .map(|i| {
+            format!(
+                "[[rules]]\nname = \"filler{i}\"\ndst = \"198.19.{}.{}/32\"\nrate = 1\nburst = 1\n",
+                i / 256,
+                i % 256
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn a_reassigned_slot_starts_with_fresh_per_source_buckets() {
     // "old" meters each source at 1/s with a burst of 60: a flood leaves this source's
     // bucket a minute in debt.
+    let fillers = all_slots_but_one();
     let old = "[[rules]]\nname = \"old\"\ndst = \"198.18.0.2/32\"\nproto = \"udp\"\n\
                [rules.per_source]\nrate = 1\nburst = 60\n";
-    let lab = Lab::new(old);
+    let lab = Lab::new(&format!("{old}{fillers}"));
     let daemon = lab.start();
     flood(
         &lab.pair,
@@ -485,7 +500,7 @@ fn a_reassigned_slot_starts_with_fresh_per_source_buckets() {
     // "old" goes, "new" arrives and takes its slot: 1000/s, burst 10 per source.
     let new = "[[rules]]\nname = \"new\"\ndst = \"198.18.0.2/32\"\nproto = \"udp\"\n\
                [rules.per_source]\nrate = 1000\nburst = 10\n";
-    lab.write_config(new);
+    lab.write_config(&format!("{new}{fillers}"));
     lab.ok(&["reload"]);
     let maps = Maps::from_pins(&lab.pins.path).unwrap();
     assert_eq!(
@@ -514,6 +529,73 @@ fn a_reassigned_slot_starts_with_fresh_per_source_buckets() {
         (10, 0),
         "the new rule inherited the old rule's per-source debt: {stats}"
     );
+    daemon.stop();
+}
+
+/// A rule removed and another added in the same reload: the new rule takes the removed
+/// one's slot, and it must be born with nothing of it. Cleared while the removed rule
+/// still ran, its last frames would meet a fresh bucket and be counted as the new rule's.
+#[test]
+fn a_slot_changes_hands_only_once_the_removed_rule_can_reach_it_no_more() {
+    // Every other slot taken, so that the new rule must take the old one's.
+    let fillers = all_slots_but_one();
+    let old = format!(
+        "[[rules]]\nname = \"old\"\ndst = \"198.18.0.2/32\"\nrate = 10\nburst = 10\n{fillers}"
+    );
+    // Nothing is sent to 198.18.0.99: every frame the new rule counts is the old rule's.
+    let new = format!(
+        "[[rules]]\nname = \"new\"\ndst = \"198.18.0.99/32\"\nrate = 10\nburst = 10\n{fillers}"
+    );
+    let lab = Lab::new(&old);
+    let daemon = lab.start();
+    let slot = Maps::from_pins(&lab.pins.path)
+        .unwrap()
+        .live_slots()
+        .unwrap()["old"];
+    // The old rule's destination flooded throughout the reloads (bounded: 12 s at most).
+    let sender = lab.send_in_background(SendPlan {
+        frames: vec![udp_to_host(&lab.pair, 9, 64)],
+        rate: Some(200_000),
+        count: 2_000_000,
+        duration: Duration::from_secs(12),
+        cpu: None,
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut rounds = 0;
+    let started = Instant::now();
+    while rounds < 10 || (rounds < 40 && started.elapsed() < Duration::from_secs(6)) {
+        let old_before = lab.rule_stats("old");
+        assert!(
+            old_before["dropped_packets"].as_u64().unwrap() > 0,
+            "round {rounds}: the flood does not reach the old rule: {old_before}"
+        );
+        lab.write_config(&new);
+        lab.ok(&["reload"]);
+        assert_eq!(
+            Maps::from_pins(&lab.pins.path)
+                .unwrap()
+                .live_slots()
+                .unwrap()["new"],
+            slot,
+            "the slot was not reused"
+        );
+        let stats = lab.rule_stats("new");
+        assert_eq!(
+            (
+                stats["passed_packets"].as_u64().unwrap(),
+                stats["dropped_packets"].as_u64().unwrap()
+            ),
+            (0, 0),
+            "round {rounds}: the new rule was born with the removed rule's frames: {stats}"
+        );
+        lab.write_config(&old);
+        lab.ok(&["reload"]);
+        // Let the old rule meter again before the next round.
+        std::thread::sleep(Duration::from_millis(50));
+        rounds += 1;
+    }
+    let sent = join(sender);
+    assert!(sent.sent > 0, "nothing was sent");
     daemon.stop();
 }
 

@@ -110,6 +110,15 @@ rate = 1000
 burst = 100000
 
 [[rules]]
+name = "v6-bytes443"
+dst = "2001:db8::60/128"
+dst_port = 443
+proto = "udp"
+unit = "bytes"
+rate = 1518
+burst = 100000
+
+[[rules]]
 name = "v6-icmp"
 dst = "2001:db8::/32"
 proto = "icmp"
@@ -536,6 +545,13 @@ fn set_ipv6_payload_len(frame: &mut [u8], len: u16) {
     frame[l3 + 4..l3 + 6].copy_from_slice(&len.to_be_bytes());
 }
 
+/// A fragment of datagram `id` to 2001:db8::60 (rule `v6-bytes443`) at `offset`.
+fn v6_tail_target(id: u16, offset: u16, more: bool) -> FrameBuilder {
+    v6("2001:db8::60")
+        .ip_id(id)
+        .ipv6_ext(Ipv6Ext::Fragment { offset, more })
+}
+
 /// Fragments and the tricks they allow, in order: rows leave records that later rows
 /// (same identification) rely on. Rules `web-tcp443` and `host-8080` make the ports of
 /// 198.18.1.10's datagrams matter; `v6-dns` those of 2001:db8::53.
@@ -676,18 +692,54 @@ fn fragment_rows() -> Vec<Row> {
         )
         .counting(&[fragments, orphan]),
         row(
-            "IPv6 atomic fragment (offset 0, no more): a whole datagram",
-            v6("2001:db8::53")
-                .ipv6_ext(Ipv6Ext::Fragment {
-                    offset: 0,
-                    more: false,
-                })
-                .udp(5353, 53)
+            "IPv6 first fragment to a bytes rule's port",
+            v6_tail_target(0x210, 0, true)
+                .udp(5353, 443)
+                .payload_len(64)
                 .build(),
             XDP_PASS,
-            Expect::Rule("v6-dns", 1, 0, 0),
-        ),
+            Expect::Rule("v6-bytes443", 1, 0, 0),
+        )
+        .counting(&[fragments]),
     ];
+    // Later fragments of it whose own Fragment header claims another Next Header: the
+    // destination takes the datagram's from its first fragment (offset 0) only, so each
+    // is charged to the first fragment's rule, bytes included.
+    for (claim, nh) in [("no next header (59)", 59u8), ("ICMPv6", 58), ("TCP", 6)] {
+        rows.push(
+            row(
+                format!("IPv6 later fragment claiming {claim}: the first fragment's rule"),
+                v6_tail_target(0x210, 9, true)
+                    .proto(nh)
+                    .payload_len(64)
+                    .build(),
+                XDP_PASS,
+                Expect::Rule("v6-bytes443", 1, 0, 0),
+            )
+            .counting(&[fragments]),
+        );
+        rows.push(
+            row(
+                format!("IPv6 later fragment claiming {claim}, no record, ports matter: refused (orphan)"),
+                v6_tail_target(0x211, 9, false).proto(nh).payload_len(64).build(),
+                XDP_DROP,
+                Expect::Rule("v6-bytes443", 0, 1, 0),
+            )
+            .counting(&[fragments, orphan]),
+        );
+    }
+    rows.extend([row(
+        "IPv6 atomic fragment (offset 0, no more): a whole datagram",
+        v6("2001:db8::53")
+            .ipv6_ext(Ipv6Ext::Fragment {
+                offset: 0,
+                more: false,
+            })
+            .udp(5353, 53)
+            .build(),
+        XDP_PASS,
+        Expect::Rule("v6-dns", 1, 0, 0),
+    )]);
     // A first fragment holding 8 bytes of TCP (ports, no flags); its Total Length says
     // so, and the frame ends there or is padded with a whole TCP header's worth of bytes
     // that the destination ignores.

@@ -43,11 +43,13 @@ pub mod kind {
     pub const WHOLE: u32 = 0;
     /// The first fragment of a datagram, with its whole transport header.
     pub const FIRST_FRAGMENT: u32 = 1;
-    /// A later fragment of a TCP or UDP datagram (or an IPv6 one whose fragmentable part
-    /// starts with an extension header): no transport header, so its ports come from the
-    /// first fragment's record.
+    /// A later fragment of an IPv4 TCP or UDP datagram, or any IPv6 later fragment: no
+    /// transport header, so its ports (IPv6: its protocol too) come from the first
+    /// fragment's record.
     pub const LATER_FRAGMENT: u32 = 2;
-    /// A later fragment of a datagram without ports (ICMP, …): it classifies as it is.
+    /// A later fragment of an IPv4 datagram without ports (ICMP, …): it classifies as it
+    /// is. Only IPv4: there the protocol is in every fragment's IP header and part of the
+    /// destination's reassembly key, so a fragment cannot claim another datagram's.
     pub const LATER_PORTLESS: u32 = 3;
     /// A first fragment without its whole transport header (IPv6: header chain).
     pub const TINY_FRAGMENT: u32 = 4;
@@ -343,7 +345,7 @@ fn parse_ipv4(cur: &mut Cursor) -> Result<Packet, ParseError> {
     Ok(pkt)
 }
 
-/// The kind of a later fragment whose fragmentable part starts with `next`.
+/// The kind of an IPv4 later fragment of protocol `next`.
 #[inline(always)]
 fn later_kind(next: u8) -> u32 {
     if next == IPPROTO_TCP || next == IPPROTO_UDP || is_extension_header(next) {
@@ -388,7 +390,7 @@ fn parse_ipv6(cur: &mut Cursor) -> Result<Packet, ParseError> {
         ],
     };
     let walked = walk_ipv6(cur, &mut pkt, next, ip, datagram_len);
-    if pkt.kind == kind::LATER_FRAGMENT || pkt.kind == kind::LATER_PORTLESS {
+    if pkt.kind == kind::LATER_FRAGMENT {
         // It stopped at the fragment header, read in full.
         walked?;
         return Ok(pkt);
@@ -441,10 +443,11 @@ fn walk_ipv6(
                 let offset = offset_flags >> 3;
                 pkt.frag_id = id;
                 if offset != 0 {
-                    pkt.kind = later_kind(nh);
-                    if !is_extension_header(nh) {
-                        pkt.proto = nh;
-                    }
+                    // Its own Next Header is not the datagram's: the destination takes
+                    // that from the first fragment (RFC 8200 §4.5), so a later fragment
+                    // could claim anything here. It is classified with the first
+                    // fragment's record, as an IPv4 later fragment of TCP or UDP.
+                    pkt.kind = kind::LATER_FRAGMENT;
                     pkt.frag_offset = u32::from(offset);
                     return Ok(());
                 }

@@ -3,7 +3,8 @@
 //!
 //! [`Datagram`] is what a sender wants delivered; [`Disguise`] is how it dresses it up —
 //! VLAN tags, IPv4 options, IPv6 extension headers, padding, truncation, lying length
-//! fields, and fragments of any size, order and overlap. [`Destination`] is an
+//! fields, fragments of any size, order and overlap, and IPv6 later fragments whose own
+//! Next Header lies (the destination reads the datagram's from the first fragment only). [`Destination`] is an
 //! independent model of a receiving stack: it parses frames with no walk bounds and
 //! reassembles fragments *generously* (overlaps resolved first-wins or last-wins instead
 //! of discarded, as Linux does), so a datagram counts as delivered whenever some real
@@ -124,6 +125,9 @@ pub struct Piece {
     pub len: usize,
     pub more: bool,
     pub rewrite: Option<Vec<u8>>,
+    /// IPv6: the Next Header this fragment's Fragment header claims instead of the
+    /// datagram's (a lie in a later fragment; a destination reads the first fragment's).
+    pub next: Option<u8>,
 }
 
 /// How the sender dresses a datagram up.
@@ -198,7 +202,7 @@ pub fn frames(d: &Datagram, g: &Disguise) -> Vec<Vec<u8>> {
             let frag = FragInfo {
                 offset: p.offset,
                 more: p.more,
-                next: first_next,
+                next: p.next.unwrap_or(first_next),
             };
             finish(frame(d, g, &bytes, Some(frag), unfrag_exts), g)
         })
@@ -636,6 +640,7 @@ pub fn honest_pieces(rng: &mut Rng, len: usize, first_min: usize) -> Vec<Piece> 
             len: size,
             more,
             rewrite: None,
+            next: None,
         });
         at += size;
     }
@@ -704,8 +709,17 @@ pub fn hostile_disguise(rng: &mut Rng, d: &Datagram) -> Disguise {
                     len: size,
                     more: true,
                     rewrite: Some(bytes),
+                    next: None,
                 },
             );
+        }
+        if d.is_v6() && rng.chance(0.3) {
+            // Later fragments that claim another Next Header than the datagram's: none
+            // (59), ICMPv6, or another transport.
+            let claim = *rng.pick(&[59u8, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP]);
+            for p in pieces.iter_mut().filter(|p| p.offset > 0) {
+                p.next = Some(claim);
+            }
         }
         if rng.chance(0.2) {
             let i = rng.below(pieces.len() as u64) as usize;

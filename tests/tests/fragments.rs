@@ -65,12 +65,14 @@ fn syn_in_two(pair: &VethPair, id: u32, first: usize) -> Vec<Vec<u8>> {
                 len: first,
                 more: true,
                 rewrite: None,
+                next: None,
             },
             Piece {
                 offset: first,
                 len: 36 - first,
                 more: false,
                 rewrite: None,
+                next: None,
             },
         ],
         ..Disguise::default()

@@ -172,7 +172,12 @@ pub fn server_config(files: &TlsFiles<'_>) -> Result<rustls::ServerConfig, TlsEr
         .map_err(|e| invalid(files.cert, e))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(read_certs(files.cert)?, read_key(files.key)?)
-        .map_err(|e| invalid(files.key, format!("does not match {}: {e}", files.cert.display())))?;
+        .map_err(|e| {
+            invalid(
+                files.key,
+                format!("does not match {}: {e}", files.cert.display()),
+            )
+        })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
 }

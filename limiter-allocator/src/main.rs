@@ -259,6 +259,15 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             advertise = %election.advertise,
             "replica: electing the leader in etcd (a follower until it wins)"
         );
+        if election.tls.is_none() {
+            tracing::warn!(
+                etcd = %election.etcd.join(", "),
+                "etcd is reached in plain text ([election] has no ca): anyone who can \
+                 reach etcd, or alter this traffic, can rewrite the quotas, win the \
+                 election and grant any share, and move rules between groups; secure \
+                 etcd and set ca (and cert, key)"
+            );
+        }
         tokio::spawn(
             Replica {
                 election,

@@ -407,6 +407,49 @@ fn a_connection_flood_from_many_addresses_keeps_no_host_from_the_new_leader() {
     running.stop();
 }
 
+/// A replica whose etcd is reached in plain text says so in its log at start.
+#[test]
+fn plaintext_etcd_is_warned_about_at_start() {
+    use std::io::{BufRead as _, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    // Nothing listens on port 1: the warning comes before any etcd session.
+    let election = format!("[election]\netcd = [\"127.0.0.1:1\"]\nttl_ms = {ELECTION_TTL}\n");
+    let mut written = Allocator::configured(dir.path(), &pki, None, LEASE, REPORT, &election);
+    written.kill();
+    let mut child = Command::new(Allocator::binary())
+        .args(["run", "--config"])
+        .arg(&written.config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    let warning = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("WARN") && line.contains("plain text") => break Some(line),
+            Ok(line) => seen.push(line),
+            Err(_) => break None,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let warning = warning.unwrap_or_else(|| panic!("no plain-text etcd warning in: {seen:#?}"));
+    for what in ["quotas", "election", "127.0.0.1:1"] {
+        assert!(warning.contains(what), "{what:?} not in {warning}");
+    }
+}
+
 /// Drops the traffic between a replica and the etcd address it alone uses (both ways),
 /// until dropped.
 fn cut_off_from_etcd(address: std::net::SocketAddr) -> Partition {

@@ -331,10 +331,9 @@ async fn hold_a_place(port: u16, source: Ipv4Addr, stop: Arc<AtomicBool>) {
         if let Ok(mut stream) = socket.connect(target).await {
             let mut buf = [0u8; 512];
             while !stop.load(Ordering::Relaxed) {
-                match tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf)).await
-                {
-                    Ok(Ok(0) | Err(_)) => break,
-                    _ => {}
+                let read = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf));
+                if let Ok(Ok(0) | Err(_)) = read.await {
+                    break;
                 }
             }
         }

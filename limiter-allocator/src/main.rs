@@ -18,7 +18,7 @@ use limiter_allocator::{
     state::State,
 };
 use limiter_proto::{
-    pb::allocator_server::AllocatorServer, server_tls, TlsFiles, MAX_MESSAGE_BYTES,
+    pb::allocator_server::AllocatorServer, server_config, TlsFiles, MAX_MESSAGE_BYTES,
 };
 use limiter_service::{
     cli_args::QuotaSetArgs,
@@ -179,7 +179,7 @@ fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
 
 fn check(path: &Path) -> Result<()> {
     let config = Config::load(path)?;
-    server_tls(&TlsFiles {
+    server_config(&TlsFiles {
         ca: &config.tls.ca,
         cert: &config.tls.cert,
         key: &config.tls.key,
@@ -218,14 +218,13 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
     let (instance, control) = claim_control(&config.control_socket)?;
     let limits = config.limits;
     let lease_ttl = Duration::from_millis(config.lease_ttl_ms);
-    let tls = server_tls(&TlsFiles {
+    // Handshakes run in the listener, each in a task of its own under the connection's
+    // deadline, so a slow one delays nobody else's.
+    let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(&TlsFiles {
         ca: &config.tls.ca,
         cert: &config.tls.cert,
         key: &config.tls.key,
-    })?
-    // A peer that does not finish its handshake in time is dropped; handshakes run in
-    // tasks of their own, so a slow one delays nobody else's.
-    .timeout(Duration::from_millis(limits.handshake_timeout_ms));
+    })?));
     let mut initial = State::new(
         &config.quotas,
         lease_ttl,
@@ -260,6 +259,15 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             advertise = %election.advertise,
             "replica: electing the leader in etcd (a follower until it wins)"
         );
+        if election.tls.is_none() {
+            tracing::warn!(
+                etcd = %election.etcd.join(", "),
+                "etcd is reached in plain text ([election] has no ca): anyone who can \
+                 reach etcd, or alter this traffic, can rewrite the quotas, win the \
+                 election and grant any share, and move rules between groups; secure \
+                 etcd and set ca (and cert, key)"
+            );
+        }
         tokio::spawn(
             Replica {
                 election,
@@ -324,7 +332,6 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
     const MAX_STREAMS: u32 = 4;
     let window = u32::try_from(MAX_MESSAGE_BYTES).unwrap_or(u32::MAX);
     tonic::transport::Server::builder()
-        .tls_config(tls)?
         // Every call has a deadline on this side too: a stalled client cannot hold a slot.
         .timeout(Duration::from_secs(2))
         .concurrency_limit_per_connection(MAX_STREAMS as usize)
@@ -338,7 +345,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         .http2_keepalive_timeout(Some(lease_ttl))
         .add_service(service)
         .serve_with_incoming_shutdown(
-            listener::incoming(listener, limits, Arc::clone(&conns)),
+            listener::incoming(listener, limits, Arc::clone(&conns), tls),
             async move {
                 tokio::select! {
                     _ = term.recv() => {}
@@ -638,11 +645,19 @@ impl MetricSources {
              # HELP limiter_allocator_connections_refused_total Connections closed at accept, by the bound reached.\n\
              # TYPE limiter_allocator_connections_refused_total counter\n\
              limiter_allocator_connections_refused_total{{limit=\"max_connections\"}} {}\n\
-             limiter_allocator_connections_refused_total{{limit=\"max_connections_per_ip\"}} {}",
+             limiter_allocator_connections_refused_total{{limit=\"max_connections_per_ip\"}} {}\n\
+             # HELP limiter_allocator_connections_handshaking Open gRPC connections still in their TLS handshake.\n\
+             # TYPE limiter_allocator_connections_handshaking gauge\n\
+             limiter_allocator_connections_handshaking {}\n\
+             # HELP limiter_allocator_connections_evicted_total Connections closed in their TLS handshake to make room for a newcomer (max_connections reached).\n\
+             # TYPE limiter_allocator_connections_evicted_total counter\n\
+             limiter_allocator_connections_evicted_total {}",
             c.open.load(Relaxed),
             c.accepted.load(Relaxed),
             c.refused_total.load(Relaxed),
-            c.refused_per_ip.load(Relaxed)
+            c.refused_per_ip.load(Relaxed),
+            c.handshaking.load(Relaxed),
+            c.evicted.load(Relaxed)
         );
         limiter_service::metrics::process_families(
             &mut out,

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 pub mod identity;
@@ -125,6 +126,60 @@ pub fn server_tls(files: &TlsFiles<'_>) -> Result<ServerTlsConfig, TlsError> {
     Ok(ServerTlsConfig::new()
         .identity(Identity::from_pem(read(files.cert)?, read(files.key)?))
         .client_ca_root(Certificate::from_pem(read(files.ca)?)))
+}
+
+fn invalid(path: &Path, what: impl std::fmt::Display) -> TlsError {
+    TlsError {
+        path: path.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
+    }
+}
+
+/// The PEM certificates of `path` (at least one).
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(&read(path)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(path, format!("not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(invalid(path, "no PEM certificate in it"));
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(&read(path)?)
+        .map_err(|e| invalid(path, format!("not a PEM private key: {e}")))
+}
+
+/// Server side as a rustls configuration (for a server that runs its handshakes itself):
+/// present `cert`, require a client certificate signed by `ca`, speak HTTP/2.
+pub fn server_config(files: &TlsFiles<'_>) -> Result<rustls::ServerConfig, TlsError> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in read_certs(files.ca)? {
+        roots
+            .add(cert)
+            .map_err(|e| invalid(files.ca, format!("not a CA certificate: {e}")))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        std::sync::Arc::clone(&provider),
+    )
+    .build()
+    .map_err(|e| invalid(files.ca, e))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(files.cert, e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(read_certs(files.cert)?, read_key(files.key)?)
+        .map_err(|e| {
+            invalid(
+                files.key,
+                format!("does not match {}: {e}", files.cert.display()),
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
 }
 
 /// Client side: trust only `ca` for the server (named `server_name` in its

@@ -592,8 +592,9 @@ async fn silent_tls(pki: &Pki, local: IpAddr, port: u16) -> impl tokio::io::Asyn
 }
 
 /// (d) Slow and silent clients: idle TCP connections, one that completes TLS and HTTP/2's
-/// preface and then neither sends nor reads. Connections beyond max_connections_per_ip or
-/// max_connections are closed at once; the silent ones are closed after
+/// preface and then neither sends nor reads. Connections beyond max_connections_per_ip
+/// are closed at once, and beyond max_connections the oldest still in its TLS handshake
+/// is closed for the newcomer; the silent ones are closed after
 /// handshake_timeout_ms; a real host's reports are answered promptly all along, and a new
 /// host can connect while one source holds its whole per-address allowance.
 #[test]
@@ -638,14 +639,19 @@ fn silent_and_excess_connections_delay_nobody() {
         let started = Instant::now();
         newcomer.report(report("lb-3", 10, 0)).await.unwrap();
         let newcomer_latency = started.elapsed();
-        // Now MAX are open: one more from anywhere is closed at once.
+        // Now MAX are open: one more from anywhere takes the place of the oldest one still
+        // in its TLS handshake (the first idle one), which is closed at once.
         let mut over_total = raw_tcp(ip(5), port).await;
         assert!(
-            closed_within(&mut over_total, Duration::from_millis(500)).await,
-            "a connection beyond max_connections was kept open"
+            closed_within(&mut idle[0], Duration::from_millis(500)).await,
+            "the oldest handshaking connection was kept open beyond max_connections"
         );
-        // ... and not before it: an idle one is still open now, unless that much passed.
-        let still_open = !closed_within(&mut idle[0], Duration::ZERO).await;
+        assert!(
+            !closed_within(&mut over_total, Duration::ZERO).await,
+            "the newcomer was closed instead of the oldest handshaking connection"
+        );
+        // ... and not before it: another idle one is still open now, unless that much passed.
+        let still_open = !closed_within(&mut idle[1], Duration::ZERO).await;
         let held_for = opened.elapsed();
         assert!(
             still_open || held_for >= Duration::from_millis(HANDSHAKE_MS),
@@ -693,7 +699,8 @@ fn silent_and_excess_connections_delay_nobody() {
         );
         assert_eq!(
             m["limiter_allocator_connections_refused_total{limit=\"max_connections\"}"],
-            1.0
+            0.0
         );
+        assert_eq!(m["limiter_allocator_connections_evicted_total"], 1.0);
     });
 }

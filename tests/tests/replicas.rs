@@ -14,6 +14,10 @@ use std::{
     collections::BTreeMap,
     net::Ipv4Addr,
     process::Command,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -47,9 +51,22 @@ impl Group {
         Group::over(pki, etcd, n, |_| String::new())
     }
 
+    /// `n` replicas with the top-level `settings` (peer bounds) in their files.
+    fn bounded(pki: &Pki, dir: &std::path::Path, n: usize, settings: &str) -> Group {
+        let etcd = Etcd::start(dir, &loopbacks(n)).unwrap_or_else(|e| panic!("{e:#}"));
+        let (Members { replicas, metrics }, dirs) =
+            replicas_on(pki, &etcd, 0..n, settings, |_| String::new());
+        Group {
+            etcd,
+            replicas,
+            metrics,
+            _dirs: dirs,
+        }
+    }
+
     /// `n` replicas on `etcd`, replica `i`'s `[election]` table ending with `extra(i)`.
     fn over(pki: &Pki, etcd: Etcd, n: usize, extra: impl Fn(usize) -> String) -> Group {
-        let (Members { replicas, metrics }, dirs) = replicas_on(pki, &etcd, 0..n, extra);
+        let (Members { replicas, metrics }, dirs) = replicas_on(pki, &etcd, 0..n, "", extra);
         Group {
             etcd,
             replicas,
@@ -259,6 +276,177 @@ fn a_killed_leader_is_replaced_and_no_host_leaves_leased() {
         "admitted {through:.0}/s through the failover, quota {QUOTA}/s (before: {steady:.0}/s)"
     );
     running.stop();
+}
+
+/// Peers that never complete a handshake, `per_source` connections from each of
+/// `sources` to each of `ports`; a connection the allocator closes is opened again 500 ms
+/// later. Until stopped.
+struct Flood {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Flood {
+    fn start(ports: &[u16], sources: &[Ipv4Addr], per_source: usize) -> Flood {
+        let stop = Arc::new(AtomicBool::new(false));
+        let targets: Vec<(u16, Ipv4Addr)> = ports
+            .iter()
+            .flat_map(|&p| sources.iter().map(move |&s| (p, s)))
+            .collect();
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let mut tasks = Vec::new();
+                for (port, source) in targets {
+                    for _ in 0..per_source {
+                        tasks.push(tokio::spawn(hold_a_place(port, source, Arc::clone(&flag))));
+                    }
+                }
+                for t in tasks {
+                    t.await.unwrap();
+                }
+            });
+        });
+        Flood { stop, thread }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+    }
+}
+
+/// One flooding peer: connects from `source`, sends nothing, and reconnects 500 ms after
+/// each close.
+async fn hold_a_place(port: u16, source: Ipv4Addr, stop: Arc<AtomicBool>) {
+    use tokio::io::AsyncReadExt as _;
+    let target = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    while !stop.load(Ordering::Relaxed) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((source, 0).into()).unwrap();
+        if let Ok(mut stream) = socket.connect(target).await {
+            let mut buf = [0u8; 512];
+            while !stop.load(Ordering::Relaxed) {
+                let read = tokio::time::timeout(Duration::from_millis(100), stream.read(&mut buf));
+                if let Ok(Ok(0) | Err(_)) = read.await {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Peers without a certificate take every connection place of every replica from 40
+/// loopback addresses (80 connections for 24 places) and take each place back as soon as
+/// it frees; the hosts still get in, and after the leader is killed into its successor:
+/// every share stays leased.
+#[test]
+fn a_connection_flood_from_many_addresses_keeps_no_host_from_the_new_leader() {
+    const MAX: usize = 24;
+    // The three hosts connect from 127.0.0.1, each to a follower and the leader.
+    const PER_IP: usize = 6;
+    const SOURCES: u8 = 40;
+    const PER_SOURCE: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut g = Group::bounded(
+        &pki,
+        dir.path(),
+        3,
+        &format!("max_connections = {MAX}\nmax_connections_per_ip = {PER_IP}\n"),
+    );
+    let (leader, _) = g.wait_leader(Duration::from_secs(10));
+    let ports: Vec<u16> = g.replicas.iter().map(|r| r.port).collect();
+    let sources: Vec<Ipv4Addr> = (1..=SOURCES).map(|i| Ipv4Addr::new(127, 0, 1, i)).collect();
+    let flood = Flood::start(&ports, &sources, PER_SOURCE);
+    // Every place of every replica is taken before any host connects.
+    let start = Instant::now();
+    while !g
+        .metrics
+        .iter()
+        .all(|&m| scrape(m)["limiter_allocator_connections"] == MAX as f64)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the flood did not take every place"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let labs = g.hosts(&pki);
+    let running = Traffic::start(&labs, 20);
+    let all: Vec<&Lab> = labs.iter().collect();
+    hold_leased_and_one_leader(&g, &all, Duration::from_millis(LEASE), "flooded");
+    g.replicas[leader].kill();
+    hold_leased_and_one_leader(
+        &g,
+        &all,
+        Duration::from_millis(3 * LEASE),
+        "flooded, after the leader was killed",
+    );
+    let (next, _) = g.wait_leader(Duration::from_secs(1));
+    let m = scrape(g.metrics[next]);
+    let evicted = m["limiter_allocator_connections_evicted_total"];
+    let refused = m["limiter_allocator_connections_refused_total{limit=\"max_connections\"}"];
+    eprintln!(
+        "new leader {next}: {} connections open ({} handshaking), {evicted} evicted in their \
+         handshake, {refused} refused for max_connections",
+        m["limiter_allocator_connections"], m["limiter_allocator_connections_handshaking"]
+    );
+    assert!(evicted > 0.0, "the flood never had to be evicted");
+    assert_eq!(
+        m["limiter_allocator_connections"], MAX as f64,
+        "the flood no longer held the other places"
+    );
+    flood.stop();
+    running.stop();
+}
+
+/// A replica whose etcd is reached in plain text says so in its log at start.
+#[test]
+fn plaintext_etcd_is_warned_about_at_start() {
+    use std::io::{BufRead as _, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    // Nothing listens on port 1: the warning comes before any etcd session.
+    let election = format!("[election]\netcd = [\"127.0.0.1:1\"]\nttl_ms = {ELECTION_TTL}\n");
+    let mut written = Allocator::configured(dir.path(), &pki, None, LEASE, REPORT, &election);
+    written.kill();
+    let mut child = Command::new(Allocator::binary())
+        .args(["run", "--config"])
+        .arg(&written.config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    let warning = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("WARN") && line.contains("plain text") => break Some(line),
+            Ok(line) => seen.push(line),
+            Err(_) => break None,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let warning = warning.unwrap_or_else(|| panic!("no plain-text etcd warning in: {seen:#?}"));
+    for what in ["quotas", "election", "127.0.0.1:1"] {
+        assert!(warning.contains(what), "{what:?} not in {warning}");
+    }
 }
 
 /// Drops the traffic between a replica and the etcd address it alone uses (both ways),
@@ -595,6 +783,7 @@ fn replicas_on(
     pki: &Pki,
     etcd: &Etcd,
     ids: std::ops::Range<usize>,
+    settings: &str,
     extra: impl Fn(usize) -> String,
 ) -> (Members, Vec<tempfile::TempDir>) {
     let mut replicas = Vec::new();
@@ -608,12 +797,13 @@ fn replicas_on(
             etcd.endpoint(i),
             extra(i)
         );
-        replicas.push(Allocator::configured(
+        replicas.push(Allocator::configured_with(
             d.path(),
             pki,
             Some(m),
             LEASE,
             REPORT,
+            settings,
             &election,
         ));
         metrics.push(m);
@@ -691,7 +881,7 @@ impl Sharded {
         let mut groups = Vec::new();
         let mut dirs = Vec::new();
         for (k, name) in GROUPS.iter().enumerate() {
-            let (members, d) = replicas_on(pki, &etcd, 2 * k..2 * k + 2, |_| {
+            let (members, d) = replicas_on(pki, &etcd, 2 * k..2 * k + 2, "", |_| {
                 format!("name = \"{name}\"\nshards = \"{SHARDS}\"\n")
             });
             groups.push(members);

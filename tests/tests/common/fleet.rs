@@ -72,6 +72,20 @@ impl Allocator {
         report_ms: u64,
         tables: &str,
     ) -> Allocator {
+        Self::configured_with(dir, pki, metrics, lease_ms, report_ms, "", tables)
+    }
+
+    /// An allocator whose config has the top-level `settings` (such as peer bounds) and
+    /// ends with `tables`.
+    pub fn configured_with(
+        dir: &Path,
+        pki: &Pki,
+        metrics: Option<u16>,
+        lease_ms: u64,
+        report_ms: u64,
+        settings: &str,
+        tables: &str,
+    ) -> Allocator {
         let port = free_port();
         let metrics = metrics.map_or(String::new(), |p| format!("127.0.0.1:{p}"));
         let server = pki.pair("allocator");
@@ -81,7 +95,7 @@ impl Allocator {
             format!(
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
                  lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nfleet_size = 3\n\
-                 [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
+                 {settings}\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
                  [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n{tables}",
                 dir.join("allocator.sock").display(),

@@ -71,6 +71,7 @@ impl State {
             .map(|q| {
                 let mut r = RuleAllocator::new(q.rate, q.burst, lease_ttl, now);
                 r.refresh_ns = alloc::refresh_for(report_interval);
+                r.gather_ns = alloc::gather_for(report_interval);
                 (q.rule.clone(), r)
             })
             .collect();
@@ -184,6 +185,7 @@ impl State {
                 RuleAllocator::added(r.quota, r.burst, self.lease_ttl, self.learning_from, now)
             };
             fresh.refresh_ns = r.refresh_ns;
+            fresh.gather_ns = r.gather_ns;
             fresh.learning_joiner_share = r.learning_joiner_share;
             fresh.credit_cap = r.credit_cap;
             *r = fresh;
@@ -330,6 +332,7 @@ impl State {
                     .map_or(self.learning_from, |moved| moved.max(self.learning_from));
                 let mut r = RuleAllocator::added(q.rate, q.burst, self.lease_ttl, from, now);
                 r.refresh_ns = alloc::refresh_for(self.report_interval);
+                r.gather_ns = alloc::gather_for(self.report_interval);
                 tune(&mut r);
                 self.rules.insert(q.rule.clone(), r);
             }

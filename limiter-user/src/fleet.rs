@@ -84,17 +84,32 @@ pub fn min_share_burst(rule: &RuleSpec, xdp_mode: XdpMode) -> u64 {
     tc_floor.min(configured).max(xdp_floor)
 }
 
-/// A rule's offered load in its unit from its counter totals: packets and bytes offered
-/// are passed + dropped (shadow mode counts its would-drops as passed); a syn rule passes
-/// its other packets unmetered, so its SYNs come from their own counter (`RULE_SYNS`).
+/// A rule's offered load in its unit from its counter totals: what reached the aggregate
+/// stage. Packets and bytes offered are passed + dropped (shadow mode counts its
+/// would-drops as passed); a syn rule passes its other packets unmetered, so its SYNs
+/// come from their own counter (`RULE_SYNS`). Frames refused before the aggregate (by
+/// the per-source limit, or unmetered: `refused_early_*`) are left out: a flood the
+/// host refuses anyway must not win it quota the other hosts' honest traffic needs.
 pub fn offered_units(unit: Unit, counters: &RuleCounters, syns: u64) -> u64 {
     match unit {
         Unit::Packets => counters
             .passed_packets
-            .wrapping_add(counters.dropped_packets),
-        Unit::Bytes => counters.passed_bytes.wrapping_add(counters.dropped_bytes),
-        Unit::Syn => syns,
+            .wrapping_add(counters.dropped_packets)
+            .wrapping_sub(counters.refused_early_packets),
+        Unit::Bytes => counters
+            .passed_bytes
+            .wrapping_add(counters.dropped_bytes)
+            .wrapping_sub(counters.refused_early_bytes),
+        Unit::Syn => syns.wrapping_sub(counters.refused_early_packets),
     }
+}
+
+/// A rule's refusals that count for the fleet (early reports, the credit): those of the
+/// aggregate stage, not the per-source limit's or the unmetered ones ([`offered_units`]).
+pub fn refused_frames(counters: &RuleCounters) -> u64 {
+    counters
+        .dropped_packets
+        .saturating_sub(counters.refused_early_packets)
 }
 
 /// One rule's counter totals as the fleet reads them.
@@ -965,6 +980,26 @@ mod tests {
         assert_eq!(min_share_burst(&tiny, XdpMode::Tc), 8);
     }
 
+    /// Frames refused before the aggregate (per source, or unmetered) are no demand, nor
+    /// refusals that count for the fleet. Old code: a flood refused per source counted
+    /// in full.
+    #[test]
+    fn frames_refused_before_the_aggregate_are_no_demand() {
+        let c = RuleCounters {
+            passed_packets: 10,
+            passed_bytes: 10_000,
+            dropped_packets: 90,
+            dropped_bytes: 90_000,
+            refused_early_packets: 85,
+            refused_early_bytes: 85_000,
+            ..RuleCounters::default()
+        };
+        assert_eq!(offered_units(Unit::Packets, &c, 0), 15);
+        assert_eq!(offered_units(Unit::Bytes, &c, 0), 15_000);
+        assert_eq!(offered_units(Unit::Syn, &c, 88), 3);
+        assert_eq!(refused_frames(&c), 5);
+    }
+
     /// Demand is the offered load in the rule's unit: bytes for bytes rules, SYNs (their
     /// own counter) for syn rules, packets otherwise. Old code: packets for every unit.
     #[test]
@@ -976,6 +1011,8 @@ mod tests {
             dropped_bytes: 5_000,
             would_drop_packets: 0,
             would_drop_bytes: 0,
+            refused_early_packets: 0,
+            refused_early_bytes: 0,
         };
         assert_eq!(offered_units(Unit::Packets, &c, 3), 15);
         assert_eq!(offered_units(Unit::Bytes, &c, 3), 15_000);

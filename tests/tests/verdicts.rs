@@ -137,6 +137,8 @@ struct Row {
     expect: Expect,
     /// Header counters the row moves (fragments, refused tricks); zero unless said.
     headers: HeaderCounters,
+    /// Of the rule's refusals, those before its aggregate (per source, or unmetered).
+    early: u64,
 }
 
 fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) -> Row {
@@ -147,6 +149,7 @@ fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) ->
         verdict,
         expect,
         headers: HeaderCounters::default(),
+        early: 0,
     }
 }
 
@@ -156,6 +159,13 @@ impl Row {
         for field in fields {
             *field(&mut self.headers) += u64::from(self.runs);
         }
+        self
+    }
+
+    /// Expects `n` of the rule's refusals to come before its aggregate (per source, or
+    /// refused unmetered): no demand for a fleet share.
+    fn refused_early(mut self, n: u64) -> Row {
+        self.early = n;
         self
     }
 }
@@ -312,7 +322,8 @@ fn parser_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("v6-host", 0, 1, 0),
         )
-        .counting(&[long_chain]),
+        .counting(&[long_chain])
+        .refused_early(1),
     );
     rows.push(row(
         "802.1Q",
@@ -513,7 +524,8 @@ fn metering_rows() -> Vec<Row> {
             3,
             XDP_DROP,
             Expect::Rule("per-source", 1, 2, 0),
-        ),
+        )
+        .refused_early(2),
         row(
             "per-source: source B has its own bucket",
             per_source([198, 19, 0, 2]),
@@ -574,7 +586,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("web-tcp443", 0, 1, 0),
         )
-        .counting(&[fragments, overlapping]),
+        .counting(&[fragments, overlapping])
+        .refused_early(1),
         row(
             "IPv4 later fragment, first never seen, ports matter: refused (orphan)",
             web(0x101)
@@ -585,7 +598,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("web-tcp443", 0, 1, 0),
         )
-        .counting(&[fragments, orphan]),
+        .counting(&[fragments, orphan])
+        .refused_early(1),
         row(
             "IPv4 first fragment of an unmatched port: passes, leaves a record",
             web(0x102)
@@ -674,7 +688,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("v6-dns", 0, 1, 0),
         )
-        .counting(&[fragments, orphan]),
+        .counting(&[fragments, orphan])
+        .refused_early(1),
         row(
             "IPv6 atomic fragment (offset 0, no more): a whole datagram",
             v6("2001:db8::53")
@@ -708,7 +723,8 @@ fn fragment_rows() -> Vec<Row> {
                 XDP_DROP,
                 Expect::Rule("web-tcp443", 0, 1, 0),
             )
-            .counting(&[fragments, tiny]),
+            .counting(&[fragments, tiny])
+            .refused_early(1),
         );
     }
     let mut f = v4([198, 20, 0, 1])
@@ -754,7 +770,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("v6-dns", 0, 1, 0),
         )
-        .counting(&[fragments, tiny]),
+        .counting(&[fragments, tiny])
+        .refused_early(1),
     );
     rows
 }
@@ -781,6 +798,8 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
                     dropped_bytes: dropped * len,
                     would_drop_packets: would_drop,
                     would_drop_bytes: would_drop * len,
+                    refused_early_packets: row.early,
+                    refused_early_bytes: row.early * len,
                 },
             ))
         }

@@ -1,6 +1,6 @@
 //! The gRPC service. A report passes, in this order (each step cheap, none under the
-//! state lock but the last two): the sender's identity (the host id must be a name of
-//! the connection's client certificate: PERMISSION_DENIED), the connection's report rate
+//! state lock but the last two): the sender's identity (the host id must be the host
+//! the connection's client certificate names: PERMISSION_DENIED), the connection's report rate
 //! (RESOURCE_EXHAUSTED), validation (INVALID_ARGUMENT), then under the lock the host
 //! table (fleet full, or the host's own report rate: RESOURCE_EXHAUSTED) and only then the
 //! allocation, the one step that costs O(hosts log hosts). So a flood costs a bucket
@@ -133,15 +133,15 @@ impl Allocator for Service {
         let certs = info.peer_certs();
         let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
         let report = request.into_inner();
-        match conn.host_names(leaf) {
-            Ok(names) if names.contains(&report.host) => {}
-            Ok(names) => {
+        match conn.host_name(leaf) {
+            Ok(name) if *name == report.host => {}
+            Ok(name) => {
                 self.refused.identity.fetch_add(1, Ordering::Relaxed);
                 let message = format!(
-                    "host id {:?} is not this client certificate's identity ({}): a host \
-                     reports only as itself",
+                    "host id {:?} is not this client certificate's identity ({name}, its \
+                     first DNS subjectAltName, or its CN without one): a host reports only \
+                     as itself, one certificate one host",
                     report.host.chars().take(64).collect::<String>(),
-                    names.join(", ")
                 );
                 self.log(Kind::Identity, &peer, &report.host, &message);
                 return Err(Status::permission_denied(message));

@@ -820,3 +820,56 @@ fn a_flood_the_per_source_limit_refuses_wins_no_quota() {
         );
     }
 }
+
+/// A certificate of 32 DNS names (lb-m0 … lb-m31) reports as each of them in turn, with
+/// `max_hosts = 4`: it is one host, lb-m0 (its first name), and every other name is
+/// refused with PERMISSION_DENIED, so lb-2 and lb-3 still find room. Before, the
+/// certificate was up to 32 hosts: lb-m0 … lb-m3 filled the fleet and lb-2 was refused.
+#[test]
+fn a_certificate_of_many_names_is_one_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::start(dir.path(), &pki, "max_hosts = 4");
+    let port = allocator.port;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (many, honest) = runtime.block_on(async {
+        let mut c = client(&pki, "many-names", port, None);
+        let mut outcomes = Outcomes::default();
+        let mut accepted = Vec::new();
+        for i in 0..32 {
+            let host = format!("lb-m{i}");
+            let r = c.report(report(&host, 1000, 0)).await;
+            if r.is_ok() {
+                accepted.push(host);
+            }
+            outcomes.add(&r);
+            // Within the connection's report rate.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        let mut honest = Outcomes::default();
+        for host in ["lb-2", "lb-3"] {
+            let mut c = client(&pki, host, port, None);
+            honest.add(&c.report(report(host, 1000, 0)).await);
+        }
+        ((outcomes, accepted), honest)
+    });
+    let (outcomes, accepted) = many;
+    let known = allocator.scrape()["limiter_allocator_known_hosts"];
+    eprintln!("the 32-name certificate: {outcomes:?}, accepted as {accepted:?}; lb-2, lb-3: {honest:?}; known hosts {known}");
+    assert_eq!(
+        accepted,
+        ["lb-m0"],
+        "one certificate, one host: {outcomes:?}"
+    );
+    assert_eq!(outcomes.count(Code::PermissionDenied), 31, "{outcomes:?}");
+    assert!(
+        outcomes.message(Code::PermissionDenied).contains("lb-m0"),
+        "the refusal names the certificate's host: {outcomes:?}"
+    );
+    assert_eq!(
+        honest.count(Code::Ok),
+        2,
+        "the other hosts find room: {honest:?}"
+    );
+    assert_eq!(known, 3.0);
+}

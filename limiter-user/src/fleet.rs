@@ -112,6 +112,15 @@ pub fn refused_frames(counters: &RuleCounters) -> u64 {
         .saturating_sub(counters.refused_early_packets)
 }
 
+/// The report interval an allocator's reply asks for, held to [200 ms, lease TTL / 2]:
+/// an allocator (or anything holding a certificate the host trusts for it) asking for
+/// 1 ms would have the host report in a busy loop, and one asking for an hour would let
+/// every lease lapse between two reports.
+pub fn clamp_report_interval(asked_ms: u64, lease_ttl_ms: u64) -> Duration {
+    let most = (lease_ttl_ms / 2).max(limiter_proto::MIN_REPORT_SPACING_MS);
+    Duration::from_millis(asked_ms.clamp(limiter_proto::MIN_REPORT_SPACING_MS, most))
+}
+
 /// One rule's counter totals as the fleet reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleTotals {
@@ -641,6 +650,11 @@ impl FleetState {
         }
         let mut refused = Vec::new();
         for g in &reply.grants {
+            // A grant of a group the rule is no longer routed to (a late reply of the
+            // group it left) must not override the group that grants it now.
+            if self.routing.group_of(&g.rule) != group {
+                continue;
+            }
             let (Some(share), Some(unit)) = (self.shares.get_mut(&g.rule), self.units.get(&g.rule))
             else {
                 continue;
@@ -1250,6 +1264,57 @@ mod tests {
         assert_eq!(new.states(4 * S)["a"], ShareState::Sticky);
         let r = new.report(&BTreeMap::new(), 3 * S);
         assert_eq!(r.rules[0].held, 3_000, "reported as held");
+    }
+
+    /// The allocator's report interval is held to [200 ms, lease TTL / 2]. Old code: any
+    /// value was taken as it came (1 ms: a report every 50 ms poll).
+    #[test]
+    fn the_allocators_report_interval_is_clamped() {
+        assert_eq!(clamp_report_interval(1, 3_000), Duration::from_millis(200));
+        assert_eq!(
+            clamp_report_interval(1_000, 3_000),
+            Duration::from_millis(1_000)
+        );
+        assert_eq!(
+            clamp_report_interval(3_600_000, 3_000),
+            Duration::from_millis(1_500)
+        );
+        // A lease shorter than two spacings: the spacing wins.
+        assert_eq!(
+            clamp_report_interval(5_000, 300),
+            Duration::from_millis(200)
+        );
+    }
+
+    /// A rule group a moved to group b: b's grant is in force, and a late reply of a
+    /// granting the rule changes nothing. Old code: a's late grant replaced b's.
+    #[test]
+    fn a_late_grant_of_the_group_a_rule_left_changes_nothing() {
+        use limiter_proto::pb::RuleElsewhere;
+        let mut spec = spec();
+        spec.groups = ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| crate::config::AllocatorGroup {
+                name: (*name).into(),
+                allocators: vec![format!("127.0.0.1:{}", i + 1).parse().unwrap()],
+            })
+            .collect();
+        let rules = [rule(FailMode::Open)];
+        let mut fleet = FleetState::new(spec, 500, XdpMode::Auto, &rules, 0);
+        let mut moved = reply(0, false);
+        moved.grants.clear();
+        moved.elsewhere = vec![RuleElsewhere {
+            rule: "contoso".into(),
+            group: "b".into(),
+        }];
+        fleet.apply_from(0, &moved, S);
+        fleet.apply_from(1, &reply(4_000, false), 2 * S);
+        let held =
+            |fleet: &mut FleetState, t| fleet.report_to(1, &BTreeMap::new(), t).rules[0].held;
+        assert_eq!(held(&mut fleet, 2 * S), 4_000);
+        fleet.apply_from(0, &reply(9_000, false), 3 * S);
+        assert_eq!(held(&mut fleet, 3 * S), 4_000, "b's grant stays in force");
     }
 
     #[test]

@@ -146,7 +146,10 @@ pub async fn report_loop(
                         replicas.failed();
                     } else {
                         if reply.report_interval_ms > 0 {
-                            interval = Duration::from_millis(reply.report_interval_ms);
+                            interval = crate::fleet::clamp_report_interval(
+                                reply.report_interval_ms,
+                                spec.lease_ttl_ms,
+                            );
                         }
                         // A failure to install the shares is this host's problem, not the
                         // allocator's: log it and keep reporting (the shares in force

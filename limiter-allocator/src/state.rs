@@ -489,10 +489,10 @@ mod tests {
     fn a_learning_allocator_grants_a_joiners_share_with_fleet_size() {
         let mut s = web_state();
         s.set_fleet_size(4);
-        let g = &s.handle(&req("a", 900, 0), S).grants[0];
+        let g = &s.handle(&req("a", 100, 0), S).grants[0];
         assert_eq!((g.rate, g.tokens), (250, 1));
-        // b says it holds 900: renewed, but only to what a's 250 leave of the quota; c
-        // then finds nothing left.
+        // b says it holds 900 (within its fair share of the demands reported: 900):
+        // renewed, but only to what a's 250 leave of the quota; c then finds nothing left.
         assert_eq!(s.handle(&req("b", 900, 900), S).grants[0].rate, 750);
         let c = s.handle(&req("c", 900, 0), S);
         assert_eq!(c.grants.first().map_or(0, |g| g.rate), 0, "{c:?}");

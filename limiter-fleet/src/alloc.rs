@@ -9,10 +9,11 @@
 //! What a host says it holds is a claim, not a fact: any certificate of the fleet's CA
 //! can say it holds the whole quota. A claim counts for at most the quota, and while
 //! learning for at most what an allocation over the reported demands could have granted
-//! it (its max-min fair share); for the first report interval of learning, while not
-//! every host has spoken yet, no claim is renewed at all (the hosts keep the leases they
-//! have), so the first host to reach a new leader cannot claim the quota before the
-//! others have reported theirs.
+//! it (its max-min fair share). For the first report interval of learning, while not
+//! every host has spoken yet, no claim is weighed against the others: each host's lease
+//! is extended at what it says it holds, outside the allocator's sums, so the first host
+//! to reach a new leader cannot claim the quota before the others have reported theirs,
+//! and nobody's lease lapses meanwhile.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -189,8 +190,9 @@ pub struct RuleAllocator {
     pub lease_ttl: Duration,
     /// Until this time (ns) the allocator only renews what hosts hold.
     learning_until: u64,
-    /// How long learning gathers claims before it renews any (ns): one report interval,
-    /// in which every live host reports. 0: no gathering (claims renewed at once).
+    /// How long learning gathers claims before it weighs any against the others (ns):
+    /// one report interval, in which every live host reports; meanwhile a host's lease
+    /// is extended as it is. 0: no gathering.
     pub gather_ns: u64,
     /// The last report for the rule; `None` before the first one since the rule was
     /// added to a running allocator (nobody can hold a share of it: no need to learn).
@@ -263,7 +265,7 @@ fn recompute_soon(computed: Option<(u64, u64)>, refresh_ns: u64, now: u64) -> Op
 /// lie or a stale lease), scaled down if together these holdings (`fair_held_sum`) exceed
 /// the quota; a host holding nothing gets `joiner` (a joiner's share, quota ÷ fleet_size;
 /// 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends). While gathering, a
-/// holding is not renewed (0: no grant, the host keeps its lease).
+/// holding is extended as it is.
 fn renewal(
     h: &HostState,
     fair_held_sum: u64,
@@ -275,7 +277,8 @@ fn renewal(
     let share = if h.held == 0 {
         joiner
     } else if gathering {
-        0
+        // Its lease extended as it is ([`RuleAllocator::capped_grant`]).
+        h.held
     } else if fair_held_sum > quota {
         (u128::from(held) * u128::from(quota) / u128::from(fair_held_sum)) as u64
     } else {
@@ -616,6 +619,22 @@ impl RuleAllocator {
         let (quota, fair_held_sum, enforced_sum) =
             (self.quota, self.fair_held_sum, self.enforced_sum);
         let h = self.hosts.get_mut(host)?;
+        if gathering && h.held > 0 {
+            // Not every host has reported what it holds yet, so no claim is weighed
+            // against the others (the first to reach a new leader could claim the
+            // quota). The host's lease is extended at what it says it holds (at most the
+            // quota: the share an earlier allocator granted an honest host), outside this
+            // allocator's sums, so it changes nobody else's grant and the host stays
+            // leased through a failover.
+            let (share, saturated) = (h.held, h.demand > h.held);
+            let credit = h.credit_held.min(self.credit_cap);
+            let g = self.grant(Allocation { share, saturated });
+            return Some(Grant {
+                tokens: 0,
+                credit,
+                ..g
+            });
+        }
         let target = if learning {
             renewal(
                 h,
@@ -1676,10 +1695,10 @@ mod tests {
         for (k, round) in seen.iter().enumerate() {
             for (host, grants) in round.iter().enumerate() {
                 for g in grants {
-                    // The first interval is the successor's gathering: no renewal (the
-                    // hosts keep their leases); after it, a grant at every report.
+                    // The first interval is the successor's gathering: leases extended
+                    // as they are; after it, renewals weighed against the others.
                     assert!(
-                        g.map_or(k < 2, |rate| rate >= fair[host] - 100),
+                        g.is_some_and(|rate| rate >= fair[host] - 100),
                         "round {k}, honest host {host} granted {g:?} of a fair {}: {seen:?}",
                         fair[host]
                     );
@@ -1765,8 +1784,7 @@ mod tests {
         /// One host lying about what it holds (any claim, any demand) and two honest
         /// hosts, through a leader kill, reporting in any order: every grant to an honest
         /// host is at least its fair share minus the liar's bootstrap share (what it may
-        /// take as a joiner), and once the successor has gathered for an interval every
-        /// report gets one.
+        /// take as a joiner), and every report gets one (no lease lapses).
         #[test]
         fn a_liar_costs_honest_hosts_at_most_its_bootstrap_share(
             quota in 30u64..1_000_000,
@@ -1784,7 +1802,7 @@ mod tests {
                 for (host, grants) in round.iter().enumerate() {
                     for g in grants {
                         prop_assert!(
-                            g.map_or(k < 2, |rate| rate + joiner >= fair[host]),
+                            g.is_some_and(|rate| rate + joiner >= fair[host]),
                             "round {}, honest host {} granted {:?} of a fair {} (bootstrap {}): {:?}",
                             k, host, g, fair[host], joiner, seen
                         );

@@ -34,7 +34,7 @@ use std::{
     time::Duration,
 };
 
-use limiter_proto::{cert_host_names, IdentityError};
+use limiter_proto::{cert_host_name, IdentityError};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
@@ -69,15 +69,15 @@ pub struct ConnState {
     pub reported: std::sync::atomic::AtomicBool,
     /// Reports on this connection (per host there is another, in the host table).
     pub bucket: Mutex<ReportBucket>,
-    names: OnceLock<Result<Vec<String>, IdentityError>>,
+    name: OnceLock<Result<String, IdentityError>>,
 }
 
 impl ConnState {
-    /// The host names of the connection's client certificate (parsed once per
-    /// connection; the chain's first certificate is the client's own).
-    pub fn host_names(&self, leaf: Option<&[u8]>) -> &Result<Vec<String>, IdentityError> {
-        self.names.get_or_init(|| match leaf {
-            Some(der) => cert_host_names(der),
+    /// The host the connection's client certificate names (parsed once per connection;
+    /// the chain's first certificate is the client's own).
+    pub fn host_name(&self, leaf: Option<&[u8]>) -> &Result<String, IdentityError> {
+        self.name.get_or_init(|| match leaf {
+            Some(der) => cert_host_name(der),
             None => Err(IdentityError::NoName),
         })
     }
@@ -368,7 +368,7 @@ async fn accept_loop(
                 remote: Some(remote),
                 reported: std::sync::atomic::AtomicBool::new(false),
                 bucket: Mutex::new(ReportBucket::new(rate, rate)),
-                names: OnceLock::new(),
+                name: OnceLock::new(),
             })),
             first_report_by: Some(Box::pin(tokio::time::sleep(Duration::from_millis(
                 limits.handshake_timeout_ms,

@@ -1,6 +1,6 @@
 //! The gRPC service. A report passes, in this order (each step cheap, none under the
-//! state lock but the last two): the sender's identity (the host id must be a name of
-//! the connection's client certificate: PERMISSION_DENIED), the connection's report rate
+//! state lock but the last two): the sender's identity (the host id must be the host
+//! the connection's client certificate names: PERMISSION_DENIED), the connection's report rate
 //! (RESOURCE_EXHAUSTED), validation (INVALID_ARGUMENT), then under the lock the host
 //! table (fleet full, or the host's own report rate: RESOURCE_EXHAUSTED) and only then the
 //! allocation, the one step that costs O(hosts log hosts). So a flood costs a bucket
@@ -87,10 +87,26 @@ impl Service {
             .ok()
             .and_then(|mut logs| logs[kind as usize].admit(now_ns()));
         if let Some(held_back) = admitted {
-            let host: String = host.chars().take(64).collect();
+            let host = loggable(host);
             tracing::warn!(%peer, %host, held_back, "report refused: {message}");
         }
     }
+}
+
+/// A host id as it may be logged: its first 64 characters, everything but printable ASCII
+/// escaped (`\n`, `\u{1b}`, `\u{202e}`). A refused report's host id is whatever the
+/// sender put there, unvalidated: raw, a newline would forge a log line and a terminal
+/// escape hide one.
+fn loggable(host: &str) -> String {
+    let mut out = String::new();
+    for c in host.chars().take(64) {
+        if c.is_ascii_graphic() && c != '\\' {
+            out.push(c);
+        } else {
+            out.extend(c.escape_default());
+        }
+    }
+    out
 }
 
 impl Service {
@@ -133,15 +149,15 @@ impl Allocator for Service {
         let certs = info.peer_certs();
         let leaf = certs.as_ref().and_then(|c| c.first()).map(|c| c.as_ref());
         let report = request.into_inner();
-        match conn.host_names(leaf) {
-            Ok(names) if names.contains(&report.host) => {}
-            Ok(names) => {
+        match conn.host_name(leaf) {
+            Ok(name) if *name == report.host => {}
+            Ok(name) => {
                 self.refused.identity.fetch_add(1, Ordering::Relaxed);
                 let message = format!(
-                    "host id {:?} is not this client certificate's identity ({}): a host \
-                     reports only as itself",
+                    "host id {:?} is not this client certificate's identity ({name}, its \
+                     first DNS subjectAltName, or its CN without one): a host reports only \
+                     as itself, one certificate one host",
                     report.host.chars().take(64).collect::<String>(),
-                    names.join(", ")
                 );
                 self.log(Kind::Identity, &peer, &report.host, &message);
                 return Err(Status::permission_denied(message));
@@ -217,5 +233,28 @@ impl Allocator for Service {
                 Err(Status::resource_exhausted(message))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loggable;
+
+    /// A host id with a newline, a forged log line, a terminal escape and a bidi
+    /// override is logged escaped, on one line.
+    #[test]
+    fn a_refused_host_id_is_logged_escaped() {
+        let hostile = "lb-1\n2026-12-04T00:00:00Z INFO forged\x1b[2K\u{202e}x";
+        let logged = loggable(hostile);
+        assert!(
+            logged.chars().all(|c| c.is_ascii_graphic() || c == ' '),
+            "{logged:?}"
+        );
+        assert_eq!(
+            logged,
+            "lb-1\\n2026-12-04T00:00:00Z INFO forged\\u{1b}[2K\\u{202e}x"
+        );
+        assert_eq!(loggable("lb-1"), "lb-1");
+        assert_eq!(loggable(&"a".repeat(300)).len(), 64);
     }
 }

@@ -71,6 +71,7 @@ impl State {
             .map(|q| {
                 let mut r = RuleAllocator::new(q.rate, q.burst, lease_ttl, now);
                 r.refresh_ns = alloc::refresh_for(report_interval);
+                r.gather_ns = alloc::gather_for(report_interval);
                 (q.rule.clone(), r)
             })
             .collect();
@@ -184,6 +185,7 @@ impl State {
                 RuleAllocator::added(r.quota, r.burst, self.lease_ttl, self.learning_from, now)
             };
             fresh.refresh_ns = r.refresh_ns;
+            fresh.gather_ns = r.gather_ns;
             fresh.learning_joiner_share = r.learning_joiner_share;
             fresh.credit_cap = r.credit_cap;
             *r = fresh;
@@ -330,6 +332,7 @@ impl State {
                     .map_or(self.learning_from, |moved| moved.max(self.learning_from));
                 let mut r = RuleAllocator::added(q.rate, q.burst, self.lease_ttl, from, now);
                 r.refresh_ns = alloc::refresh_for(self.report_interval);
+                r.gather_ns = alloc::gather_for(self.report_interval);
                 tune(&mut r);
                 self.rules.insert(q.rule.clone(), r);
             }
@@ -486,10 +489,10 @@ mod tests {
     fn a_learning_allocator_grants_a_joiners_share_with_fleet_size() {
         let mut s = web_state();
         s.set_fleet_size(4);
-        let g = &s.handle(&req("a", 900, 0), S).grants[0];
+        let g = &s.handle(&req("a", 100, 0), S).grants[0];
         assert_eq!((g.rate, g.tokens), (250, 1));
-        // b says it holds 900: renewed, but only to what a's 250 leave of the quota; c
-        // then finds nothing left.
+        // b says it holds 900 (within its fair share of the demands reported: 900):
+        // renewed, but only to what a's 250 leave of the quota; c then finds nothing left.
         assert_eq!(s.handle(&req("b", 900, 900), S).grants[0].rate, 750);
         let c = s.handle(&req("c", 900, 0), S);
         assert_eq!(c.grants.first().map_or(0, |g| g.rate), 0, "{c:?}");

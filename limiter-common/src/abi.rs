@@ -559,6 +559,13 @@ counters! {
         pub dropped_bytes: u64,
         pub would_drop_packets: u64,
         pub would_drop_bytes: u64,
+        /// Of the frames above, those refused before the aggregate bucket: by the
+        /// per-source limit, or refused unmetered (a frame that could carry a datagram
+        /// past the rule); in shadow mode too. They are no demand for the rule's share (a
+        /// spoofed flood refused per source must not win a host quota). A syn rule counts
+        /// only SYNs here (its unmetered refusals are no SYNs it counted as offered).
+        pub refused_early_packets: u64,
+        pub refused_early_bytes: u64,
     }
 }
 
@@ -859,7 +866,7 @@ const _: () = {
     assert!(size_of::<Bucket>() == 8);
     assert!(size_of::<AggBucket>() == 64);
     assert!(size_of::<SourceKey>() == 24);
-    assert!(size_of::<RuleCounters>() == 48);
+    assert!(size_of::<RuleCounters>() == 64);
     assert!(size_of::<GlobalCounters>() == 40);
     assert!(size_of::<FragmentKey>() == 2 + 2 + 4 + 16 + 16);
     assert!(size_of::<FragmentRecord>() == 8);
@@ -868,7 +875,7 @@ const _: () = {
     assert!(size_of::<HeaderCounters>() == 6 * 8);
     assert!(size_of::<SynCounters>() == 8);
     assert!(size_of::<TickClock>() == 16);
-    assert!(size_of::<RuleCpuState>() == 64);
+    assert!(size_of::<RuleCpuState>() == 80);
     assert!(size_of::<HostEntry>() == 4 + 16 + size_of::<PrefixRules>() + 40);
     assert!(size_of::<HostEntry>().is_multiple_of(64));
     // The program reads a slot's address as aligned words.

@@ -62,6 +62,9 @@ pub fn meter(
         return Ok(pass(counters, size));
     }
     if refuse_unmetered {
+        if rule.unit != UNIT_SYN {
+            refused_early(counters, size);
+        }
         return Ok(refuse(counters, size, flags));
     }
     let units = match rule.unit {
@@ -124,7 +127,10 @@ pub fn meter(
         );
         match meter_source(&key, now, cost, limit, rule.sketch_region, &mut charged) {
             Outcome::Admit => source_cost = cost,
-            Outcome::Reject => conforms = false,
+            Outcome::Reject => {
+                conforms = false;
+                refused_early(counters, size);
+            }
             Outcome::Unmetered => {}
         }
     }
@@ -168,6 +174,13 @@ fn count_syn(slot: u32) {
         let syns = unsafe { &mut *syns };
         syns.offered = syns.offered.wrapping_add(1);
     }
+}
+
+/// A frame refused before the aggregate: no demand for the fleet's share.
+#[inline(always)]
+fn refused_early(counters: &mut RuleCounters, size: Size) {
+    counters.refused_early_packets = counters.refused_early_packets.wrapping_add(size.packets);
+    counters.refused_early_bytes = counters.refused_early_bytes.wrapping_add(size.bytes);
 }
 
 /// A frame over the rule's limits: dropped, or passed and counted in shadow mode.

@@ -5,6 +5,15 @@
 //! [`RuleAllocator`] keeps per-host demand for one rule and produces grants; a freshly
 //! started allocator spends one lease TTL learning what hosts already hold before it
 //! reallocates, so a restart never over-grants.
+//!
+//! What a host says it holds is a claim, not a fact: any certificate of the fleet's CA
+//! can say it holds the whole quota. A claim counts for at most the quota, and while
+//! learning for at most what an allocation over the reported demands could have granted
+//! it (its max-min fair share). For the first report interval of learning, while not
+//! every host has spoken yet, no claim is weighed against the others: each host's lease
+//! is extended at what it says it holds, outside the allocator's sums, so the first host
+//! to reach a new leader cannot claim the quota before the others have reported theirs,
+//! and nobody's lease lapses meanwhile.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -84,7 +93,8 @@ pub fn fairness_index(demands: &[u64], allocations: &[Allocation]) -> f64 {
 pub struct Report {
     /// Offered load (passed + dropped) per second over the last interval.
     pub demand: u64,
-    /// The share the host enforces now (0 while bootstrapping).
+    /// The share the host says it enforces now (0 while bootstrapping): a claim,
+    /// counted for at most the quota.
     pub held: u64,
 }
 
@@ -114,6 +124,7 @@ struct HostState {
     demand: u64,
     /// The demand as last reported (unsmoothed).
     reported: u64,
+    /// What it says it holds, at most the quota.
     held: u64,
     last_report: u64,
     /// The share last granted to this host (outstanding until its lease lapses); `None`
@@ -179,6 +190,10 @@ pub struct RuleAllocator {
     pub lease_ttl: Duration,
     /// Until this time (ns) the allocator only renews what hosts hold.
     learning_until: u64,
+    /// How long learning gathers claims before it weighs any against the others (ns):
+    /// one report interval, in which every live host reports; meanwhile a host's lease
+    /// is extended as it is. 0: no gathering.
+    pub gather_ns: u64,
     /// The last report for the rule; `None` before the first one since the rule was
     /// added to a running allocator (nobody can hold a share of it: no need to learn).
     last_heard: Option<u64>,
@@ -195,7 +210,9 @@ pub struct RuleAllocator {
     computed: Option<(u64, u64)>,
     /// Sums over the hosts, kept as grants and reports change them.
     enforced_sum: u64,
-    held_sum: u64,
+    /// While learning: Σ of the claims each capped by the host's fair share (its
+    /// `target`), as of the last allocation.
+    fair_held_sum: u64,
     /// No host lapses before this (a lower bound: the oldest report plus the TTL).
     next_expiry: u64,
     /// The most credit (frames) the fleet may hold at once; 0: no credit. See
@@ -243,16 +260,29 @@ fn recompute_soon(computed: Option<(u64, u64)>, refresh_ns: u64, now: u64) -> Op
     })
 }
 
-/// While learning: renew what a host holds, scaled down if together the hosts' holdings
-/// (`held_sum`) exceed the quota; a host holding nothing gets `joiner` (a joiner's share,
-/// quota ÷ fleet_size; 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends).
-fn renewal(h: &HostState, held_sum: u64, quota: u64, joiner: u64) -> Allocation {
+/// While learning: renew what a host holds, at most its fair share (its `target`: no
+/// allocator could have granted it more for the demands reported, so a larger claim is a
+/// lie or a stale lease), scaled down if together these holdings (`fair_held_sum`) exceed
+/// the quota; a host holding nothing gets `joiner` (a joiner's share, quota ÷ fleet_size;
+/// 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends). While gathering, a
+/// holding is extended as it is.
+fn renewal(
+    h: &HostState,
+    fair_held_sum: u64,
+    quota: u64,
+    joiner: u64,
+    gathering: bool,
+) -> Allocation {
+    let held = h.held.min(h.target.share);
     let share = if h.held == 0 {
         joiner
-    } else if held_sum > quota {
-        (u128::from(h.held) * u128::from(quota) / u128::from(held_sum)) as u64
-    } else {
+    } else if gathering {
+        // Its lease extended as it is ([`RuleAllocator::capped_grant`]).
         h.held
+    } else if fair_held_sum > quota {
+        (u128::from(held) * u128::from(quota) / u128::from(fair_held_sum)) as u64
+    } else {
+        held
     };
     Allocation {
         share,
@@ -265,6 +295,12 @@ fn renewal(h: &HostState, held_sum: u64, quota: u64, joiner: u64) -> Allocation 
 /// interval older than the others' latest reports.
 pub fn refresh_for(report_interval: Duration) -> u64 {
     ns(report_interval) / 2
+}
+
+/// The `gather_ns` the allocator uses: one report interval, in which every live host
+/// reports (a host that lost its leader tries the next replica after 200 ms).
+pub fn gather_for(report_interval: Duration) -> u64 {
+    ns(report_interval)
 }
 
 /// The credit cap by default: 30 % of what the quota admits in one report interval
@@ -295,12 +331,13 @@ impl RuleAllocator {
             burst,
             lease_ttl,
             learning_until: now.saturating_add(ns(lease_ttl)),
+            gather_ns: 0,
             last_heard: Some(now),
             hosts: BTreeMap::new(),
             refresh_ns: 0,
             computed: None,
             enforced_sum: 0,
-            held_sum: 0,
+            fair_held_sum: 0,
             next_expiry: u64::MAX,
             credit_cap: 0,
             credit_level: 0,
@@ -336,6 +373,13 @@ impl RuleAllocator {
     /// Whether the allocator is still learning what hosts hold.
     pub fn learning(&self, now: u64) -> bool {
         now < self.learning_until
+    }
+
+    /// Whether learning still gathers the hosts' claims, renewing none: the first
+    /// `gather_ns` of the learning period.
+    fn gathering(&self, now: u64) -> bool {
+        let start = self.learning_until.saturating_sub(ns(self.lease_ttl));
+        self.learning(now) && now < start.saturating_add(self.gather_ns)
     }
 
     /// Records a report. Demand is smoothed over the last two reports (their mean, but
@@ -433,9 +477,13 @@ impl RuleAllocator {
         }
         self.last_heard = Some(now);
         self.next_expiry = self.next_expiry.min(now.saturating_add(ns(self.lease_ttl)));
+        // A claim above the quota is no share any allocator granted.
+        let report = Report {
+            held: report.held.min(self.quota),
+            ..report
+        };
         match self.hosts.get_mut(host) {
             Some(h) => {
-                self.held_sum = self.held_sum - h.held + report.held;
                 let was = h.joining();
                 // A demand that comes back after a report of none (the hosts a shift
                 // returns to) is reallocated at the next grant too, else it waits up to
@@ -460,7 +508,6 @@ impl RuleAllocator {
             }
             None => {
                 self.joining += usize::from(report.demand > 0 && report.held == 0);
-                self.held_sum += report.held;
                 self.denials_sum += usage.map_or(0, |u| u.denials.saturating_add(u.credited));
                 self.computed = None;
                 self.hosts.insert(
@@ -501,7 +548,6 @@ impl RuleAllocator {
         if self.hosts.len() != before {
             self.computed = None;
             self.enforced_sum = self.hosts.values().map(HostState::enforced).sum();
-            self.held_sum = self.hosts.values().map(|h| h.held).sum();
             self.denials_sum = self.hosts.values().map(|h| h.denials).sum();
             self.joining = self.hosts.values().filter(|h| h.joining()).count();
             self.credit_sum = self.hosts.values().map(|h| h.credit).sum();
@@ -569,17 +615,44 @@ impl RuleAllocator {
     }
 
     fn capped_grant(&mut self, host: &str, learning: bool, now: u64) -> Option<Grant> {
-        let (quota, held_sum, enforced_sum) = (self.quota, self.held_sum, self.enforced_sum);
+        let gathering = self.gathering(now);
+        let (quota, fair_held_sum, enforced_sum) =
+            (self.quota, self.fair_held_sum, self.enforced_sum);
         let h = self.hosts.get_mut(host)?;
+        if gathering && h.held > 0 {
+            // Not every host has reported what it holds yet, so no claim is weighed
+            // against the others (the first to reach a new leader could claim the
+            // quota). The host's lease is extended at what it says it holds (at most the
+            // quota: the share an earlier allocator granted an honest host), outside this
+            // allocator's sums, so it changes nobody else's grant and the host stays
+            // leased through a failover.
+            let (share, saturated) = (h.held, h.demand > h.held);
+            let credit = h.credit_held.min(self.credit_cap);
+            let g = self.grant(Allocation { share, saturated });
+            return Some(Grant {
+                tokens: 0,
+                credit,
+                ..g
+            });
+        }
         let target = if learning {
-            renewal(h, held_sum, quota, self.learning_joiner_share)
+            renewal(
+                h,
+                fair_held_sum,
+                quota,
+                self.learning_joiner_share,
+                gathering,
+            )
         } else {
             h.target
         };
         let own = h.enforced();
         let others = enforced_sum - own;
         let share = target.share.min(quota.saturating_sub(others));
-        let granted = (share > 0 || !learning).then_some(share);
+        // While learning, a host holding nothing gets no zero grant (it stays in
+        // BOOTSTRAP or FAIL_OPEN), nor does anyone while gathering (it keeps its lease);
+        // a claim with no room left is closed as outside learning.
+        let granted = (share > 0 || !learning || (h.held > 0 && !gathering)).then_some(share);
         // The token a grant takes over with: one for a host that held no grant (its
         // bootstrap token, as the brief has it: docs/design.md), none after a zero grant
         // (the host had its token in BOOTSTRAP already) and none for a zero grant (closed).
@@ -659,12 +732,23 @@ impl RuleAllocator {
     }
 
     /// Recomputes the hosts' targets when they are stale: a host joined or lapsed, the
-    /// quota changed, or `refresh_ns` has passed. Learning needs none (each renewal is
-    /// the host's own holding, scaled).
+    /// quota changed, or `refresh_ns` has passed. While learning they cap what each
+    /// host's claim renews (`fair_held_sum`).
     fn refresh(&mut self, now: u64, learning: bool) {
         if learning {
+            // The claims change at every report; their capped sum is cheap to keep
+            // current, the targets are refreshed as outside learning.
+            self.reallocate(now);
+            self.fair_held_sum = self
+                .hosts
+                .values()
+                .fold(0, |sum, h| sum.saturating_add(h.held.min(h.target.share)));
             return;
         }
+        self.reallocate(now);
+    }
+
+    fn reallocate(&mut self, now: u64) {
         let fresh = self.computed.is_some_and(|(at, quota)| {
             quota == self.quota && now.saturating_sub(at) < self.refresh_ns
         });
@@ -681,13 +765,15 @@ impl RuleAllocator {
 
     fn targets(&mut self, now: u64) -> Vec<Allocation> {
         let learning = self.learning(now);
+        let gathering = self.gathering(now);
         self.refresh(now, learning);
-        let (held_sum, quota, joiner) = (self.held_sum, self.quota, self.learning_joiner_share);
+        let (fair_held_sum, quota, joiner) =
+            (self.fair_held_sum, self.quota, self.learning_joiner_share);
         self.hosts
             .values()
             .map(|h| {
                 if learning {
-                    renewal(h, held_sum, quota, joiner)
+                    renewal(h, fair_held_sum, quota, joiner, gathering)
                 } else {
                     // The share of the last allocation; saturated by the host's demand
                     // now (the allocation may be half an interval old).
@@ -1526,6 +1612,123 @@ mod tests {
         assert_eq!(r.grant_for("open", 2), None);
     }
 
+    /// One lying host (`liar`, which claims to hold `claim` and demands `liar_demand`)
+    /// and two honest hosts (demands `honest`, each claiming its last grant) report every
+    /// second, in the order `orders` gives each round: first to a leader past learning
+    /// until the shares settle, then to its successor (a new `RuleAllocator`, learning,
+    /// gathering for one interval). Returns the fair shares of the two honest hosts and
+    /// every grant each got from the successor, with whether it came while gathering.
+    #[expect(clippy::type_complexity, reason = "test helper")]
+    fn lying_host_through_a_leader_kill(
+        quota: u64,
+        liar_demand: u64,
+        claim: u64,
+        honest: [u64; 2],
+        orders: &[[usize; 3]],
+        joiner: u64,
+    ) -> ([u64; 2], Vec<[Vec<Option<u64>>; 2]>) {
+        const S: u64 = 1_000_000_000;
+        let ttl = Duration::from_secs(3);
+        let names = ["liar", "lb-2", "lb-3"];
+        let demands = [liar_demand, honest[0], honest[1]];
+        let mut held = [0u64; 3];
+        let mut round =
+            |r: &mut RuleAllocator, order: &[usize; 3], t: u64, grants: &mut Vec<Option<u64>>| {
+                for &i in order {
+                    let claim = if i == 0 { claim } else { held[i] };
+                    r.report(
+                        names[i],
+                        Report {
+                            demand: demands[i],
+                            held: claim,
+                        },
+                        t,
+                    );
+                    let g = r.grant_for(names[i], t).map(|g| g.rate);
+                    if let Some(rate) = g {
+                        held[i] = rate;
+                    }
+                    grants.push(g);
+                }
+            };
+        let mut t = 10 * S;
+        let mut old = RuleAllocator::added(quota, quota / 10 + 1, ttl, 0, t);
+        old.refresh_ns = S / 2;
+        for _ in 0..8 {
+            round(&mut old, &[0, 1, 2], t, &mut Vec::new());
+            t += S;
+        }
+        // The leader is killed; its successor wins the election 2 s later.
+        t += 2 * S;
+        let mut new = RuleAllocator::new(quota, quota / 10 + 1, ttl, t);
+        new.refresh_ns = S / 2;
+        new.gather_ns = S;
+        new.learning_joiner_share = joiner;
+        let mut seen = Vec::new();
+        for order in orders {
+            let mut grants = Vec::new();
+            round(&mut new, order, t, &mut grants);
+            let by_host = |k: usize| {
+                order
+                    .iter()
+                    .zip(&grants)
+                    .filter(|(&i, _)| i == k)
+                    .map(|(_, g)| *g)
+                    .collect()
+            };
+            seen.push([by_host(1), by_host(2)]);
+            t += S / 2;
+        }
+        let fair = allocate(quota, &demands);
+        ([fair[1].share, fair[2].share], seen)
+    }
+
+    /// A host claiming 100 × the quota right after an election, reporting first: the
+    /// honest hosts keep their fair shares (before, it was granted the whole quota and
+    /// they 9/s of their 1000/s for a lease TTL).
+    #[test]
+    fn a_lying_host_cannot_claim_the_quota_from_a_new_leader() {
+        let orders = vec![[0, 1, 2]; 8];
+        let (fair, seen) =
+            lying_host_through_a_leader_kill(3000, 300_000, 300_000, [2000, 2000], &orders, 100);
+        assert_eq!(fair, [1000, 1000]);
+        for (k, round) in seen.iter().enumerate() {
+            for (host, grants) in round.iter().enumerate() {
+                for g in grants {
+                    // The first interval is the successor's gathering: leases extended
+                    // as they are; after it, renewals weighed against the others.
+                    assert!(
+                        g.is_some_and(|rate| rate >= fair[host] - 100),
+                        "round {k}, honest host {host} granted {g:?} of a fair {}: {seen:?}",
+                        fair[host]
+                    );
+                }
+            }
+        }
+    }
+
+    /// Claims of any size, even u64::MAX from several hosts, never overflow a sum.
+    #[test]
+    fn claims_of_any_size_overflow_nothing() {
+        let mut r = RuleAllocator::new(3000, 300, Duration::from_secs(3), 0);
+        for i in 0..8 {
+            let host = format!("h{i}");
+            r.report(
+                &host,
+                Report {
+                    demand: u64::MAX,
+                    held: u64::MAX,
+                },
+                1,
+            );
+            let g = r.grant_for(&host, 1);
+            assert!(g.is_none_or(|g| g.rate <= 3000), "{g:?}");
+        }
+        assert!(r.outstanding(1) <= 3000);
+        r.expire(10_000_000_000);
+        assert_eq!(r.hosts(), 0);
+    }
+
     proptest! {
 
         /// Hosts reporting usage in any order, shares and demands moving: every credit is
@@ -1578,6 +1781,36 @@ mod tests {
                 t += S;
             }
         }
+        /// One host lying about what it holds (any claim, any demand) and two honest
+        /// hosts, through a leader kill, reporting in any order: every grant to an honest
+        /// host is at least its fair share minus the liar's bootstrap share (what it may
+        /// take as a joiner), and every report gets one (no lease lapses).
+        #[test]
+        fn a_liar_costs_honest_hosts_at_most_its_bootstrap_share(
+            quota in 30u64..1_000_000,
+            liar_demand in 0u64..100_000_000,
+            claim in prop_oneof![Just(0u64), Just(u64::MAX), 0u64..100_000_000],
+            honest in (1u64..2_000_000, 1u64..2_000_000),
+            orders in prop::collection::vec(
+                prop_oneof![Just([0, 1, 2]), Just([1, 0, 2]), Just([1, 2, 0]), Just([2, 1, 0])], 8),
+            fleet_size in 3u64..1000,
+        ) {
+            let joiner = quota / fleet_size;
+            let (fair, seen) = lying_host_through_a_leader_kill(
+                quota, liar_demand, claim, [honest.0, honest.1], &orders, joiner);
+            for (k, round) in seen.iter().enumerate() {
+                for (host, grants) in round.iter().enumerate() {
+                    for g in grants {
+                        prop_assert!(
+                            g.is_some_and(|rate| rate + joiner >= fair[host]),
+                            "round {}, honest host {} granted {:?} of a fair {} (bootstrap {}): {:?}",
+                            k, host, g, fair[host], joiner, seen
+                        );
+                    }
+                }
+            }
+        }
+
         #[test]
         fn shares_are_max_min_fair_and_never_exceed_the_quota(
             quota in 0u64..10_000_000,

@@ -8,7 +8,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 pub mod identity;
 
-pub use identity::{cert_host_names, pem_cert_host_names, IdentityError};
+pub use identity::{cert_host_name, pem_cert_host_name, IdentityError};
 
 /// Generated from proto/fleet.proto.
 pub mod pb {

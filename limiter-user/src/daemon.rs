@@ -21,7 +21,7 @@ use crate::{
     config::{Config, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
-    fleet::{offered_units, takes_credit, FleetState, RuleTotals},
+    fleet::{offered_units, refused_frames, takes_credit, FleetState, RuleTotals},
     grace,
     handoff::{HandoffControl, HandoffStatus},
     maps::Maps,
@@ -713,7 +713,7 @@ impl Daemon {
                 name.clone(),
                 RuleTotals {
                     offered: offered_units(unit, &c, syns),
-                    refused: c.dropped_packets,
+                    refused: refused_frames(&c),
                     // Unreadable: the report says nothing of the credit (no credit for
                     // the rule) rather than fail.
                     credit_left: if takes_credit(unit) {

@@ -84,17 +84,41 @@ pub fn min_share_burst(rule: &RuleSpec, xdp_mode: XdpMode) -> u64 {
     tc_floor.min(configured).max(xdp_floor)
 }
 
-/// A rule's offered load in its unit from its counter totals: packets and bytes offered
-/// are passed + dropped (shadow mode counts its would-drops as passed); a syn rule passes
-/// its other packets unmetered, so its SYNs come from their own counter (`RULE_SYNS`).
+/// A rule's offered load in its unit from its counter totals: what reached the aggregate
+/// stage. Packets and bytes offered are passed + dropped (shadow mode counts its
+/// would-drops as passed); a syn rule passes its other packets unmetered, so its SYNs
+/// come from their own counter (`RULE_SYNS`). Frames refused before the aggregate (by
+/// the per-source limit, or unmetered: `refused_early_*`) are left out: a flood the
+/// host refuses anyway must not win it quota the other hosts' honest traffic needs.
 pub fn offered_units(unit: Unit, counters: &RuleCounters, syns: u64) -> u64 {
     match unit {
         Unit::Packets => counters
             .passed_packets
-            .wrapping_add(counters.dropped_packets),
-        Unit::Bytes => counters.passed_bytes.wrapping_add(counters.dropped_bytes),
-        Unit::Syn => syns,
+            .wrapping_add(counters.dropped_packets)
+            .wrapping_sub(counters.refused_early_packets),
+        Unit::Bytes => counters
+            .passed_bytes
+            .wrapping_add(counters.dropped_bytes)
+            .wrapping_sub(counters.refused_early_bytes),
+        Unit::Syn => syns.wrapping_sub(counters.refused_early_packets),
     }
+}
+
+/// A rule's refusals that count for the fleet (early reports, the credit): those of the
+/// aggregate stage, not the per-source limit's or the unmetered ones ([`offered_units`]).
+pub fn refused_frames(counters: &RuleCounters) -> u64 {
+    counters
+        .dropped_packets
+        .saturating_sub(counters.refused_early_packets)
+}
+
+/// The report interval an allocator's reply asks for, held to [200 ms, lease TTL / 2]:
+/// an allocator (or anything holding a certificate the host trusts for it) asking for
+/// 1 ms would have the host report in a busy loop, and one asking for an hour would let
+/// every lease lapse between two reports.
+pub fn clamp_report_interval(asked_ms: u64, lease_ttl_ms: u64) -> Duration {
+    let most = (lease_ttl_ms / 2).max(limiter_proto::MIN_REPORT_SPACING_MS);
+    Duration::from_millis(asked_ms.clamp(limiter_proto::MIN_REPORT_SPACING_MS, most))
 }
 
 /// One rule's counter totals as the fleet reads them.
@@ -626,6 +650,11 @@ impl FleetState {
         }
         let mut refused = Vec::new();
         for g in &reply.grants {
+            // A grant of a group the rule is no longer routed to (a late reply of the
+            // group it left) must not override the group that grants it now.
+            if self.routing.group_of(&g.rule) != group {
+                continue;
+            }
             let (Some(share), Some(unit)) = (self.shares.get_mut(&g.rule), self.units.get(&g.rule))
             else {
                 continue;
@@ -965,6 +994,26 @@ mod tests {
         assert_eq!(min_share_burst(&tiny, XdpMode::Tc), 8);
     }
 
+    /// Frames refused before the aggregate (per source, or unmetered) are no demand, nor
+    /// refusals that count for the fleet. Old code: a flood refused per source counted
+    /// in full.
+    #[test]
+    fn frames_refused_before_the_aggregate_are_no_demand() {
+        let c = RuleCounters {
+            passed_packets: 10,
+            passed_bytes: 10_000,
+            dropped_packets: 90,
+            dropped_bytes: 90_000,
+            refused_early_packets: 85,
+            refused_early_bytes: 85_000,
+            ..RuleCounters::default()
+        };
+        assert_eq!(offered_units(Unit::Packets, &c, 0), 15);
+        assert_eq!(offered_units(Unit::Bytes, &c, 0), 15_000);
+        assert_eq!(offered_units(Unit::Syn, &c, 88), 3);
+        assert_eq!(refused_frames(&c), 5);
+    }
+
     /// Demand is the offered load in the rule's unit: bytes for bytes rules, SYNs (their
     /// own counter) for syn rules, packets otherwise. Old code: packets for every unit.
     #[test]
@@ -976,6 +1025,8 @@ mod tests {
             dropped_bytes: 5_000,
             would_drop_packets: 0,
             would_drop_bytes: 0,
+            refused_early_packets: 0,
+            refused_early_bytes: 0,
         };
         assert_eq!(offered_units(Unit::Packets, &c, 3), 15);
         assert_eq!(offered_units(Unit::Bytes, &c, 3), 15_000);
@@ -1213,6 +1264,57 @@ mod tests {
         assert_eq!(new.states(4 * S)["a"], ShareState::Sticky);
         let r = new.report(&BTreeMap::new(), 3 * S);
         assert_eq!(r.rules[0].held, 3_000, "reported as held");
+    }
+
+    /// The allocator's report interval is held to [200 ms, lease TTL / 2]. Old code: any
+    /// value was taken as it came (1 ms: a report every 50 ms poll).
+    #[test]
+    fn the_allocators_report_interval_is_clamped() {
+        assert_eq!(clamp_report_interval(1, 3_000), Duration::from_millis(200));
+        assert_eq!(
+            clamp_report_interval(1_000, 3_000),
+            Duration::from_millis(1_000)
+        );
+        assert_eq!(
+            clamp_report_interval(3_600_000, 3_000),
+            Duration::from_millis(1_500)
+        );
+        // A lease shorter than two spacings: the spacing wins.
+        assert_eq!(
+            clamp_report_interval(5_000, 300),
+            Duration::from_millis(200)
+        );
+    }
+
+    /// A rule group a moved to group b: b's grant is in force, and a late reply of a
+    /// granting the rule changes nothing. Old code: a's late grant replaced b's.
+    #[test]
+    fn a_late_grant_of_the_group_a_rule_left_changes_nothing() {
+        use limiter_proto::pb::RuleElsewhere;
+        let mut spec = spec();
+        spec.groups = ["a", "b"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| crate::config::AllocatorGroup {
+                name: (*name).into(),
+                allocators: vec![format!("127.0.0.1:{}", i + 1).parse().unwrap()],
+            })
+            .collect();
+        let rules = [rule(FailMode::Open)];
+        let mut fleet = FleetState::new(spec, 500, XdpMode::Auto, &rules, 0);
+        let mut moved = reply(0, false);
+        moved.grants.clear();
+        moved.elsewhere = vec![RuleElsewhere {
+            rule: "contoso".into(),
+            group: "b".into(),
+        }];
+        fleet.apply_from(0, &moved, S);
+        fleet.apply_from(1, &reply(4_000, false), 2 * S);
+        let held =
+            |fleet: &mut FleetState, t| fleet.report_to(1, &BTreeMap::new(), t).rules[0].held;
+        assert_eq!(held(&mut fleet, 2 * S), 4_000);
+        fleet.apply_from(0, &reply(9_000, false), 3 * S);
+        assert_eq!(held(&mut fleet, 3 * S), 4_000, "b's grant stays in force");
     }
 
     #[test]

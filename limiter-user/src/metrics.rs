@@ -384,6 +384,8 @@ mod tests {
                         dropped_bytes: 300,
                         would_drop_packets: 0,
                         would_drop_bytes: 0,
+                        refused_early_packets: 0,
+                        refused_early_bytes: 0,
                     },
                 }],
                 global: GlobalStats {

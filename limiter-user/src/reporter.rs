@@ -28,24 +28,24 @@ use crate::{config::FleetSpec, daemon::Daemon, error::Error, shutdown::Shutdown}
 // a daemon (its early reports' spacing).
 const _: () = assert!(FAIL_OPEN_RETRY_MS >= limiter_proto::MIN_REPORT_SPACING_MS);
 
-/// The host id must be a name of this host's client certificate (its DNS SANs, or its CN
-/// without any): the allocator refuses reports under any other name. Checked at start, so
-/// a mismatch stops the daemon with this error instead of every report being refused.
+/// The host id must be the host this host's client certificate names (its first DNS SAN,
+/// or its CN without any): the allocator refuses reports under any other name. Checked at
+/// start, so a mismatch stops the daemon with this error instead of every report being
+/// refused.
 pub fn check_host_identity(spec: &FleetSpec) -> Result<(), Error> {
     let cert = spec.cert.display();
     let pem = std::fs::read(&spec.cert)
         .map_err(|e| Error::Fleet(format!("reading fleet.cert {cert}: {e}")))?;
-    let names = limiter_proto::pem_cert_host_names(&pem)
+    let name = limiter_proto::pem_cert_host_name(&pem)
         .map_err(|e| Error::Fleet(format!("fleet.cert {cert}: {e}")))?;
-    if names.contains(&spec.host_id) {
+    if name == spec.host_id {
         return Ok(());
     }
     Err(Error::Fleet(format!(
-        "fleet.host_id {:?} (default: the hostname) is not a name of the client certificate \
-         {cert} ({}): the allocator refuses reports under any other name; set host_id to one \
-         of them",
+        "fleet.host_id {:?} (default: the hostname) is not the host the client certificate \
+         {cert} names ({name}: its first DNS subjectAltName, or its CN without one): the \
+         allocator refuses reports under any other name; set host_id to it",
         spec.host_id,
-        names.join(", ")
     )))
 }
 
@@ -146,7 +146,10 @@ pub async fn report_loop(
                         replicas.failed();
                     } else {
                         if reply.report_interval_ms > 0 {
-                            interval = Duration::from_millis(reply.report_interval_ms);
+                            interval = crate::fleet::clamp_report_interval(
+                                reply.report_interval_ms,
+                                spec.lease_ttl_ms,
+                            );
                         }
                         // A failure to install the shares is this host's problem, not the
                         // allocator's: log it and keep reporting (the shares in force

@@ -98,6 +98,8 @@ fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Er
             dropped_bytes: c.dropped_bytes,
             would_drop_packets: c.would_drop_packets,
             would_drop_bytes: c.would_drop_bytes,
+            refused_early_packets: c.refused_early_packets,
+            refused_early_bytes: c.refused_early_bytes,
         },
     })
 }
@@ -255,6 +257,8 @@ mod json_tests {
                     dropped_bytes: 0,
                     would_drop_packets: 0,
                     would_drop_bytes: 0,
+                    refused_early_packets: 0,
+                    refused_early_bytes: 0,
                 },
             }],
             global: GlobalStats {

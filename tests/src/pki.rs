@@ -80,6 +80,14 @@ impl Pki {
         for host in ["lb-1", "lb-2", "lb-3"] {
             pki.leaf(&issuer, host, host, ExtendedKeyUsagePurpose::ClientAuth)?;
         }
+        // One certificate of 32 names (lb-m0 … lb-m31): still one host.
+        let many: Vec<String> = (0..32).map(|i| format!("lb-m{i}")).collect();
+        pki.leaf_for(
+            &issuer,
+            "many-names",
+            &many,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+        )?;
         let (rogue_params, rogue_key, rogue_pem) = ca("rogue CA")?;
         write(&dir.join("rogue-ca.pem"), &rogue_pem)?;
         let rogue = Issuer::new(rogue_params, rogue_key);

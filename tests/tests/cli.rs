@@ -145,6 +145,8 @@ fn run_stats_stop_restart() {
             "passed_bytes",
             "passed_packets",
             "rate",
+            "refused_early_bytes",
+            "refused_early_packets",
             "state",
             "would_drop_bytes",
             "would_drop_packets"

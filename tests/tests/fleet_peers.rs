@@ -704,3 +704,179 @@ fn silent_and_excess_connections_delay_nobody() {
         assert_eq!(m["limiter_allocator_connections_evicted_total"], 1.0);
     });
 }
+
+/// Per source of the flood test's rule: frames per second and burst.
+const PER_SOURCE: u64 = 50;
+
+/// `daemon_config` with a per-source limit on the web rule.
+fn daemon_config_per_source(host: &str, pki: &Pki, port: u16) -> String {
+    let config = daemon_config(host, pki, port, host);
+    let marker = "fail_mode = \"open\"\n";
+    assert!(config.contains(marker), "{config}");
+    config.replacen(
+        marker,
+        &format!("{marker}[rules.per_source]\nrate = {PER_SOURCE}\nburst = 10\n"),
+        1,
+    )
+}
+
+/// `rate` frames per second to the web rule's destination, round robin over `sources`
+/// source addresses (198.19.k.1), for `duration`.
+fn web_traffic_from(lab: &Lab, sources: u8, rate: u64, duration: Duration) -> SendPlan {
+    let frames = (0..sources)
+        .map(|k| {
+            FrameBuilder::ipv4(Ipv4Addr::new(198, 19, k, 1), Ipv4Addr::new(198, 18, 0, 2))
+                .macs(lab.pair.peer_mac, lab.pair.host_mac)
+                .udp(1, 9)
+                .frame_len(64)
+                .build()
+        })
+        .collect();
+    SendPlan {
+        frames,
+        rate: Some(rate),
+        count: rate * duration.as_secs(),
+        duration: duration + Duration::from_secs(2),
+        cpu: None,
+    }
+}
+
+/// The mean of `lab`'s web share sampled every 100 ms over `window`.
+fn mean_share(lab: &Lab, window: Duration) -> f64 {
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while start.elapsed() < window {
+        samples.push(lab.rule_stats("web")["rate"].as_u64().unwrap() as f64);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    samples.iter().sum::<f64>() / samples.len() as f64
+}
+
+/// Three hosts with a per-source limit of 50/s on the web rule, each offered 600/s from
+/// 20 sources (30/s each): demand 1,800/s of a 3,000/s quota, so each holds 1,000/s
+/// (its demand and a third of the spare). Then one spoofed source floods lb-1 with
+/// 6,000/s: its per-source limit refuses all but 50/s of it, before the aggregate.
+/// Those refusals are no demand for the fleet's quota: lb-2's and lb-3's shares stay
+/// within 5 %. (When demand counted every frame offered, lb-1 asked for 6,600/s and
+/// the water-filling cut the others to their 600/s of demand, −40 %.)
+#[test]
+fn a_flood_the_per_source_limit_refuses_wins_no_quota() {
+    const HONEST: u64 = 600;
+    const FLOOD: u64 = 6000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::start(dir.path(), &pki, "");
+    let labs: Vec<Lab> = ["lb-1", "lb-2", "lb-3"]
+        .iter()
+        .map(|h| Lab::new(&daemon_config_per_source(h, &pki, allocator.port)))
+        .collect();
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let senders: Vec<_> = labs
+        .iter()
+        .map(|lab| {
+            lab.send_in_background(web_traffic_from(lab, 20, HONEST, Duration::from_secs(16)))
+        })
+        .collect();
+    for lab in &labs {
+        wait_leased(lab, Duration::from_secs(8));
+    }
+    // Past the allocator's learning: the split follows demand.
+    std::thread::sleep(Duration::from_millis(LEASE_MS + 6 * REPORT_MS));
+    let before: Vec<f64> = labs
+        .iter()
+        .map(|l| mean_share(l, Duration::from_millis(1500)))
+        .collect();
+
+    let dropped = |lab: &Lab| {
+        let maps = Maps::from_pins(&lab.pins.path).unwrap();
+        let slot = maps.live_slots().unwrap()["web"];
+        maps.rule_counters(slot).unwrap().dropped_packets
+    };
+    let dropped_before = dropped(&labs[0]);
+    let flood =
+        labs[0].send_in_background(web_traffic_from(&labs[0], 1, FLOOD, Duration::from_secs(5)));
+    std::thread::sleep(Duration::from_millis(8 * REPORT_MS));
+    let during: Vec<f64> = labs
+        .iter()
+        .map(|l| mean_share(l, Duration::from_millis(1500)))
+        .collect();
+    let refused = dropped(&labs[0]) - dropped_before;
+    join(flood);
+    for s in senders {
+        join(s);
+    }
+    for d in daemons {
+        d.stop();
+    }
+    eprintln!(
+        "shares before the flood {before:.0?}, during it {during:.0?}; lb-1 refused {refused} \
+         frames meanwhile"
+    );
+    assert!(
+        refused > FLOOD * 3,
+        "the flood was refused per source: {refused} frames refused"
+    );
+    for i in 1..3 {
+        assert!(
+            (during[i] - before[i]).abs() <= before[i] * 0.05,
+            "lb-{}'s share moved from {:.0}/s to {:.0}/s under a flood at lb-1 (shares before \
+             {before:.0?}, during {during:.0?})",
+            i + 1,
+            before[i],
+            during[i]
+        );
+    }
+}
+
+/// A certificate of 32 DNS names (lb-m0 … lb-m31) reports as each of them in turn, with
+/// `max_hosts = 4`: it is one host, lb-m0 (its first name), and every other name is
+/// refused with PERMISSION_DENIED, so lb-2 and lb-3 still find room. Before, the
+/// certificate was up to 32 hosts: lb-m0 … lb-m3 filled the fleet and lb-2 was refused.
+#[test]
+fn a_certificate_of_many_names_is_one_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let allocator = Allocator::start(dir.path(), &pki, "max_hosts = 4");
+    let port = allocator.port;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (many, honest) = runtime.block_on(async {
+        let mut c = client(&pki, "many-names", port, None);
+        let mut outcomes = Outcomes::default();
+        let mut accepted = Vec::new();
+        for i in 0..32 {
+            let host = format!("lb-m{i}");
+            let r = c.report(report(&host, 1000, 0)).await;
+            if r.is_ok() {
+                accepted.push(host);
+            }
+            outcomes.add(&r);
+            // Within the connection's report rate.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        let mut honest = Outcomes::default();
+        for host in ["lb-2", "lb-3"] {
+            let mut c = client(&pki, host, port, None);
+            honest.add(&c.report(report(host, 1000, 0)).await);
+        }
+        ((outcomes, accepted), honest)
+    });
+    let (outcomes, accepted) = many;
+    let known = allocator.scrape()["limiter_allocator_known_hosts"];
+    eprintln!("the 32-name certificate: {outcomes:?}, accepted as {accepted:?}; lb-2, lb-3: {honest:?}; known hosts {known}");
+    assert_eq!(
+        accepted,
+        ["lb-m0"],
+        "one certificate, one host: {outcomes:?}"
+    );
+    assert_eq!(outcomes.count(Code::PermissionDenied), 31, "{outcomes:?}");
+    assert!(
+        outcomes.message(Code::PermissionDenied).contains("lb-m0"),
+        "the refusal names the certificate's host: {outcomes:?}"
+    );
+    assert_eq!(
+        honest.count(Code::Ok),
+        2,
+        "the other hosts find room: {honest:?}"
+    );
+    assert_eq!(known, 3.0);
+}

@@ -22,7 +22,9 @@ use std::{
 };
 
 use common::{fleet::*, join, pki::Pki, Daemon, Lab};
+use limiter_proto::pb::{allocator_client::AllocatorClient, ReportRequest};
 use limiter_tests::{etcd::Etcd, traffic::SendReport};
+use tonic::transport::{Channel, Endpoint};
 
 const LEASE: u64 = 3000;
 const REPORT: u64 = 500;
@@ -449,6 +451,155 @@ fn plaintext_etcd_is_warned_about_at_start() {
     }
 }
 
+/// A gRPC client of replica `port` holding certificate `cert` of the test PKI.
+fn grpc_client(pki: &Pki, cert: &str, port: u16) -> AllocatorClient<Channel> {
+    let pair = pki.pair(cert);
+    let tls = limiter_proto::client_tls(
+        &limiter_proto::TlsFiles {
+            ca: &pki.ca(),
+            cert: &pair.cert,
+            key: &pair.key,
+        },
+        "limiter-allocator",
+    )
+    .unwrap();
+    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .timeout(Duration::from_secs(1))
+        .connect_lazy();
+    AllocatorClient::new(channel)
+}
+
+/// One host played over gRPC: a client per replica, the replica it reports to (the next
+/// one after a failure, as a daemon does) and what it reports as held.
+struct Reporter {
+    host: &'static str,
+    clients: Vec<AllocatorClient<Channel>>,
+    at: usize,
+    held: u64,
+}
+
+impl Reporter {
+    /// One report (to the replicas in turn until one grants, at most once each): the
+    /// web grant and the term it came with, `None` when no replica answered with one.
+    async fn report(&mut self, demand: u64, claim: Option<u64>) -> Option<(Option<u64>, u64)> {
+        for _ in 0..self.clients.len() {
+            let req = ReportRequest::one_rule(self.host, "web", demand, claim.unwrap_or(self.held));
+            match self.clients[self.at].report(req).await {
+                Ok(reply) => {
+                    let reply = reply.into_inner();
+                    let rate = reply
+                        .grants
+                        .iter()
+                        .find(|g| g.rule == "web")
+                        .map(|g| g.rate);
+                    if let Some(rate) = rate {
+                        self.held = rate;
+                    }
+                    return Some((rate, reply.term));
+                }
+                Err(_) => self.at = (self.at + 1) % self.clients.len(),
+            }
+        }
+        None
+    }
+}
+
+/// One certificate (lb-1's) reports holding 100 × the quota with a huge demand, through
+/// a leader kill, reporting first in every round so that it reaches the new leader
+/// first; lb-2 and lb-3 report a demand of 2,000/s each and hold what they were granted.
+/// Their fair share is 1,000/s (3,000/s over three hosts wanting more), the liar's
+/// bootstrap share 100/s (fleet_size 30): every grant they get, before the kill and from
+/// the new leader, is at least 900/s. Before the claims were capped, the new leader
+/// granted the liar the whole quota and the honest hosts 9/s for a lease TTL.
+#[test]
+fn a_host_lying_about_what_it_holds_cannot_take_the_quota_from_a_new_leader() {
+    const FLEET_SIZE: u32 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let etcd = Etcd::start(dir.path(), &loopbacks(3)).unwrap_or_else(|e| panic!("{e:#}"));
+    let (Members { replicas, metrics }, dirs) =
+        replicas_sized(&pki, &etcd, 0..3, FLEET_SIZE, |_| String::new());
+    let mut g = Group {
+        replicas,
+        etcd,
+        metrics,
+        _dirs: dirs,
+    };
+    let (leader, term) = g.wait_leader(Duration::from_secs(10));
+    let floor = QUOTA / 3 - QUOTA / u64::from(FLEET_SIZE);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ports: Vec<u16> = g.replicas.iter().map(|r| r.port).collect();
+    let mut hosts: Vec<Reporter> = ["lb-1", "lb-2", "lb-3"]
+        .into_iter()
+        .map(|host| Reporter {
+            host,
+            clients: runtime
+                .block_on(async { ports.iter().map(|&p| grpc_client(&pki, host, p)).collect() }),
+            at: leader,
+            held: 0,
+        })
+        .collect();
+    // A round every report interval, the liar first; the honest hosts' grants with the
+    // term they came with.
+    let mut round = |hosts: &mut Vec<Reporter>, log: &mut Vec<(usize, u64, u64)>| {
+        runtime.block_on(async {
+            hosts[0].report(100 * QUOTA, Some(100 * QUOTA)).await;
+            for (i, h) in hosts.iter_mut().enumerate().skip(1) {
+                if let Some((Some(rate), term)) = h.report(2 * QUOTA / 3, None).await {
+                    log.push((i, rate, term));
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(REPORT));
+    };
+    // Past the first leader's learning: the shares settle at the fair split.
+    let mut before = Vec::new();
+    let settle = Instant::now();
+    while settle.elapsed() < Duration::from_millis(LEASE + 3 * REPORT) {
+        before.clear();
+        round(&mut hosts, &mut before);
+    }
+    assert!(
+        before.len() == 2 && before.iter().all(|&(_, rate, _)| rate >= floor),
+        "the honest hosts' shares before the kill: {before:?} (at least {floor}/s each)"
+    );
+
+    g.replicas[leader].kill();
+    let killed = Instant::now();
+    let mut after = Vec::new();
+    while killed.elapsed() < Duration::from_millis(ELECTION_TTL + 2 * LEASE) {
+        round(&mut hosts, &mut after);
+    }
+    let (next, next_term) = g.wait_leader(Duration::from_secs(1));
+    let from_next: Vec<&(usize, u64, u64)> =
+        after.iter().filter(|&&(_, _, t)| t == next_term).collect();
+    let least = from_next.iter().map(|g| g.1).min();
+    eprintln!(
+        "leader {leader} (term {term}) killed, replica {next} leads at term {next_term}: \
+         {} grants to the honest hosts from it, the least {least:?}/s (fair 1000/s, floor {floor}/s)",
+        from_next.len()
+    );
+    assert!(
+        from_next.len() >= 2 * 4,
+        "the new leader granted the honest hosts only {} times: {after:?}",
+        from_next.len()
+    );
+    for &(host, rate, t) in &after {
+        assert!(
+            rate >= floor,
+            "lb-{} was granted {rate}/s at term {t}, below its fair share minus the liar's \
+             bootstrap share ({floor}/s): {after:?}",
+            host + 1
+        );
+    }
+}
+
 /// Drops the traffic between a replica and the etcd address it alone uses (both ways),
 /// until dropped.
 fn cut_off_from_etcd(address: std::net::SocketAddr) -> Partition {
@@ -786,6 +937,28 @@ fn replicas_on(
     settings: &str,
     extra: impl Fn(usize) -> String,
 ) -> (Members, Vec<tempfile::TempDir>) {
+    replicas_built(pki, etcd, ids, 3, settings, extra)
+}
+
+/// [`replicas_on`] with the replicas' `fleet_size`.
+fn replicas_sized(
+    pki: &Pki,
+    etcd: &Etcd,
+    ids: std::ops::Range<usize>,
+    fleet_size: u32,
+    extra: impl Fn(usize) -> String,
+) -> (Members, Vec<tempfile::TempDir>) {
+    replicas_built(pki, etcd, ids, fleet_size, "", extra)
+}
+
+fn replicas_built(
+    pki: &Pki,
+    etcd: &Etcd,
+    ids: std::ops::Range<usize>,
+    fleet_size: u32,
+    settings: &str,
+    extra: impl Fn(usize) -> String,
+) -> (Members, Vec<tempfile::TempDir>) {
     let mut replicas = Vec::new();
     let mut metrics = Vec::new();
     let mut dirs = Vec::new();
@@ -797,12 +970,12 @@ fn replicas_on(
             etcd.endpoint(i),
             extra(i)
         );
-        replicas.push(Allocator::configured_with(
+        replicas.push(Allocator::build(
             d.path(),
             pki,
             Some(m),
-            LEASE,
-            REPORT,
+            (LEASE, REPORT),
+            fleet_size,
             settings,
             &election,
         ));

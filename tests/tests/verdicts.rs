@@ -146,6 +146,8 @@ struct Row {
     expect: Expect,
     /// Header counters the row moves (fragments, refused tricks); zero unless said.
     headers: HeaderCounters,
+    /// Of the rule's refusals, those before its aggregate (per source, or unmetered).
+    early: u64,
 }
 
 fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) -> Row {
@@ -156,6 +158,7 @@ fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) ->
         verdict,
         expect,
         headers: HeaderCounters::default(),
+        early: 0,
     }
 }
 
@@ -165,6 +168,13 @@ impl Row {
         for field in fields {
             *field(&mut self.headers) += u64::from(self.runs);
         }
+        self
+    }
+
+    /// Expects `n` of the rule's refusals to come before its aggregate (per source, or
+    /// refused unmetered): no demand for a fleet share.
+    fn refused_early(mut self, n: u64) -> Row {
+        self.early = n;
         self
     }
 }
@@ -321,7 +331,8 @@ fn parser_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("v6-host", 0, 1, 0),
         )
-        .counting(&[long_chain]),
+        .counting(&[long_chain])
+        .refused_early(1),
     );
     rows.push(row(
         "802.1Q",
@@ -522,7 +533,8 @@ fn metering_rows() -> Vec<Row> {
             3,
             XDP_DROP,
             Expect::Rule("per-source", 1, 2, 0),
-        ),
+        )
+        .refused_early(2),
         row(
             "per-source: source B has its own bucket",
             per_source([198, 19, 0, 2]),
@@ -590,7 +602,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("web-tcp443", 0, 1, 0),
         )
-        .counting(&[fragments, overlapping]),
+        .counting(&[fragments, overlapping])
+        .refused_early(1),
         row(
             "IPv4 later fragment, first never seen, ports matter: refused (orphan)",
             web(0x101)
@@ -601,7 +614,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("web-tcp443", 0, 1, 0),
         )
-        .counting(&[fragments, orphan]),
+        .counting(&[fragments, orphan])
+        .refused_early(1),
         row(
             "IPv4 first fragment of an unmatched port: passes, leaves a record",
             web(0x102)
@@ -690,7 +704,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("v6-dns", 0, 1, 0),
         )
-        .counting(&[fragments, orphan]),
+        .counting(&[fragments, orphan])
+        .refused_early(1),
         row(
             "IPv6 first fragment to a bytes rule's port",
             v6_tail_target(0x210, 0, true)
@@ -837,7 +852,8 @@ fn fragment_rows() -> Vec<Row> {
                 XDP_DROP,
                 Expect::Rule("web-tcp443", 0, 1, 0),
             )
-            .counting(&[fragments, tiny]),
+            .counting(&[fragments, tiny])
+            .refused_early(1),
         );
     }
     let mut f = v4([198, 20, 0, 1])
@@ -883,7 +899,8 @@ fn fragment_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("v6-dns", 0, 1, 0),
         )
-        .counting(&[fragments, tiny]),
+        .counting(&[fragments, tiny])
+        .refused_early(1),
     );
     rows
 }
@@ -910,6 +927,8 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
                     dropped_bytes: dropped * len,
                     would_drop_packets: would_drop,
                     would_drop_bytes: would_drop * len,
+                    refused_early_packets: row.early,
+                    refused_early_bytes: row.early * len,
                 },
             ))
         }

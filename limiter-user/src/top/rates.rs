@@ -304,6 +304,8 @@ mod tests {
                 dropped_bytes: dropped * 100,
                 would_drop_packets: 0,
                 would_drop_bytes: 0,
+                refused_early_packets: 0,
+                refused_early_bytes: 0,
             },
         }
     }

@@ -324,6 +324,8 @@ mod tests {
                 dropped_bytes: dropped * 1_200,
                 would_drop_packets: would,
                 would_drop_bytes: would * 1_200,
+                refused_early_packets: 0,
+                refused_early_bytes: 0,
             },
         }
     }

@@ -86,6 +86,32 @@ impl Allocator {
         settings: &str,
         tables: &str,
     ) -> Allocator {
+        Self::build(dir, pki, metrics, (lease_ms, report_ms), 3, settings, tables)
+    }
+
+    /// [`Allocator::configured`] with `fleet_size` (the joiner's share: quota ÷ it).
+    pub fn sized(
+        dir: &Path,
+        pki: &Pki,
+        metrics: Option<u16>,
+        (lease_ms, report_ms): (u64, u64),
+        fleet_size: u32,
+        tables: &str,
+    ) -> Allocator {
+        Self::build(dir, pki, metrics, (lease_ms, report_ms), fleet_size, "", tables)
+    }
+
+    /// An allocator of `fleet_size` whose config has the top-level `settings` and ends
+    /// with `tables`.
+    pub fn build(
+        dir: &Path,
+        pki: &Pki,
+        metrics: Option<u16>,
+        (lease_ms, report_ms): (u64, u64),
+        fleet_size: u32,
+        settings: &str,
+        tables: &str,
+    ) -> Allocator {
         let port = free_port();
         let metrics = metrics.map_or(String::new(), |p| format!("127.0.0.1:{p}"));
         let server = pki.pair("allocator");
@@ -94,7 +120,7 @@ impl Allocator {
             &config,
             format!(
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
-                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nfleet_size = 3\n\
+                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nfleet_size = {fleet_size}\n\
                  {settings}\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
                  [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n{tables}",

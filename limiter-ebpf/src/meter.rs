@@ -12,8 +12,8 @@ use aya_ebpf::{
 use limiter_common::{
     abi::{
         rule_index, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_TICK_CLOCK,
-        UNIT_BYTES, UNIT_SYN,
+        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_SOURCES_ASIDE,
+        RULE_TICK_CLOCK, UNIT_BYTES, UNIT_SYN,
     },
     clock::TickClock,
     gcra::{self, Limit},
@@ -120,7 +120,9 @@ pub fn meter(
         );
         match meter_source(&key, now, cost, limit, rule.sketch_region, &mut charged) {
             Outcome::Admit => source_cost = cost,
-            Outcome::Reject => conforms = false,
+            // Saturated cells refuse honest sources too: standing aside, the limit leaves
+            // the frame to the aggregate (it charged nothing, so there is nothing to undo).
+            Outcome::Reject => conforms = flags & RULE_SOURCES_ASIDE != 0,
             Outcome::Unmetered => {}
         }
     }

@@ -305,6 +305,9 @@ mod tests {
                 would_drop_packets: 0,
                 would_drop_bytes: 0,
             },
+            sources_saturated: None,
+            sources_aside: false,
+            sources_false_limit_ppm: None,
         }
     }
 

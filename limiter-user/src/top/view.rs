@@ -325,6 +325,9 @@ mod tests {
                 would_drop_packets: would,
                 would_drop_bytes: would * 1_200,
             },
+            sources_saturated: None,
+            sources_aside: false,
+            sources_false_limit_ppm: None,
         }
     }
 

@@ -119,7 +119,15 @@ pub fn meter(
             rule.source_prefix_v6,
         );
         let aside = flags & RULE_SOURCES_ASIDE != 0;
-        match meter_source(&key, now, cost, limit, rule.sketch_region, aside, &mut charged) {
+        match meter_source(
+            &key,
+            now,
+            cost,
+            limit,
+            rule.sketch_region,
+            aside,
+            &mut charged,
+        ) {
             Outcome::Admit => source_cost = cost,
             Outcome::Reject => conforms = false,
             Outcome::Unmetered => {}

@@ -594,13 +594,29 @@ fn a_per_source_limit_standing_aside_leaves_frames_to_the_aggregate() {
         loaded.maps.install(&table).unwrap();
     };
     assert_eq!(loaded.run(&f).unwrap(), XDP_PASS, "the source's burst");
-    assert_eq!(loaded.run(&f).unwrap(), XDP_DROP, "over its per-source limit");
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_DROP,
+        "over its per-source limit"
+    );
     let before = cells(&loaded);
     set_aside(&mut loaded, true);
     // The aggregate's burst of 3 had one frame taken: two more pass, then it refuses.
-    assert_eq!(loaded.run(&f).unwrap(), XDP_PASS, "standing aside: the aggregate admits");
-    assert_eq!(loaded.run(&f).unwrap(), XDP_PASS, "standing aside: the aggregate admits");
-    assert_eq!(loaded.run(&f).unwrap(), XDP_DROP, "the aggregate keeps holding");
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_PASS,
+        "standing aside: the aggregate admits"
+    );
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_PASS,
+        "standing aside: the aggregate admits"
+    );
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_DROP,
+        "the aggregate keeps holding"
+    );
     assert_eq!(
         cells(&loaded),
         before,

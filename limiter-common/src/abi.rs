@@ -170,6 +170,16 @@ pub const RULE_CLOSED_UNTIL_LAPSE: u32 = 1 << 5;
 /// ([`RuleConfig::tick_clock_ok`], set by the daemon when it compiles the rule). Without
 /// it the program reads the precise clock: the safe default, never the wrong one.
 pub const RULE_TICK_CLOCK: u32 = 1 << 6;
+/// The rule's part of the per-source sketch is saturated: a flood has exhausted so many of
+/// its cells that honest sources under their limit are refused (the daemon's estimate,
+/// limiter-user's `saturation`). A record for readers (`stats`, `explain`); the program
+/// does not read it.
+pub const RULE_SOURCES_SATURATED: u32 = 1 << 7;
+/// The per-source limit stands aside: a frame it refuses is not refused for that, and goes
+/// on to the aggregate limit. Set by the daemon while the rule is saturated and its
+/// `on_saturation` is "stand-aside". A refused frame charges no cell either way, so the
+/// cells evolve as they do when the limit enforces.
+pub const RULE_SOURCES_ASIDE: u32 = 1 << 8;
 
 /// Bytes of a rule name kept in the map (NUL padded); config validation enforces it.
 pub const RULE_NAME_LEN: usize = 64;

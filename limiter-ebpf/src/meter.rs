@@ -12,8 +12,8 @@ use aya_ebpf::{
 use limiter_common::{
     abi::{
         rule_index, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_TICK_CLOCK,
-        UNIT_BYTES, UNIT_SYN,
+        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_SOURCES_ASIDE,
+        RULE_TICK_CLOCK, UNIT_BYTES, UNIT_SYN,
     },
     clock::TickClock,
     gcra::{self, Limit},
@@ -125,7 +125,16 @@ pub fn meter(
             rule.source_prefix_v4,
             rule.source_prefix_v6,
         );
-        match meter_source(&key, now, cost, limit, rule.sketch_region, &mut charged) {
+        let aside = flags & RULE_SOURCES_ASIDE != 0;
+        match meter_source(
+            &key,
+            now,
+            cost,
+            limit,
+            rule.sketch_region,
+            aside,
+            &mut charged,
+        ) {
             Outcome::Admit => source_cost = cost,
             Outcome::Reject => {
                 conforms = false;
@@ -288,7 +297,9 @@ type Charged = [*mut u64; sketch::ROWS as usize];
 /// Meters one source in the sketch (limiter_common::sketch): the least advanced of its
 /// cells decides, by the usual compare-and-swap step; an admitted frame is then charged to
 /// the other cell too, admitting or not, so both stay upper bounds of the source's own
-/// bucket. On admission `charged` holds both cells (for the aggregate's refund).
+/// bucket. On admission `charged` holds both cells (for the aggregate's refund). With
+/// `aside` (the rule's cells are saturated: they refuse honest sources too) a refusal
+/// reads as unmetered, leaving the frame to the aggregate; it charged nothing either way.
 #[inline(always)]
 fn meter_source(
     key: &SourceKey,
@@ -296,6 +307,7 @@ fn meter_source(
     cost: u64,
     limit: &Limit,
     region: u32,
+    aside: bool,
     charged: &mut Charged,
 ) -> Outcome {
     let Some(meta) = maps::SKETCH_META.get(0) else {
@@ -339,7 +351,13 @@ fn meter_source(
         Outcome::Admit => {}
         Outcome::Reject => {
             count_sketch(|c| &mut c.refused);
-            return Outcome::Reject;
+            // The same state as an unmetered frame's from here on: no path of its own
+            // for the verifier to walk.
+            return if aside {
+                Outcome::Unmetered
+            } else {
+                Outcome::Reject
+            };
         }
         Outcome::Unmetered => return Outcome::Unmetered,
     }

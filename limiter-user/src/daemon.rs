@@ -18,7 +18,7 @@ use limiter_proto::pb::{ReportReply, ReportRequest};
 use serde::Serialize;
 
 use crate::{
-    config::{Config, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
+    config::{Config, OnSaturation, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
     fleet::{offered_units, refused_frames, takes_credit, FleetState, RuleTotals},
@@ -29,6 +29,7 @@ use crate::{
     pins,
     program::{unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
     ruleset::{self, RuleTable},
+    saturation::{self, Gate, Transition},
     stats::{self, StatsReport},
     teardown::{self, Cleanup},
 };
@@ -234,6 +235,53 @@ impl History {
     }
 }
 
+/// How often [`Daemon::check_saturation`] runs: a flood that saturates a rule refuses its
+/// honest sources for at most about this long before the per-source limit stands aside.
+pub const SATURATION_CHECK: Duration = Duration::from_millis(250);
+
+/// One rule's saturation gate, for the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleSaturation {
+    pub rule: String,
+    pub saturated: bool,
+    /// The last estimate: the share of fresh sources under their limit refused.
+    pub false_limit_ratio: f64,
+    /// Times the rule became saturated or clear since the daemon started.
+    pub transitions: u64,
+}
+
+/// The flags each saturated rule's entry gets, by name: always
+/// [`RULE_SOURCES_SATURATED`](limiter_common::abi::RULE_SOURCES_SATURATED), and
+/// [`RULE_SOURCES_ASIDE`](limiter_common::abi::RULE_SOURCES_ASIDE) unless the rule's
+/// `on_saturation` is "enforce".
+fn saturation_flags(rules: &[RuleSpec], gates: &BTreeMap<String, Gate>) -> BTreeMap<String, u32> {
+    use limiter_common::abi::{RULE_SOURCES_ASIDE, RULE_SOURCES_SATURATED};
+    rules
+        .iter()
+        .filter_map(|r| {
+            let per_source = r.per_source?;
+            gates.get(&r.name).filter(|g| g.saturated())?;
+            let aside = match per_source.on_saturation {
+                OnSaturation::StandAside => RULE_SOURCES_ASIDE,
+                OnSaturation::Enforce => 0,
+            };
+            Some((r.name.clone(), RULE_SOURCES_SATURATED | aside))
+        })
+        .collect()
+}
+
+/// Sets `flags` (by rule name) in the compiled table's entries.
+fn mark_saturated(table: &mut RuleTable, flags: &BTreeMap<String, u32>) {
+    for (name, bits) in flags {
+        let Some(&slot) = table.slots.get(name) else {
+            continue;
+        };
+        if let Some((_, rule)) = table.rules.iter_mut().find(|(s, _)| *s == slot) {
+            rule.flags |= bits;
+        }
+    }
+}
+
 /// The owner named in the control socket's refusals.
 const OWNER: &str = "limiter daemon";
 
@@ -256,6 +304,12 @@ pub struct Daemon {
     detached_unconfigured: Vec<String>,
     /// The tail-call handoff (`next_program`, `join_program_array`).
     handoff: HandoffControl,
+    /// Per rule with a per-source limit (by name): whether a flood saturates its part of
+    /// the sketch ([`Daemon::check_saturation`]).
+    saturation: BTreeMap<String, Gate>,
+    /// Where the next saturation check starts sampling in each part (checks read
+    /// different cells).
+    saturation_phase: u32,
     /// The claimed control socket and its lock. Dropped last (see [`Daemon::detach_all`]):
     /// the socket disappears only when everything else is done.
     instance: Option<Instance>,
@@ -417,7 +471,22 @@ impl Daemon {
                 tracing::warn!(rule = %r.rule, "pinned share not resumed: {}", r.reason);
             }
         }
+        // A rule the pinned entries mark saturated stays so across a restart (a flood in
+        // progress); the first checks say whether it still is.
+        let saturation = maps
+            .live_rules()?
+            .into_values()
+            .filter(|r| r.flags & limiter_common::abi::RULE_SOURCES_SATURATED != 0)
+            .map(|r| {
+                (
+                    String::from_utf8_lossy(r.name_bytes()).into_owned(),
+                    Gate::resumed(true),
+                )
+            })
+            .collect();
         let mut daemon = Daemon {
+            saturation,
+            saturation_phase: 0,
             config_path: config_path.to_path_buf(),
             config,
             overrides: BTreeMap::new(),
@@ -609,10 +678,12 @@ impl Daemon {
             rules = fleet.shape(&rules);
         }
         let fleet = &self.fleet;
+        let saturated = saturation_flags(&rules, &self.saturation);
         self.table = install_annotated(&mut self.maps, &rules, |table| {
             if let Some(fleet) = fleet {
                 fleet.annotate(table, now);
             }
+            mark_saturated(table, &saturated);
         })?;
         if let Some(fleet) = &mut self.fleet {
             self.installed_states = fleet.states(now);
@@ -634,6 +705,79 @@ impl Daemon {
         }
         self.write_credits(now);
         Ok(())
+    }
+
+    /// Samples each per-source rule's part of the sketch and feeds its gate
+    /// (crate::saturation; call every [`SATURATION_CHECK`]). A rule that becomes saturated
+    /// or clear is logged and the table reinstalled with its flags: its per-source limit
+    /// stands aside, or enforces again (`on_saturation`).
+    pub fn check_saturation(&mut self) -> Result<(), Error> {
+        let now_ns = monotonic_ns();
+        let now = gcra::ticks_from_ns(now_ns);
+        let at = Instant::now();
+        let per_source: Vec<(String, u32)> = self
+            .table
+            .slots
+            .iter()
+            .filter(|(_, slot)| {
+                self.table
+                    .rule(**slot)
+                    .is_some_and(|r| r.flags & limiter_common::abi::RULE_HAS_PER_SOURCE != 0)
+            })
+            .map(|(name, slot)| (name.clone(), *slot))
+            .collect();
+        self.saturation
+            .retain(|name, _| per_source.iter().any(|(n, _)| n == name));
+        let cells = saturation::cells_per_rule(per_source.len());
+        let phase = self.saturation_phase;
+        self.saturation_phase = self.saturation_phase.wrapping_add(0x9E37_79B9);
+        let mut changed = false;
+        for (name, slot) in per_source {
+            // The live entry: its region is the one the install chose.
+            let live = self.maps.live_rule(slot)?;
+            let ratio = self
+                .maps
+                .saturation_sample(&live, now, cells, phase)?
+                .false_limit_ratio();
+            let gate = self.saturation.entry(name.clone()).or_default();
+            match gate.feed(ratio, at) {
+                Some(Transition::Entered) => {
+                    changed = true;
+                    tracing::warn!(
+                        rule = %name,
+                        false_limit_ratio = ratio,
+                        "per-source cells saturated: a flood exhausts so many of them that \
+                         honest sources under their limit are refused"
+                    );
+                }
+                Some(Transition::Left) => {
+                    changed = true;
+                    tracing::warn!(
+                        rule = %name,
+                        false_limit_ratio = ratio,
+                        "per-source cells no longer saturated: the per-source limit enforces"
+                    );
+                }
+                None => {}
+            }
+        }
+        if changed {
+            self.reinstall()?;
+        }
+        Ok(())
+    }
+
+    /// Each per-source rule's saturation as the daemon's gates see it (metrics).
+    pub fn saturation(&self) -> Vec<RuleSaturation> {
+        self.saturation
+            .iter()
+            .map(|(rule, gate)| RuleSaturation {
+                rule: rule.clone(),
+                saturated: gate.saturated(),
+                false_limit_ratio: gate.ratio(),
+                transitions: gate.transitions(),
+            })
+            .collect()
     }
 
     /// Writes the fleet's pending credits into their rules' buckets (`FleetState::

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use limiter_common::{
     abi::{
         RuleConfig, SourceKey, CONTROL_BYPASS, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, UNIT_BYTES, UNIT_SYN,
+        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, RULE_SOURCES_ASIDE,
+        RULE_SOURCES_SATURATED, UNIT_BYTES, UNIT_SYN,
     },
     gcra::{self, Limit},
     sketch,
@@ -65,6 +66,13 @@ pub struct Explanation {
     pub share_state: Option<String>,
     pub aggregate: Option<BucketView>,
     pub per_source: Option<BucketView>,
+    /// A flood saturates the rule's per-source cells (honest sources under their limit
+    /// are refused too), and whether the per-source limit stands aside meanwhile
+    /// (`on_saturation`): then what it refuses goes on to the aggregate.
+    #[serde(default)]
+    pub sources_saturated: bool,
+    #[serde(default)]
+    pub sources_aside: bool,
     /// Fleet mode: what is left of the share's credit while its lease holds (frames the
     /// aggregate bucket refuses pass on it); 0 otherwise.
     #[serde(default)]
@@ -233,6 +241,8 @@ fn explain_metered(
         share_state: None,
         aggregate: None,
         per_source: None,
+        sources_saturated: false,
+        sources_aside: false,
         credit: 0,
         dropped_total: 0,
         dropped_last_10s: 0,
@@ -315,8 +325,11 @@ fn explain_metered(
         // The source's least advanced cell decides (count-min's min over the rows);
         // cells never used read as a full bucket. The region is the live record's: the
         // install chose it.
+        let entry = maps.live_rule(slot)?;
+        out.sources_saturated = entry.flags & RULE_SOURCES_SATURATED != 0;
+        out.sources_aside = entry.flags & RULE_SOURCES_ASIDE != 0;
         let live = RuleConfig {
-            sketch_region: maps.live_rule(slot)?.sketch_region,
+            sketch_region: entry.sketch_region,
             ..*rule
         };
         let tat = maps
@@ -370,6 +383,8 @@ fn explain_metered(
     .iter()
     .filter(|(_, b)| b.as_ref().is_some_and(|b| !b.conforms))
     .map(|(what, _)| *what)
+    // A per-source limit standing aside refuses nothing (the kernel: meter.rs).
+    .filter(|what| !(out.sources_aside && *what == "per-source"))
     .collect::<Vec<_>>();
     let shadow = rule.flags & RULE_SHADOW != 0;
     let on_credit = refused_by == ["aggregate"] && out.credit >= units;
@@ -405,6 +420,17 @@ fn explain_metered(
         )
     } else {
         reason
+    };
+    let reason = match (out.sources_aside, out.sources_saturated) {
+        (true, _) => format!(
+            "{reason}; a flood saturates the rule's per-source cells, so its per-source limit \
+             stands aside (on_saturation = \"stand-aside\") and the aggregate alone holds"
+        ),
+        (false, true) => format!(
+            "{reason}; a flood saturates the rule's per-source cells, which refuse honest \
+             sources too (on_saturation = \"enforce\")"
+        ),
+        (false, false) => reason,
     };
     out.verdict = verdict.into();
     out.reason = reason;
@@ -570,6 +596,8 @@ mod tests {
             share_state: Some("leased".into()),
             aggregate: Some(bucket_view("rule".into(), 0, 0, &Limit::CLOSED, 0, now, 1)),
             per_source: None,
+            sources_saturated: false,
+            sources_aside: false,
             credit: 0,
             dropped_total: 0,
             dropped_last_10s: 0,

@@ -38,6 +38,7 @@ pub mod privilege;
 pub mod program;
 pub mod reporter;
 pub mod ruleset;
+pub mod saturation;
 pub mod service;
 pub mod shutdown;
 pub mod sketch_regions;

@@ -47,6 +47,9 @@ pub struct Maps {
     src_sketch: Array<MapData, Bucket>,
     /// Its descriptor, for clearing a region through a shared mapping.
     src_sketch_fd: OwnedFd,
+    /// Its cells through a shared mapping kept for sampling (crate::saturation), made at
+    /// first use.
+    src_sketch_words: SharedWords,
     /// An earlier version's per-source LRU found pinned, carried into the sketch by the
     /// first install (which knows the rules' regions), then unpinned.
     earlier_lru: Option<(PathBuf, HashMap<MapData, SourceKey, Bucket>)>,
@@ -134,6 +137,7 @@ impl Maps {
     fn build(mut take: impl FnMut(&'static str) -> Result<Map, Error>) -> Result<Maps, Error> {
         let src_sketch_map = take(map_name::SRC_SKETCH)?;
         let src_sketch_fd = array_fd(&src_sketch_map, map_name::SRC_SKETCH)?;
+        let src_sketch_words = SharedWords::new(array_fd(&src_sketch_map, map_name::SRC_SKETCH)?);
         let src_sketch = typed(src_sketch_map, map_name::SRC_SKETCH)?;
         let agg_map = take(map_name::AGG_BUCKETS)?;
         let agg_words = SharedWords::new(array_fd(&agg_map, map_name::AGG_BUCKETS)?);
@@ -154,6 +158,7 @@ impl Maps {
             agg_words,
             src_sketch,
             src_sketch_fd,
+            src_sketch_words,
             earlier_lru: None,
             sketch_meta,
             sketch_counts,
@@ -633,6 +638,47 @@ impl Maps {
         Ok(fill)
     }
 
+    /// A sample of `rule`'s part of the sketch (its live region) at `now` (ticks): in each
+    /// row, `per_row` cells spread over the part from `phase` on, and how many of them
+    /// would refuse one more frame of the rule (crate::saturation). Read through a shared
+    /// mapping kept alive: no syscall a cell.
+    pub fn saturation_sample(
+        &self,
+        rule: &RuleConfig,
+        now: u64,
+        per_row: u32,
+        phase: u32,
+    ) -> Result<crate::saturation::Sample, Error> {
+        let cells = self.src_sketch.len() as usize;
+        let width = cells / sketch::ROWS as usize;
+        if width == 0 {
+            return Ok(crate::saturation::Sample::default());
+        }
+        let tats = self
+            .src_sketch_words
+            .words(cells)
+            .map_err(|source| Error::Io {
+                what: "mapping SRC_SKETCH to sample a rule's cells".into(),
+                source,
+            })?;
+        let (base, mask) = sketch::region_span(rule.sketch_region, (width - 1) as u32);
+        let part = mask + 1;
+        let mut rows: [Vec<u64>; sketch::ROWS as usize] = Default::default();
+        for (row, out) in rows.iter_mut().enumerate() {
+            let start = row * width + base as usize;
+            *out = crate::saturation::sample_offsets(part, per_row, phase)
+                .filter_map(|o| tats.get(start + o as usize))
+                .map(|tat| tat.load(Ordering::Relaxed))
+                .collect();
+        }
+        Ok(crate::saturation::sample_of(
+            [&rows[0], &rows[1]],
+            now,
+            &rule.per_source,
+            rule.unit,
+        ))
+    }
+
     /// Finds an earlier version's per-source LRU (`SRC_BUCKETS` in `pin_dir`) for the
     /// first install to carry into the sketch: an upgrade then gives no throttled source
     /// its burst back, and the old map (96 bytes a source) is freed once its pin is gone
@@ -851,24 +897,28 @@ impl SharedWords {
         }
     }
 
-    /// The aligned word at byte offset `at` of a mapping of the first `bytes` bytes.
-    fn word(&self, bytes: usize, at: usize) -> std::io::Result<&AtomicU64> {
-        if !at.is_multiple_of(8) || at + 8 > bytes {
-            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
-        }
+    /// The first `words` words, mapped at first use (every call asks for the same count).
+    fn words(&self, words: usize) -> std::io::Result<&[AtomicU64]> {
         let mapping = match self.mapping.get() {
             Some(m) => m,
             None => {
                 // `Maps` is used from one thread at a time (behind the daemon's lock); if
                 // another caller won a race, this mapping is dropped (unmapped).
-                let _ = self.mapping.set(Mapping::new(&self.fd, bytes / 8)?);
+                let _ = self.mapping.set(Mapping::new(&self.fd, words)?);
                 self.mapping
                     .get()
                     .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::Other))?
             }
         };
-        mapping
-            .words()
+        Ok(mapping.words())
+    }
+
+    /// The aligned word at byte offset `at` of a mapping of the first `bytes` bytes.
+    fn word(&self, bytes: usize, at: usize) -> std::io::Result<&AtomicU64> {
+        if !at.is_multiple_of(8) || at + 8 > bytes {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        self.words(bytes / 8)?
             .get(at / 8)
             .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))
     }

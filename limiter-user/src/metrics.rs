@@ -13,7 +13,7 @@ use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
     config::Unit,
-    daemon::{Daemon, FleetCounters, QuotaEntry},
+    daemon::{Daemon, FleetCounters, QuotaEntry, RuleSaturation},
     object::Variant,
     shutdown::Shutdown,
     stats::StatsReport,
@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub program_runs: Option<(Duration, u64)>,
     /// Fleet counters since the daemon started (fleet mode).
     pub fleet: Option<FleetCounters>,
+    /// The per-source rules' saturation gates (their transitions since the daemon started).
+    pub saturation: Vec<RuleSaturation>,
 }
 
 /// Label values escape backslash, quote and newline.
@@ -146,6 +148,7 @@ pub fn render(s: &Snapshot) -> String {
             );
         }
     }
+    render_saturation(&mut out, s);
     family(
         &mut out,
         "limiter_bypass",
@@ -307,6 +310,61 @@ pub fn render(s: &Snapshot) -> String {
     out
 }
 
+/// The per-source rules' saturation: the state and estimate their entries and cells show
+/// (as `stats`), and the daemon's count of transitions.
+fn render_saturation(out: &mut String, s: &Snapshot) {
+    let rules: Vec<_> = s
+        .stats
+        .rules
+        .iter()
+        .filter_map(|r| Some((r, r.sources_saturated?)))
+        .collect();
+    family(
+        out,
+        "limiter_rule_sources_saturated",
+        "gauge",
+        "1 while a flood saturates the rule's per-source cells (honest sources under their \
+         limit would be refused; on_saturation says whether the limit stands aside).",
+    );
+    for (r, saturated) in &rules {
+        let _ = writeln!(
+            out,
+            "limiter_rule_sources_saturated{{rule=\"{}\"}} {}",
+            label(&r.name),
+            u8::from(*saturated)
+        );
+    }
+    family(
+        out,
+        "limiter_rule_sources_false_limit_ratio",
+        "gauge",
+        "Estimated share of fresh sources under their limit that the rule's per-source cells \
+         refuse now (a sample of its cells).",
+    );
+    for (r, _) in &rules {
+        let _ = writeln!(
+            out,
+            "limiter_rule_sources_false_limit_ratio{{rule=\"{}\"}} {}",
+            label(&r.name),
+            r.sources_false_limit_ppm.unwrap_or(0) as f64 / 1e6
+        );
+    }
+    family(
+        out,
+        "limiter_rule_sources_saturation_transitions_total",
+        "counter",
+        "Times the rule's per-source cells became saturated or clear since the daemon started.",
+    );
+    for g in &s.saturation {
+        let _ = writeln!(
+            out,
+            "limiter_rule_sources_saturation_transitions_total{{rule=\"{}\"}} {}",
+            label(&g.rule),
+            g.transitions
+        );
+    }
+}
+
 /// Takes a snapshot of the daemon for one scrape.
 pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
     // The builds share the maps; interfaces may run different ones.
@@ -324,6 +382,7 @@ pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
         sketch_width: d.maps().sketch_width(),
         program_runs,
         fleet: d.fleet_counters(),
+        saturation: d.saturation(),
     })
 }
 
@@ -387,6 +446,9 @@ mod tests {
                         refused_early_packets: 0,
                         refused_early_bytes: 0,
                     },
+                    sources_saturated: Some(true),
+                    sources_aside: true,
+                    sources_false_limit_ppm: Some(250_000),
                 }],
                 global: GlobalStats {
                     counters: GlobalCounters {
@@ -434,8 +496,18 @@ mod tests {
                 credited: 41,
                 report_failures: 9,
             }),
+            saturation: vec![RuleSaturation {
+                rule: "we\"b".into(),
+                saturated: true,
+                false_limit_ratio: 0.25,
+                transitions: 3,
+            }],
         };
         let text = render(&snapshot);
+        assert!(text.contains("limiter_rule_sources_saturated{rule=\"we\\\"b\"} 1\n"));
+        assert!(text.contains("limiter_rule_sources_false_limit_ratio{rule=\"we\\\"b\"} 0.25\n"));
+        assert!(text
+            .contains("limiter_rule_sources_saturation_transitions_total{rule=\"we\\\"b\"} 3\n"));
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
         assert!(text.contains("limiter_fleet_credited_total 41\n"));
         assert!(text.contains("limiter_fleet_report_failures_total 9\n"));

@@ -534,7 +534,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::config::{PerSourceSpec, RateSpec, Unit};
+    use crate::config::{OnSaturation, PerSourceSpec, RateSpec, Unit};
 
     fn spec(name: &str, dst: &str, port: Option<u16>, proto: Proto) -> RuleSpec {
         RuleSpec {
@@ -722,6 +722,7 @@ mod tests {
             burst: 1518,
             prefix_v4: 24,
             prefix_v6: 64,
+            on_saturation: OnSaturation::StandAside,
         });
         let mut syn = spec("syn", "198.18.0.0/15", None, Proto::Tcp);
         syn.unit = Unit::Syn;
@@ -731,6 +732,7 @@ mod tests {
             burst: 7,
             prefix_v4: 32,
             prefix_v6: 128,
+            on_saturation: OnSaturation::StandAside,
         });
         let t = build(&[bytes, syn]);
         assert_eq!(t.slots["bytes-rule"], 0);
@@ -800,6 +802,7 @@ mod tests {
                 burst,
                 prefix_v4: 32,
                 prefix_v6: 128,
+                on_saturation: OnSaturation::StandAside,
             })
         };
         // (aggregate, per source, expected): bursts of 100 ms and 10 ms of their rate.

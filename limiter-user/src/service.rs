@@ -1,7 +1,8 @@
 //! The daemon as a service: the async runtime's tasks around one [`Daemon`]. Signals
 //! (SIGINT/SIGTERM end it, SIGHUP reloads), the counters' history and the handoff's
-//! follow-up every second, the control socket ([`crate::control::serve`]), the metrics
-//! endpoint ([`crate::metrics::serve`]) and the fleet reports
+//! follow-up every second, the per-source saturation check four times a second, the
+//! control socket ([`crate::control::serve`]), the metrics endpoint
+//! ([`crate::metrics::serve`]) and the fleet reports
 //! ([`crate::reporter::report_loop`]). Every task subscribes to one [`Shutdown`]
 //! broadcast; when it fires they stop, and the daemon stops the way it says.
 //!
@@ -82,6 +83,21 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Re
                 }
                 if let Err(e) = d.follow_handoff() {
                     tracing::warn!("following next_program: {e}");
+                }
+            }
+        }
+    });
+    // Saturated per-source rules stand aside (or enforce again) within a check of the
+    // flood's start (or a calm spell after its end).
+    let d = Arc::clone(&daemon);
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(crate::daemon::SATURATION_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Ok(mut d) = d.lock() {
+                if let Err(e) = d.check_saturation() {
+                    tracing::warn!("checking the per-source sketch for saturation: {e}");
                 }
             }
         }

@@ -3,7 +3,8 @@
 use limiter_common::{
     abi::{
         GlobalCounters, HeaderCounters, RuleConfig, RuleCounters, CONTROL_BYPASS, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_SHADOW,
+        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, RULE_SOURCES_ASIDE,
+        RULE_SOURCES_SATURATED,
     },
     share::ShareState,
 };
@@ -34,6 +35,15 @@ pub struct RuleStats {
     /// The kernel's counters, flattened: `passed_packets` … `would_drop_bytes`.
     #[serde(flatten)]
     pub counters: RuleCounters,
+    /// Whether a flood has saturated the rule's part of the per-source sketch (the
+    /// daemon's gate, recorded in the rule's entry); null without a per-source limit.
+    pub sources_saturated: Option<bool>,
+    /// Whether the per-source limit stands aside meanwhile (`on_saturation =
+    /// "stand-aside"`): what it refuses goes on to the aggregate.
+    pub sources_aside: bool,
+    /// Estimated share of fresh sources under their limit that the rule's cells refuse
+    /// now, in parts per million (a sample of its cells); null without a per-source limit.
+    pub sources_false_limit_ppm: Option<u64>,
 }
 
 /// `stats --json`'s `global`: one flat object. The kernel's counter structs are
@@ -78,9 +88,22 @@ pub fn share_state_at(rule: &RuleConfig, now_ns: u64) -> ShareState {
     written.unwrap_or(ShareState::Standalone)
 }
 
-fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Error> {
+fn rule_stats(
+    rule: &RuleConfig,
+    maps: &Maps,
+    slot: u32,
+    sample_cells: u32,
+) -> Result<RuleStats, Error> {
     let c = maps.rule_counters(slot)?;
     let has_aggregate = rule.flags & RULE_HAS_AGGREGATE != 0;
+    let per_source = rule.flags & RULE_HAS_PER_SOURCE != 0;
+    let false_limits = if per_source {
+        let now = limiter_common::gcra::ticks_from_ns(limiter_fleet::clock::monotonic_ns());
+        let sample = maps.saturation_sample(rule, now, sample_cells, 0)?;
+        Some((sample.false_limit_ratio() * 1e6).round() as u64)
+    } else {
+        None
+    };
     Ok(RuleStats {
         name: String::from_utf8_lossy(rule.name_bytes()).into_owned(),
         mode: if rule.flags & RULE_SHADOW != 0 {
@@ -101,15 +124,23 @@ fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Er
             refused_early_packets: c.refused_early_packets,
             refused_early_bytes: c.refused_early_bytes,
         },
+        sources_saturated: per_source.then_some(rule.flags & RULE_SOURCES_SATURATED != 0),
+        sources_aside: per_source && rule.flags & RULE_SOURCES_ASIDE != 0,
+        sources_false_limit_ppm: false_limits,
     })
 }
 
 /// Reads every live rule's counters and the global counters.
 pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
-    let rules = maps
-        .live_rules()?
+    let live = maps.live_rules()?;
+    let sample_cells = crate::saturation::cells_per_rule(
+        live.values()
+            .filter(|r| r.flags & RULE_HAS_PER_SOURCE != 0)
+            .count(),
+    );
+    let rules = live
         .iter()
-        .map(|(slot, rule)| rule_stats(rule, maps, *slot))
+        .map(|(slot, rule)| rule_stats(rule, maps, *slot, sample_cells))
         .collect::<Result<Vec<_>, _>>()?;
     let g = maps.global_counters()?;
     let h = maps.header_counters()?;
@@ -154,6 +185,23 @@ pub fn render_table(report: &StatsReport) -> String {
             r.counters.passed_packets,
             r.counters.dropped_packets,
             r.counters.would_drop_packets
+        ));
+    }
+    for r in report
+        .rules
+        .iter()
+        .filter(|r| r.sources_saturated == Some(true))
+    {
+        out.push_str(&format!(
+            "SATURATED: rule {}'s per-source cells refuse about {:.2}% of fresh sources under \
+             their limit; {}\n",
+            r.name,
+            r.sources_false_limit_ppm.unwrap_or(0) as f64 / 1e4,
+            if r.sources_aside {
+                "its per-source limit stands aside (the aggregate keeps holding)"
+            } else {
+                "its per-source limit keeps refusing (on_saturation = \"enforce\")"
+            }
         ));
     }
     if report.bypass {
@@ -260,6 +308,9 @@ mod json_tests {
                     refused_early_packets: 0,
                     refused_early_bytes: 0,
                 },
+                sources_saturated: Some(false),
+                sources_aside: false,
+                sources_false_limit_ppm: Some(0),
             }],
             global: GlobalStats {
                 counters: GlobalCounters::default(),

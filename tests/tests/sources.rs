@@ -558,3 +558,70 @@ fn a_flood_on_one_rule_costs_another_rules_sources_nothing() {
         "the flood's own part did not fill: only {held} of 200 new sources refused"
     );
 }
+
+/// A per-source limit standing aside (`RULE_SOURCES_ASIDE`, which the daemon sets while a
+/// flood saturates the rule's cells and `on_saturation = "stand-aside"`): a frame it
+/// refuses passes on to the aggregate, which keeps holding; the source's cells are
+/// charged nothing for it (they evolve as when the limit enforces, so the daemon's
+/// estimate stays valid); clearing the flag enforces again.
+#[test]
+fn a_per_source_limit_standing_aside_leaves_frames_to_the_aggregate() {
+    use limiter_common::abi::{SourceKey, RULE_SOURCES_ASIDE};
+    let config = format!(
+        "max_sources = 1024\n[[rules]]\nname = \"flooded\"\ndst = \"{DST}/32\"\n\
+         rate = 1\nburst = 3\n[rules.per_source]\nrate = 1\nburst = 1\n"
+    );
+    let mut loaded = fixture::load(&config).expect("loading the program");
+    let slot = loaded.table.slots["flooded"];
+    let a = Ipv4Addr::new(198, 18, 7, 7);
+    let f = frame(a);
+    let mut src = [0u8; 16];
+    src[..4].copy_from_slice(&a.octets());
+    let key = SourceKey::masked(slot, 4, &src, 32, 128);
+    let cells = |loaded: &Loaded| {
+        let rule = loaded.maps.live_rule(slot).unwrap();
+        loaded.maps.source_cells(&key, &rule).unwrap().unwrap()
+    };
+    let set_aside = |loaded: &mut Loaded, aside: bool| {
+        let mut table = loaded.table.clone();
+        for (_, rule) in &mut table.rules {
+            if aside {
+                rule.flags |= RULE_SOURCES_ASIDE;
+            } else {
+                rule.flags &= !RULE_SOURCES_ASIDE;
+            }
+        }
+        loaded.maps.install(&table).unwrap();
+    };
+    assert_eq!(loaded.run(&f).unwrap(), XDP_PASS, "the source's burst");
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_DROP,
+        "over its per-source limit"
+    );
+    let before = cells(&loaded);
+    set_aside(&mut loaded, true);
+    // The aggregate's burst of 3 had one frame taken: two more pass, then it refuses.
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_PASS,
+        "standing aside: the aggregate admits"
+    );
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_PASS,
+        "standing aside: the aggregate admits"
+    );
+    assert_eq!(
+        loaded.run(&f).unwrap(),
+        XDP_DROP,
+        "the aggregate keeps holding"
+    );
+    assert_eq!(
+        cells(&loaded),
+        before,
+        "frames the per-source limit refused charged its cells"
+    );
+    set_aside(&mut loaded, false);
+    assert_eq!(loaded.run(&f).unwrap(), XDP_DROP, "enforcing again");
+}

@@ -858,6 +858,9 @@ impl Walk<'_> {
         };
         let prefix_v4 = self.integer_key(table, &PER_SOURCE_PREFIX_V4, at.field(&v4_path));
         let prefix_v6 = self.integer_key(table, &PER_SOURCE_PREFIX_V6, at.field(&v6_path));
+        let saturation_path = field("on_saturation");
+        let on_saturation: Option<OnSaturation> =
+            self.word_key(table, &PER_SOURCE_ON_SATURATION, at.field(&saturation_path));
         if let (Some(rv), Some(rate), Some(bv), Some(burst), Some(unit)) =
             (rate_value, rate, burst_value, burst, unit)
         {
@@ -875,6 +878,7 @@ impl Walk<'_> {
             burst: burst?,
             prefix_v4: u8::try_from(prefix_v4?).ok()?,
             prefix_v6: u8::try_from(prefix_v6?).ok()?,
+            on_saturation: on_saturation?,
         })
     }
 }

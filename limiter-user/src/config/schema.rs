@@ -20,7 +20,7 @@ use limiter_fleet::share::{
 };
 
 use super::words::{
-    Mode, Proto, Unit, XdpMode, XdpShare, XdpShareFallback, DEFAULT_CONTROL_SOCKET,
+    Mode, OnSaturation, Proto, Unit, XdpMode, XdpShare, XdpShareFallback, DEFAULT_CONTROL_SOCKET,
     DEFAULT_METRICS, DEFAULT_PIN_DIR, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, DEFAULT_XDP_PRIORITY,
     MAX_MAX_SOURCES,
 };
@@ -138,5 +138,8 @@ section! {
             Integer { min: 0, max: 32 }, "IPv4 sources are bucketed by this prefix";
         PER_SOURCE_PREFIX_V6 = "prefix_v6", Int(DEFAULT_PREFIX_V6 as u64),
             Integer { min: 0, max: 128 }, "IPv6 sources are bucketed by this prefix";
+        PER_SOURCE_ON_SATURATION = "on_saturation", Str(OnSaturation::StandAside.as_str()),
+            Word(OnSaturation::SPELLINGS),
+            "what the limit does while a flood saturates the rule's cells";
     }
 }

@@ -147,7 +147,8 @@ fn full_example() {
                 rate: 100,
                 burst: 20,
                 prefix_v4: 24,
-                prefix_v6: 64
+                prefix_v6: 64,
+                on_saturation: OnSaturation::StandAside
             }),
         }
     );
@@ -176,7 +177,8 @@ fn full_example() {
             rate: 5,
             burst: 10,
             prefix_v4: 32,
-            prefix_v6: 64
+            prefix_v6: 64,
+            on_saturation: OnSaturation::StandAside
         })
     );
     assert_eq!(c.rules[3].proto, Proto::Icmp);
@@ -294,6 +296,38 @@ fn per_source_errors() {
         "rules[0].per_source.prefix_v6",
         Some("contoso-web"),
         "between 0 and 128",
+    );
+}
+
+/// `on_saturation` defaults to standing aside (a saturated sketch must not refuse honest
+/// sources), takes "enforce", and refuses any other word naming file, line and field.
+#[test]
+fn per_source_on_saturation() {
+    let text = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"flooded\"\ndst = \"198.18.0.0/15\"\n\
+             [rules.per_source]\nrate = 10\nburst = 10\n{extra}"
+        )
+    };
+    let spec = |extra: &str| parse(&text(extra)).unwrap().rules[0].per_source.unwrap();
+    assert_eq!(spec("").on_saturation, OnSaturation::StandAside);
+    assert_eq!(
+        spec("on_saturation = \"enforce\"\n").on_saturation,
+        OnSaturation::Enforce
+    );
+    assert_eq!(
+        spec("on_saturation = \"stand-aside\"\n").on_saturation,
+        OnSaturation::StandAside
+    );
+    let bad = text("on_saturation = \"refuse\"\n");
+    let err = parse(&bad).unwrap_err();
+    assert_eq!(err.problems().len(), 1, "{err}");
+    assert_problem(
+        &err,
+        line(&bad, "on_saturation", 0),
+        "rules[0].per_source.on_saturation",
+        Some("flooded"),
+        "stand-aside",
     );
 }
 

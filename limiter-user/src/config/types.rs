@@ -207,6 +207,8 @@ pub struct PerSourceSpec {
     pub prefix_v4: u8,
     /// Source prefix length that keys a bucket, IPv6 (0..=128).
     pub prefix_v6: u8,
+    /// What the limit does while the rule's part of the sketch is saturated.
+    pub on_saturation: OnSaturation,
 }
 
 impl Config {

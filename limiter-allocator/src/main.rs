@@ -297,6 +297,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             refused: Arc::clone(&refused),
             conns: Arc::clone(&conns),
             leadership: Arc::clone(&leadership),
+            rule_text: limiter_service::metrics::Cached::new(RULE_METRICS_MAX_AGE),
         };
         tokio::spawn(serve_metrics(listener, sources));
     }
@@ -570,17 +571,25 @@ struct MetricSources {
     refused: Arc<Refused>,
     conns: Arc<ConnStats>,
     leadership: Arc<Mutex<Leadership>>,
+    /// The per-rule gauges, made under the state lock at most once a second: a flood of
+    /// scrapes must not hold up the reports waiting for that lock.
+    rule_text: limiter_service::metrics::Cached<Result<String, String>>,
 }
+
+/// How old the per-rule gauges a scrape gets may be.
+const RULE_METRICS_MAX_AGE: Duration = Duration::from_millis(500);
 
 impl MetricSources {
     /// The exposition text; a poisoned state is an error (a 500), never an empty page.
     fn render(&self, now: u64) -> Result<String, String> {
         use std::{fmt::Write as _, sync::atomic::Ordering::Relaxed};
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| "allocator state is poisoned".to_string())?;
-        let mut out = state.metrics(now);
+        let poisoned = || "allocator state is poisoned".to_string();
+        let mut out = self.rule_text.get_or(|| {
+            let mut state = self.state.lock().map_err(|_| poisoned())?;
+            Ok(state.rule_metrics(now))
+        })?;
+        let state = self.state.lock().map_err(|_| poisoned())?;
+        out.push_str(&state.counter_metrics(now));
         let (fleet_full, host_rate) = (state.refused_fleet_full, state.refused_host_rate);
         drop(state);
         let r = &self.refused;

@@ -357,6 +357,15 @@ impl State {
     /// Prometheus text: per rule the quota, the sum of live grants, hosts, saturated
     /// hosts and a fairness index; reports and rejected reports.
     pub fn metrics(&mut self, now: u64) -> String {
+        let mut out = self.rule_metrics(now);
+        out.push_str(&self.counter_metrics(now));
+        out
+    }
+
+    /// The per-rule gauges: each rule's allocation as of `now`, which costs a pass over
+    /// its hosts (a refresh of the allocation when it is due). The metrics endpoint
+    /// makes these at most once a second, however often it is scraped.
+    pub fn rule_metrics(&mut self, now: u64) -> String {
         let mut out = String::new();
         let families = [
             (
@@ -424,6 +433,12 @@ impl State {
                 let _ = writeln!(out, "{name}{{rule=\"{rule}\"}} {}", row[k]);
             }
         }
+        out
+    }
+
+    /// The allocator-wide counters and gauges: cheap, read live at every scrape.
+    pub fn counter_metrics(&self, now: u64) -> String {
+        let mut out = String::new();
         let _ = writeln!(
             out,
             "# HELP limiter_allocator_reports_total Reports handled.\n\

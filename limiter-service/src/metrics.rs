@@ -5,8 +5,16 @@
 //! network needs: every connection is served on a task of its own (an idle or stalled
 //! client delays no other), a client must send its request head within
 //! [`HEADER_TIMEOUT`] and be done within [`CONNECTION_TIMEOUT`], and at most
-//! [`MAX_CONNECTIONS`] are served at once (more are closed at accept). A renderer that
-//! fails answers 500 with its reason, never an empty 200.
+//! [`MAX_CONNECTIONS`] are served at once (more are closed at accept), and answers go out
+//! at most [`MAX_ANSWERS_PER_S`] a second (a connection beyond that waits its turn): a
+//! scraper in a loop costs the process a bounded share of a CPU, and the runtime's
+//! other tasks keep theirs. A renderer that fails answers 500 with its reason, never an
+//! empty 200.
+//!
+//! The renderer runs on tokio's blocking pool, never on a runtime thread: a render that
+//! reads thousands of kernel counters must not hold up the tasks beside it (a daemon's
+//! fleet reports, an allocator's grants). [`Cached`] lets a renderer make its text once
+//! for any number of scrapes that come within a short time of each other.
 //!
 //! [`process_families`] writes what every Prometheus target exposes: `*_build_info` and
 //! `process_start_time_seconds`.
@@ -15,8 +23,8 @@ use std::{
     convert::Infallible,
     fmt::Write as _,
     future::Future,
-    sync::{Arc, LazyLock},
-    time::{Duration, SystemTime},
+    sync::{Arc, LazyLock, Mutex, PoisonError},
+    time::{Duration, Instant, SystemTime},
 };
 
 use bytes::Bytes;
@@ -34,6 +42,9 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 16;
+/// Answers a second, all connections together (bursts of [`MAX_CONNECTIONS`]): scrapers
+/// ask every few seconds; only a flood meets the bound.
+pub const MAX_ANSWERS_PER_S: u32 = 16;
 /// The exposition format's content type.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -65,8 +76,69 @@ pub fn process_families(out: &mut String, build_info: &str, version: &str) {
     );
 }
 
+/// When each answer may go: one every `1 / MAX_ANSWERS_PER_S`, with bursts of
+/// `MAX_CONNECTIONS` (a GCRA over the answers).
+struct Pace {
+    /// The theoretical time of the next answer.
+    next: Mutex<Instant>,
+}
+
+impl Pace {
+    const PERIOD: Duration = Duration::from_nanos(1_000_000_000 / MAX_ANSWERS_PER_S as u64);
+
+    fn new() -> Pace {
+        Pace {
+            next: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// When the next answer may go out (now, within a burst); books it.
+    fn book(&self, now: Instant) -> Instant {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        let tat = (*next).max(now);
+        let burst = Self::PERIOD * (MAX_CONNECTIONS as u32 - 1);
+        let at = tat.checked_sub(burst).map_or(now, |t| t.max(now));
+        *next = tat + Self::PERIOD;
+        at
+    }
+}
+
 /// Makes the exposition text, or says why it cannot.
 pub type Render = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
+
+/// A value made at most once per `max_age`, however many callers ask for it: the first
+/// caller after it has aged makes it while the others wait, then all share it. So N
+/// scrapers in a loop cost one render per `max_age`, not N renders back to back.
+pub struct Cached<T> {
+    max_age: Duration,
+    slot: Mutex<Option<(Instant, T)>>,
+}
+
+impl<T: Clone> Cached<T> {
+    pub fn new(max_age: Duration) -> Cached<T> {
+        Cached {
+            max_age,
+            slot: Mutex::new(None),
+        }
+    }
+
+    /// The value, made by `make` if there is none younger than `max_age`. Its age counts
+    /// from when `make` started: what it read is at most that old.
+    pub fn get_or(&self, make: impl FnOnce() -> T) -> T {
+        // A caller that panicked in `make` left nothing half-made: the slot is replaced
+        // whole, so a poisoned lock is still a usable one.
+        let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((made, value)) = slot.as_ref() {
+            if made.elapsed() < self.max_age {
+                return value.clone();
+            }
+        }
+        let started = Instant::now();
+        let value = make();
+        *slot = Some((started, value.clone()));
+        value
+    }
+}
 
 /// The answer to one request (pure): the method and path decide, the query is ignored.
 pub fn respond(
@@ -125,6 +197,7 @@ pub fn respond(
 /// closed before it returns (and when it is dropped), so nothing keeps `render` alive.
 pub async fn serve(listener: TcpListener, render: Render, shutdown: impl Future<Output = ()>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let pace = Pace::new();
     let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -152,17 +225,35 @@ pub async fn serve(listener: TcpListener, render: Render, shutdown: impl Future<
             continue;
         };
         let render = Arc::clone(&render);
+        let turn = pace.book(Instant::now());
         connections.spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
                 let render = Arc::clone(&render);
-                async move { Ok::<_, Infallible>(respond(req.method(), req.uri().path(), &*render)) }
+                let (method, path) = (req.method().clone(), req.uri().path().to_string());
+                async move {
+                    // On the blocking pool: the runtime's threads go on serving its other
+                    // tasks while the text is made.
+                    let answer =
+                        tokio::task::spawn_blocking(move || respond(&method, &path, &*render))
+                            .await
+                            .unwrap_or_else(|_| {
+                                respond(&Method::GET, "/metrics", &|| {
+                                    Err("the metrics renderer failed".to_string())
+                                })
+                            });
+                    Ok::<_, Infallible>(answer)
+                }
             });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async move {
+                tokio::time::sleep_until(turn.into()).await;
+                connection.await
+            })
+            .await;
             drop(permit);
         });
     }
@@ -218,6 +309,75 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
+    }
+
+    #[test]
+    fn concurrent_callers_share_one_make_until_it_ages() {
+        let cached = Arc::new(Cached::new(Duration::from_millis(300)));
+        let makes = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let callers: Vec<_> = (0..16)
+            .map(|_| {
+                let (cached, makes) = (Arc::clone(&cached), Arc::clone(&makes));
+                std::thread::spawn(move || {
+                    cached.get_or(|| {
+                        std::thread::sleep(Duration::from_millis(50));
+                        makes.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                    })
+                })
+            })
+            .collect();
+        let values: Vec<u32> = callers.into_iter().map(|c| c.join().unwrap()).collect();
+        assert_eq!(makes.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(values.iter().all(|&v| v == 0), "{values:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(cached.get_or(|| 7), 7, "an aged value is made again");
+    }
+
+    #[test]
+    fn answers_are_paced_after_a_burst() {
+        let pace = Pace::new();
+        let now = Instant::now();
+        let turns: Vec<Duration> = (0..MAX_CONNECTIONS + 16)
+            .map(|_| pace.book(now).duration_since(now))
+            .collect();
+        assert!(
+            turns[..MAX_CONNECTIONS].iter().all(|t| t.is_zero()),
+            "{turns:?}"
+        );
+        // The rest, one a period: 16 more answers take a second.
+        let last = turns[MAX_CONNECTIONS + 15];
+        assert!(
+            last >= Duration::from_millis(990) && last <= Duration::from_millis(1010),
+            "{last:?}"
+        );
+        // Idle for a while: a full burst again, not the answers owed.
+        let later = now + Duration::from_secs(10);
+        assert_eq!(pace.book(later), later);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_render_leaves_the_runtime_thread_free() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let slow: Render = Arc::new(|| {
+            std::thread::sleep(Duration::from_millis(600));
+            ok()
+        });
+        tokio::spawn(serve(listener, slow, std::future::pending()));
+        let scrape =
+            tokio::spawn(
+                async move { get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await },
+            );
+        // A timer on the same (only) runtime thread fires on time while the render runs.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let asked = Instant::now();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let late = asked.elapsed();
+        assert!(
+            late < Duration::from_millis(250),
+            "a timer beside the render fired {late:?} after 50 ms"
+        );
+        assert!(scrape.await.unwrap().ends_with("limiter_up 1\n"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

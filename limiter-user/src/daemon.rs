@@ -27,7 +27,8 @@ use crate::{
     maps::Maps,
     object::Variant,
     pins,
-    program::{unpin_link, Attachment, LinkOrigin, LoadOptions, Program},
+    program::{unpin_link, AttachedMode, Attachment, LinkOrigin, LoadOptions, Program},
+    relink::{Action, LinkWatch},
     ruleset::{self, RuleTable},
     saturation::{self, Gate, Transition},
     stats::{self, StatsReport},
@@ -146,6 +147,9 @@ pub struct Status {
     /// Interfaces whose link pins this daemon found at start although they are no longer
     /// configured: it detached them and removed their pins.
     pub detached_unconfigured: Vec<String>,
+    /// Times the program was attached again to an interface deleted and created again
+    /// under its name, every interface, since the daemon started.
+    pub reattaches: u64,
     /// `join_program_array`: the LB's root array calls the limiter (no interface is
     /// attached), and how the limiter calls on.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -191,10 +195,28 @@ pub struct InterfaceStatus {
     /// Where frames the limiter passes go (`next_program`); absent: the stack.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub handoff: Option<HandoffStatus>,
-    /// Why the program cannot be found running there (someone removed it from the
-    /// hook, or the link is gone): frames pass unmetered until the daemon restarts.
+    /// Why the program cannot be found running there: the interface is gone or was
+    /// created again (the daemon attaches to it again, retrying while that fails), or
+    /// someone removed the program from the hook (frames pass unmetered until the
+    /// daemon restarts).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Whether the program runs on the device that has this name now.
+    pub attached: bool,
+    /// Times the program was attached again to a device created under this name.
+    pub reattaches: u64,
+    /// Attempts to attach again that failed (retried, at most every 30 s).
+    pub reattach_failures: u64,
+}
+
+/// One interface as the metrics show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InterfaceState {
+    pub name: String,
+    /// "xdp" or "tc": the hook the program runs at.
+    pub hook: &'static str,
+    pub attached: bool,
+    pub reattaches: u64,
 }
 
 /// What a reload did.
@@ -310,6 +332,9 @@ pub struct Daemon {
     /// Where the next saturation check starts sampling in each part (checks read
     /// different cells).
     saturation_phase: u32,
+    /// Each attached interface's device, and when to attach again to a device created
+    /// under its name.
+    links: BTreeMap<String, LinkWatch>,
     /// The claimed control socket and its lock. Dropped last (see [`Daemon::detach_all`]):
     /// the socket disappears only when everything else is done.
     instance: Option<Instance>,
@@ -501,6 +526,7 @@ impl Daemon {
             control_listener: Some(claimed.listener),
             detached_unconfigured: given_back.into_iter().map(|(iface, _)| iface).collect(),
             handoff,
+            links: BTreeMap::new(),
             instance: Some(claimed.instance),
         };
         // Rules first, so no frame meets the program without them.
@@ -570,6 +596,14 @@ impl Daemon {
                 hook = %a.hook(),
                 "{how}"
             );
+            let ifindex = crate::netlink::ifindex_of(&a.iface)?;
+            let kind = crate::netlink::link(ifindex)
+                .ok()
+                .flatten()
+                .and_then(|l| l.kind);
+            daemon
+                .links
+                .insert(a.iface.clone(), LinkWatch::attached(ifindex, kind));
             daemon.attachments.push(a);
         }
         daemon.detach_unconfigured(ifaces)?;
@@ -627,6 +661,145 @@ impl Daemon {
         Ok(())
     }
 
+    /// Follows the configured interfaces' devices (call on every link event netlink
+    /// reports, and a few times a second): a device deleted is said once; a device
+    /// created under the name of one the program ran on gets the program again, in the
+    /// configured mode, at most once a second per interface, a failed attempt retried
+    /// with a growing back-off. `deleted`: the indexes of devices netlink said were
+    /// deleted since the last call. Never fails: what fails is logged and retried.
+    pub fn watch_links(&mut self, deleted: &[u32]) {
+        let now = Instant::now();
+        let names: Vec<String> = self.links.keys().cloned().collect();
+        for iface in names {
+            let current = crate::netlink::ifindex_of(&iface).ok();
+            let Some(watch) = self.links.get_mut(&iface) else {
+                continue;
+            };
+            let mut gone = false;
+            for &ifindex in deleted {
+                gone |= watch.deleted(ifindex);
+            }
+            let action = watch.observe(current, now);
+            if gone || action == Action::Lost {
+                tracing::warn!(
+                    %iface,
+                    "the interface was deleted: the limiter attaches again to a device created under its name"
+                );
+            }
+            if let Action::Attach { ifindex } = action {
+                self.reattach(&iface, ifindex, now);
+            }
+        }
+    }
+
+    /// Attaches to `iface` again (device `ifindex`), as [`Daemon::start`] did.
+    fn reattach(&mut self, iface: &str, ifindex: u32, now: Instant) {
+        let link = crate::netlink::link(ifindex).ok().flatten();
+        let (kind, mtu) = (
+            link.as_ref().and_then(|l| l.kind.clone()),
+            link.as_ref().and_then(|l| l.mtu),
+        );
+        let attached = self.attach_again(iface);
+        let Some(watch) = self.links.get_mut(iface) else {
+            return;
+        };
+        match attached {
+            Ok(a) => {
+                if watch.kind != kind {
+                    tracing::warn!(
+                        %iface,
+                        was = watch.kind.as_deref().unwrap_or("a physical device"),
+                        now = kind.as_deref().unwrap_or("a physical device"),
+                        "the name belongs to another kind of device now: attached to it, as the config names it"
+                    );
+                }
+                tracing::warn!(
+                    %iface,
+                    ifindex,
+                    mtu,
+                    mode = a.mode.as_str(),
+                    program = a.variant.program_name(),
+                    hook = %a.hook(),
+                    "attached again to the interface created under this name"
+                );
+                watch.succeeded(ifindex, kind, now);
+                match self.attachments.iter_mut().find(|old| old.iface == iface) {
+                    // The old one's descriptor closes: its link went with its device.
+                    Some(old) => *old = a,
+                    None => self.attachments.push(a),
+                }
+            }
+            Err(e) => {
+                let retry = watch.failed(e.to_string(), now);
+                tracing::error!(
+                    %iface,
+                    ifindex,
+                    mtu,
+                    kind = kind.as_deref().unwrap_or("physical"),
+                    retry_in_s = retry.as_secs(),
+                    "attaching to the interface created under this name failed: frames on it pass unmetered until an attempt succeeds: {e}"
+                );
+            }
+        }
+    }
+
+    /// One attach to `iface` in the configured mode (a hook of its own: with
+    /// `xdp_share = "libxdp"` a dispatcher, or the hook alone where the kernel refuses
+    /// freplace and the fallback allows it).
+    fn attach_again(&mut self, iface: &str) -> Result<Attachment, Error> {
+        let mode = self.config.xdp_mode;
+        match self.config.xdp_share {
+            XdpShare::Exclusive => self
+                .program
+                .attach_pinned(iface, mode, &self.config.pin_dir),
+            XdpShare::Libxdp => match crate::libxdp::freplace_refusal() {
+                None => self
+                    .program
+                    .attach_shared(iface, mode, self.config.xdp_priority),
+                Some(_) if self.config.xdp_share_fallback == XdpShareFallback::TailCall => {
+                    let variants: Vec<Variant> = if mode == crate::config::XdpMode::Generic {
+                        vec![self.handoff.generic_build()]
+                    } else {
+                        Variant::XDP.to_vec()
+                    };
+                    self.program.attach_netlink(
+                        iface,
+                        &crate::takeover::Step::Alone,
+                        mode,
+                        &variants,
+                        None,
+                    )
+                }
+                Some(why) => Err(Error::Sharing {
+                    iface: iface.to_string(),
+                    reason: format!(
+                        "this kernel refuses freplace ({why}) and xdp_share_fallback does not allow taking the hook"
+                    ),
+                }),
+            },
+        }
+    }
+
+    /// Each attached interface: whether the program runs on its device now.
+    pub fn interface_states(&self) -> Vec<InterfaceState> {
+        self.attachments
+            .iter()
+            .map(|a| {
+                let watch = self.links.get(&a.iface);
+                InterfaceState {
+                    name: a.iface.clone(),
+                    hook: if a.mode == AttachedMode::Tc {
+                        "tc"
+                    } else {
+                        "xdp"
+                    },
+                    attached: watch.is_none_or(LinkWatch::is_attached),
+                    reattaches: watch.map_or(0, |w| w.reattaches),
+                }
+            })
+            .collect()
+    }
+
     /// The bound control socket, once (the binary serves it).
     pub fn take_control_listener(&mut self) -> Option<UnixListener> {
         self.control_listener.take()
@@ -661,6 +834,12 @@ impl Daemon {
 
     pub fn program(&self) -> &Program {
         &self.program
+    }
+
+    /// The rules installed now, by slot (a copy: the metrics read their counters after
+    /// letting the daemon go).
+    pub fn installed_rules(&self) -> BTreeMap<u32, limiter_common::abi::RuleConfig> {
+        self.table.rules.iter().copied().collect()
     }
 
     fn rule_spec(&self, name: &str) -> Result<&RuleSpec, Error> {
@@ -1141,6 +1320,7 @@ impl Daemon {
             allocator: self.fleet.as_ref().map(|f| f.spec.allocators_text()),
             bypass: self.maps.control()?.flags & CONTROL_BYPASS != 0,
             detached_unconfigured: self.detached_unconfigured.clone(),
+            reattaches: self.links.values().map(|w| w.reattaches).sum(),
             joined: match self.handoff.spec() {
                 Some(crate::config::HandoffSpec::Join { .. }) => {
                     self.handoff.status(Variant::Linear, handoff, missing)
@@ -1158,7 +1338,19 @@ impl Daemon {
                 .attachments
                 .iter()
                 .map(|a| {
-                    let running = a.program_id();
+                    let watch = self.links.get(&a.iface);
+                    let attached = watch.is_none_or(LinkWatch::is_attached);
+                    let running = if attached {
+                        a.program_id().map_err(|e| e.to_string())
+                    } else {
+                        Err(match watch.and_then(|w| w.last_error.as_deref()) {
+                            Some(e) => format!(
+                                "the interface was created again and attaching to it failed (retried): {e}"
+                            ),
+                            None => "the interface was deleted (or created again): the limiter attaches to a device created under its name"
+                                .to_string(),
+                        })
+                    };
                     InterfaceStatus {
                         name: a.iface.clone(),
                         mode: a.mode.as_str(),
@@ -1172,7 +1364,10 @@ impl Daemon {
                         hook: a.hook(),
                         chain: a.chain(),
                         handoff: self.handoff.status(a.variant, handoff, missing),
-                        problem: running.err().map(|e| e.to_string()),
+                        problem: running.err(),
+                        attached,
+                        reattaches: watch.map_or(0, |w| w.reattaches),
+                        reattach_failures: watch.map_or(0, |w| w.failures),
                     }
                 })
                 .collect(),

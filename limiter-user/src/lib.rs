@@ -13,7 +13,8 @@
 //!    `tc_filter`, `grace`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
 //!    `teardown`.
 //! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`,
-//!    `top` (its rates and screen pure).
+//!    `top` (its rates and screen pure); and `relink` (pure), when to attach again to
+//!    an interface created again under its name.
 //! 4. The daemon, synchronous: `daemon`.
 //! 5. The service loops on the async runtime: `control`, `metrics`, `reporter`,
 //!    `service`.
@@ -36,6 +37,7 @@ pub mod object;
 pub mod pins;
 pub mod privilege;
 pub mod program;
+pub mod relink;
 pub mod reporter;
 pub mod ruleset;
 pub mod saturation;

@@ -1,19 +1,28 @@
 //! Prometheus text exposition: a pure renderer over a snapshot, served on the configured
 //! address by limiter_service::metrics (`GET`/`HEAD /metrics`).
+//!
+//! A scrape must cost the daemon's other work nothing: with 1,024 rules a snapshot reads
+//! thousands of kernel counters (a syscall each). So the daemon's lock is held only to
+//! copy what it alone knows (the installed rules, quotas, fleet counters); the counters
+//! are read after it is released, through the metrics' own handles on the pinned maps,
+//! on tokio's blocking pool; and the text is made at most once per [`MAX_AGE`] for any
+//! number of scrapers.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use limiter_common::share::ShareState;
+use limiter_common::{abi::RuleConfig, share::ShareState};
 use tokio::{net::TcpListener, sync::broadcast};
 
 use crate::{
     config::Unit,
-    daemon::{Daemon, FleetCounters, QuotaEntry, RuleSaturation},
+    daemon::{Daemon, FleetCounters, InterfaceState, QuotaEntry, RuleSaturation},
+    maps::Maps,
     object::Variant,
     shutdown::Shutdown,
     stats::StatsReport,
@@ -32,6 +41,8 @@ pub struct Snapshot {
     pub fleet: Option<FleetCounters>,
     /// The per-source rules' saturation gates (their transitions since the daemon started).
     pub saturation: Vec<RuleSaturation>,
+    /// Each configured interface: whether the program runs on it now.
+    pub interfaces: Vec<InterfaceState>,
 }
 
 /// Label values escape backslash, quote and newline.
@@ -282,6 +293,37 @@ pub fn render(s: &Snapshot) -> String {
             fleet.report_failures
         );
     }
+    family(
+        &mut out,
+        "limiter_interface_attached",
+        "gauge",
+        "1 while the program runs on the configured interface; 0 while the interface is \
+         gone, or was created again and the daemon has not attached to it yet.",
+    );
+    for i in &s.interfaces {
+        let _ = writeln!(
+            out,
+            "limiter_interface_attached{{interface=\"{}\",hook=\"{}\"}} {}",
+            label(&i.name),
+            i.hook,
+            u8::from(i.attached)
+        );
+    }
+    family(
+        &mut out,
+        "limiter_interface_reattaches_total",
+        "counter",
+        "Times the daemon attached the program again to an interface created again under \
+         its name (driver reset, ip link del/add) since it started.",
+    );
+    for i in &s.interfaces {
+        let _ = writeln!(
+            out,
+            "limiter_interface_reattaches_total{{interface=\"{}\"}} {}",
+            label(&i.name),
+            i.reattaches
+        );
+    }
     if let Some((time, count)) = s.program_runs {
         family(
             &mut out,
@@ -365,8 +407,22 @@ fn render_saturation(out: &mut String, s: &Snapshot) {
     }
 }
 
-/// Takes a snapshot of the daemon for one scrape.
-pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
+/// How old the text a scrape gets may be: scrapers ask every 15 s or so, a flood of
+/// them gets one render a second.
+pub const MAX_AGE: Duration = Duration::from_secs(1);
+
+/// What only the daemon knows, copied under its lock (no map is read but a few program
+/// infos).
+struct Held {
+    rules: BTreeMap<u32, RuleConfig>,
+    quotas: Vec<QuotaEntry>,
+    program_runs: Option<(Duration, u64)>,
+    fleet: Option<FleetCounters>,
+    interfaces: Vec<InterfaceState>,
+    saturation: Vec<RuleSaturation>,
+}
+
+fn held(d: &Daemon) -> Held {
     // The builds share the maps; interfaces may run different ones.
     let mut program_runs = None;
     for variant in Variant::ALL {
@@ -375,15 +431,33 @@ pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
             program_runs = Some((time + info.run_time(), count + info.run_count()));
         }
     }
-    let program_runs = program_runs.filter(|&(_, count)| count > 0);
-    Ok(Snapshot {
-        stats: d.stats()?,
+    Held {
+        rules: d.installed_rules(),
         quotas: d.quotas(),
-        sketch_width: d.maps().sketch_width(),
-        program_runs,
+        program_runs: program_runs.filter(|&(_, count)| count > 0),
         fleet: d.fleet_counters(),
+        interfaces: d.interface_states(),
         saturation: d.saturation(),
+    }
+}
+
+/// The snapshot from what the daemon held and the counters in `maps`.
+fn complete(held: Held, maps: &Maps) -> Result<Snapshot, crate::Error> {
+    Ok(Snapshot {
+        stats: crate::stats::collect_for(maps, &held.rules)?,
+        quotas: held.quotas,
+        sketch_width: maps.sketch_width(),
+        program_runs: held.program_runs,
+        fleet: held.fleet,
+        interfaces: held.interfaces,
+        saturation: held.saturation,
     })
+}
+
+/// Takes a snapshot of the daemon for one scrape, all of it under the caller's lock
+/// (the endpoint itself reads the counters off the lock: [`serve`]).
+pub fn snapshot(d: &Daemon) -> Result<Snapshot, crate::Error> {
+    complete(held(d), d.maps())
 }
 
 /// Serves the daemon's metrics on `addr` (limiter_service::metrics: concurrent, with timeouts)
@@ -399,18 +473,32 @@ pub async fn serve(
             what: format!("listening for metrics on {addr}"),
             source: e,
         })?;
+    // The metrics' own handles on the maps the daemon pinned: reading them needs no lock.
+    let pin_dir = daemon
+        .lock()
+        .map_err(|_| crate::Error::Service("daemon state poisoned".into()))?
+        .config()
+        .pin_dir
+        .clone();
+    let maps = Maps::from_pins(&pin_dir)?;
     tracing::info!(%addr, "metrics endpoint listening");
     let mut stop = shutdown.subscribe();
     // Weak: a scrape in flight must not keep the daemon's state alive past its exit.
     let daemon = Arc::downgrade(&daemon);
+    let text = limiter_service::metrics::Cached::new(MAX_AGE);
     let render: limiter_service::metrics::Render = Arc::new(move || {
-        let daemon = daemon.upgrade().ok_or("the daemon is stopping")?;
-        let daemon = daemon
-            .lock()
-            .map_err(|_| "daemon state is poisoned".to_string())?;
-        snapshot(&daemon)
-            .map(|s| render(&s))
-            .map_err(|e| e.to_string())
+        text.get_or(|| {
+            let held = {
+                let daemon = daemon.upgrade().ok_or("the daemon is stopping")?;
+                let daemon = daemon
+                    .lock()
+                    .map_err(|_| "daemon state is poisoned".to_string())?;
+                held(&daemon)
+            };
+            complete(held, &maps)
+                .map(|s| render(&s))
+                .map_err(|e| e.to_string())
+        })
     });
     limiter_service::metrics::serve(listener, render, async move {
         let _ = stop.recv().await;
@@ -491,6 +579,12 @@ mod tests {
             ],
             sketch_width: 1024,
             program_runs: None,
+            interfaces: vec![InterfaceState {
+                name: "eth1".into(),
+                hook: "xdp",
+                attached: false,
+                reattaches: 2,
+            }],
             fleet: Some(FleetCounters {
                 grants_refused: 6,
                 credited: 41,
@@ -511,6 +605,8 @@ mod tests {
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
         assert!(text.contains("limiter_fleet_credited_total 41\n"));
         assert!(text.contains("limiter_fleet_report_failures_total 9\n"));
+        assert!(text.contains("limiter_interface_attached{interface=\"eth1\",hook=\"xdp\"} 0\n"));
+        assert!(text.contains("limiter_interface_reattaches_total{interface=\"eth1\"} 2\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
         assert!(text.contains("limiter_rule_rate_packets_per_second{rule=\"we\\\"b\"} 10\n"));

@@ -140,7 +140,14 @@ pub(crate) fn transact(request: &[u8], mut each: impl FnMut(u16, &[u8])) -> io::
 }
 
 const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_MTU: u16 = 4;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+/// RTNLGRP_LINK as a bit of `nl_groups`: link created, changed, deleted.
+const RTMGRP_LINK: u32 = 1;
 const RTM_SETLINK: u16 = 19;
 const IFLA_XDP: u16 = 43;
 const IFLA_XDP_FD: u16 = 1;
@@ -258,6 +265,158 @@ pub(crate) fn set_xdp(
     )
 }
 
+/// A link as an rtnetlink message describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkEvent {
+    /// RTM_DELLINK: the device is gone.
+    pub deleted: bool,
+    pub ifindex: u32,
+    pub name: String,
+    pub mtu: Option<u32>,
+    /// Its kind ("veth", "bond", "dummy"); `None`: a physical device.
+    pub kind: Option<String>,
+}
+
+/// Parses one RTM_NEWLINK or RTM_DELLINK message (`None` for any other, or one without
+/// a name).
+pub(crate) fn parse_link(kind: u16, payload: &[u8]) -> Option<LinkEvent> {
+    let deleted = match kind {
+        RTM_NEWLINK => false,
+        RTM_DELLINK => true,
+        _ => return None,
+    };
+    // struct ifinfomsg: family, pad, type (u16), index (i32), flags, change.
+    let ifindex = u32_at(payload, 4)?;
+    let (mut name, mut mtu, mut link_kind) = (None, None, None);
+    for (t, v) in attributes(payload.get(16..)?) {
+        match t {
+            IFLA_IFNAME => name = Some(c_string(v)),
+            IFLA_MTU => mtu = u32_at(v, 0),
+            IFLA_LINKINFO => {
+                link_kind = attributes(v)
+                    .find(|(t, _)| *t == IFLA_INFO_KIND)
+                    .map(|(_, k)| c_string(k));
+            }
+            _ => {}
+        }
+    }
+    Some(LinkEvent {
+        deleted,
+        ifindex,
+        name: name?,
+        mtu,
+        kind: link_kind,
+    })
+}
+
+/// The link `ifindex` now; `None` when there is no such device.
+pub fn link(ifindex: u32) -> io::Result<Option<LinkEvent>> {
+    let request = message(RTM_GETLINK, NLM_F_REQUEST | NLM_F_ACK, &ifinfomsg(ifindex));
+    let mut found = None;
+    match transact(&request, |kind, payload| {
+        if let Some(l) = parse_link(kind, payload) {
+            found = Some(l);
+        }
+    }) {
+        Ok(()) => Ok(found),
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A socket that hears of every link created, changed or deleted in this network
+/// namespace (RTNLGRP_LINK), non-blocking.
+pub struct LinkMonitor {
+    sock: OwnedFd,
+}
+
+/// What one drain of a [`LinkMonitor`] read.
+#[derive(Debug, Default)]
+pub struct LinkEvents {
+    pub events: Vec<LinkEvent>,
+    /// The kernel dropped messages (the socket's buffer overflowed, ENOBUFS): anything
+    /// may have changed.
+    pub lost: bool,
+}
+
+impl LinkMonitor {
+    pub fn open() -> io::Result<LinkMonitor> {
+        // SAFETY: plain socket(2); the descriptor is owned below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                libc::NETLINK_ROUTE,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an all-zero sockaddr_nl is valid; the fields that matter are set.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as u16;
+        addr.nl_groups = RTMGRP_LINK;
+        // SAFETY: a valid sockaddr_nl of the size given.
+        let bound = unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if bound < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(LinkMonitor { sock })
+    }
+
+    /// Reads every message waiting, without blocking.
+    pub fn drain(&self) -> io::Result<LinkEvents> {
+        let mut out = LinkEvents::default();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+            let n = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(out),
+                    Some(libc::ENOBUFS) => out.lost = true,
+                    Some(libc::EINTR) => {}
+                    _ => return Err(e),
+                }
+                continue;
+            }
+            // A malformed message ends its buffer, not the monitor: the daemon checks
+            // every interface on `lost`.
+            if walk(&buf[..n as usize], |kind, payload| {
+                if let Some(event) = parse_link(kind, payload) {
+                    out.events.push(event);
+                }
+            })
+            .is_err()
+            {
+                out.lost = true;
+            }
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for LinkMonitor {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
 /// The index of interface `iface`.
 pub(crate) fn ifindex_of(iface: &str) -> Result<u32, Error> {
     let c = CString::new(iface).map_err(|_| Error::Link {
@@ -304,6 +463,32 @@ mod tests {
         let mut cut = link_reply(&xdp);
         cut.truncate(cut.len() - 6);
         assert_eq!(parse_xdp(&cut), None);
+    }
+
+    #[test]
+    fn a_link_message_gives_index_name_mtu_and_kind() {
+        let mut body = ifinfomsg(7);
+        push_attr(&mut body, IFLA_IFNAME, false, b"veth0\0");
+        push_attr(&mut body, IFLA_MTU, false, &9000u32.to_ne_bytes());
+        let mut info = Vec::new();
+        push_attr(&mut info, IFLA_INFO_KIND, false, b"veth\0");
+        push_attr(&mut body, IFLA_LINKINFO, true, &info);
+        let event = parse_link(RTM_NEWLINK, &body).unwrap();
+        assert_eq!(
+            event,
+            LinkEvent {
+                deleted: false,
+                ifindex: 7,
+                name: "veth0".into(),
+                mtu: Some(9000),
+                kind: Some("veth".into()),
+            }
+        );
+        assert!(parse_link(RTM_DELLINK, &body).unwrap().deleted);
+        assert_eq!(parse_link(RTM_GETLINK, &body), None);
+        // Cut inside the name: no name, no event, no read past the end.
+        assert_eq!(parse_link(RTM_NEWLINK, &body[..22]), None);
+        assert_eq!(parse_link(RTM_NEWLINK, &body[..6]), None);
     }
 
     #[test]

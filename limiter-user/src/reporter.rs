@@ -109,9 +109,17 @@ pub async fn report_loop(
     let mut tick_failures = 0u64;
     let mut stop = shutdown.subscribe();
     loop {
+        // Every 50 ms (early reports, the shares' ticks), and on the report's deadline
+        // itself rather than up to a tick after it.
+        let tick = Duration::from_millis(50);
+        let nap = match next.saturating_duration_since(Instant::now()) {
+            // Due already (a group with nothing to report): the tick, not a spin.
+            Duration::ZERO => tick,
+            due => due.min(tick),
+        };
         tokio::select! {
             _ = stop.recv() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = tokio::time::sleep(nap) => {}
         }
         let early = last_sent.elapsed()
             >= Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS)

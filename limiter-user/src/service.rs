@@ -102,6 +102,16 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Re
             }
         }
     });
+    // A configured interface deleted and created again gets the program again.
+    let d = Arc::clone(&daemon);
+    tasks.spawn(async move {
+        if let Err(e) = watch_links(d).await {
+            tracing::error!(
+                "watching the interfaces stopped: an interface created again is not attached \
+                 again until the daemon restarts: {e}"
+            );
+        }
+    });
     let listener = daemon
         .lock()
         .map_err(|_| Error::Service("daemon state poisoned".into()))?
@@ -160,6 +170,37 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Re
             );
         }),
         Shutdown::Exit => daemon.stop(detach_on_exit),
+    }
+}
+
+/// Hands the daemon every link event netlink reports (and checks 4 times a second,
+/// events or not: the kernel drops events when the socket's buffer overflows).
+async fn watch_links(daemon: Arc<Mutex<Daemon>>) -> Result<(), Error> {
+    let monitor = crate::netlink::LinkMonitor::open()
+        .map_err(io("opening a netlink socket for link events"))?;
+    // SAFETY: the monitor owns its socket for its whole life and always returns that
+    // descriptor; the AsyncFd owns the monitor.
+    let events = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(monitor, tokio::io::Interest::READABLE)
+    }
+    .map_err(|e| Error::Io {
+        what: "registering the netlink socket for link events".into(),
+        source: std::io::Error::from(e),
+    })?;
+    loop {
+        let mut deleted = Vec::new();
+        tokio::select! {
+            ready = events.readable() => {
+                let mut guard = ready.map_err(io("waiting for link events"))?;
+                let drained = guard.get_inner().drain().map_err(io("reading link events"))?;
+                guard.clear_ready();
+                deleted.extend(drained.events.iter().filter(|e| e.deleted).map(|e| e.ifindex));
+            }
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        if let Ok(mut d) = daemon.lock() {
+            d.watch_links(&deleted);
+        }
     }
 }
 

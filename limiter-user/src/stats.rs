@@ -1,5 +1,7 @@
 //! Counters and rule state as operators read them (`limiter stats`).
 
+use std::collections::BTreeMap;
+
 use limiter_common::{
     abi::{
         GlobalCounters, HeaderCounters, RuleConfig, RuleCounters, CONTROL_BYPASS, RULE_FAIL_STATIC,
@@ -132,13 +134,19 @@ fn rule_stats(
 
 /// Reads every live rule's counters and the global counters.
 pub fn collect(maps: &Maps) -> Result<StatsReport, Error> {
-    let live = maps.live_rules()?;
+    collect_for(maps, &maps.live_rules()?)
+}
+
+/// [`collect`] for the rules `rules` (by slot) as their owner installed them: the
+/// daemon's metrics read the counters off its lock, with the table it holds.
+pub fn collect_for(maps: &Maps, rules: &BTreeMap<u32, RuleConfig>) -> Result<StatsReport, Error> {
     let sample_cells = crate::saturation::cells_per_rule(
-        live.values()
+        rules
+            .values()
             .filter(|r| r.flags & RULE_HAS_PER_SOURCE != 0)
             .count(),
     );
-    let rules = live
+    let rules = rules
         .iter()
         .map(|(slot, rule)| rule_stats(rule, maps, *slot, sample_cells))
         .collect::<Result<Vec<_>, _>>()?;

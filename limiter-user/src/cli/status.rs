@@ -67,7 +67,20 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
             i["program_id"]
         );
         if let Some(problem) = i["problem"].as_str() {
-            println!("  NOT RUNNING: {problem}; frames pass unmetered until the daemon restarts");
+            let until = if i["attached"] == false {
+                "until the daemon attaches to it again"
+            } else {
+                "until the daemon restarts"
+            };
+            println!("  NOT RUNNING: {problem}; frames pass unmetered {until}");
+        }
+        if i["reattaches"].as_u64().unwrap_or(0) > 0
+            || i["reattach_failures"].as_u64().unwrap_or(0) > 0
+        {
+            println!(
+                "  attached again {} times to the interface created again under this name ({} attempts failed)",
+                i["reattaches"], i["reattach_failures"]
+            );
         }
         let chain = i["chain"].as_array().into_iter().flatten();
         for (n, e) in chain.enumerate() {

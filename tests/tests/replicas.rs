@@ -547,7 +547,7 @@ fn a_host_lying_about_what_it_holds_cannot_take_the_quota_from_a_new_leader() {
         .collect();
     // A round every report interval, the liar first; the honest hosts' grants with the
     // term they came with.
-    let mut round = |hosts: &mut Vec<Reporter>, log: &mut Vec<(usize, u64, u64)>| {
+    let round = |hosts: &mut Vec<Reporter>, log: &mut Vec<(usize, u64, u64)>| {
         runtime.block_on(async {
             hosts[0].report(100 * QUOTA, Some(100 * QUOTA)).await;
             for (i, h) in hosts.iter_mut().enumerate().skip(1) {

@@ -86,7 +86,15 @@ impl Allocator {
         settings: &str,
         tables: &str,
     ) -> Allocator {
-        Self::build(dir, pki, metrics, (lease_ms, report_ms), 3, settings, tables)
+        Self::build(
+            dir,
+            pki,
+            metrics,
+            (lease_ms, report_ms),
+            3,
+            settings,
+            tables,
+        )
     }
 
     /// [`Allocator::configured`] with `fleet_size` (the joiner's share: quota ÷ it).
@@ -98,7 +106,15 @@ impl Allocator {
         fleet_size: u32,
         tables: &str,
     ) -> Allocator {
-        Self::build(dir, pki, metrics, (lease_ms, report_ms), fleet_size, "", tables)
+        Self::build(
+            dir,
+            pki,
+            metrics,
+            (lease_ms, report_ms),
+            fleet_size,
+            "",
+            tables,
+        )
     }
 
     /// An allocator of `fleet_size` whose config has the top-level `settings` and ends

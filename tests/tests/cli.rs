@@ -147,6 +147,9 @@ fn run_stats_stop_restart() {
             "rate",
             "refused_early_bytes",
             "refused_early_packets",
+            "sources_aside",
+            "sources_false_limit_ppm",
+            "sources_saturated",
             "state",
             "would_drop_bytes",
             "would_drop_packets"

@@ -6,9 +6,9 @@
 //! fails on an import that goes up or round, and on a module the list does not place.
 //!
 //! 1. Definitions and probes: `config`, `object`, `hook`, `shutdown`, `sketch_regions`,
-//!    `kernel`, `ruleset`, `verifier`, `privilege`, `error`. All pure but `kernel` and
-//!    `privilege`, which ask the kernel what it supports and what this process may do,
-//!    and `config`, which reads its file and the hostname.
+//!    `saturation`, `kernel`, `ruleset`, `verifier`, `privilege`, `error`. All pure but
+//!    `kernel` and `privilege`, which ask the kernel what it supports and what this
+//!    process may do, and `config`, which reads its file and the hostname.
 //! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
 //!    `tc_filter`, `grace`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
 //!    `teardown`.

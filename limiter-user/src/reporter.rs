@@ -121,6 +121,12 @@ pub async fn report_loop(
             _ = stop.recv() => return Ok(()),
             _ = tokio::time::sleep(nap) => {}
         }
+        // A share that failed open after the last failed report is retried from then on
+        // every 200 ms, not an interval after that report: it passes everything until a
+        // report gets through.
+        if failures > 0 && lock(&daemon)?.fleet_fails_open(group) {
+            next = next.min(last_sent + Duration::from_millis(FAIL_OPEN_RETRY_MS));
+        }
         let early = last_sent.elapsed()
             >= Duration::from_millis(limiter_proto::MIN_REPORT_SPACING_MS)
             && lock(&daemon)?.fleet_wants_early_report(group)?;

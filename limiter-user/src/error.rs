@@ -108,7 +108,7 @@ pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
     if let Some(status) = limiter_service::control::exit_status(e) {
         return Some(status);
     }
-    if e.is::<ConfigError>() || e.is::<RulesetError>() {
+    if e.is::<ConfigError>() || e.is::<RulesetError>() || e.is::<crate::config::NoInterface>() {
         return Some(Exit::BadInput);
     }
     if e.is::<crate::kernel::MissingFeature>() {

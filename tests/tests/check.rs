@@ -28,9 +28,27 @@ fn check(binary: &Path, config: &Path) -> (i32, String, String) {
 
 #[test]
 fn limiter_check_accepts_the_example_and_lists_every_problem_of_a_bad_file() {
-    let (code, out, err) = check(Path::new(LIMITER), &repo_file("limiter.example.toml"));
+    // The example names no interface: `run` would refuse it, and so does `check`, until
+    // it is given the interface `run` would be.
+    let example = repo_file("limiter.example.toml");
+    let (code, out, err) = check(Path::new(LIMITER), &example);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("no interface to attach to"), "{err}");
+    let out = Command::new(LIMITER)
+        .args(["check", "--iface", "lb0", "--config"])
+        .arg(&example)
+        .output()
+        .expect("running check");
+    let (code, out, err) = (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains(": ok: "), "{out}");
+    assert!(
+        out.contains(": ok: ") && out.contains("interfaces lb0;"),
+        "{out}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let pins = format!("/sys/fs/bpf/limiter-check-{}", std::process::id());

@@ -48,13 +48,20 @@ fn fails(binary: &Path, args: &[&str], status: Exit, says: &str) {
     }
 }
 
-/// A scratch directory with `bad.toml` (not TOML), `unknown.toml` (an unknown key) and a
-/// directory `dir.toml` (a config that cannot be read).
+/// A scratch directory with `bad.toml` (not TOML), `unknown.toml` (an unknown key), a
+/// directory `dir.toml` (a config that cannot be read) and `noiface.toml` (valid, but it
+/// names no interface).
 fn inputs() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("bad.toml"), "rules = [\n").unwrap();
     std::fs::write(dir.path().join("unknown.toml"), "colour = \"blue\"\n").unwrap();
     std::fs::create_dir(dir.path().join("dir.toml")).unwrap();
+    // The packaged config until an operator edits it: no interface, one rule.
+    std::fs::write(
+        dir.path().join("noiface.toml"),
+        "interfaces = []\n\n[[rules]]\nname = \"web\"\ndst = \"198.18.0.10/32\"\nrate = 100\nburst = 100\n",
+    )
+    .unwrap();
     dir
 }
 
@@ -85,6 +92,10 @@ limiter_tests::test_rows! {
     run_unreadable_config => limiter(&["run", "--config", "DIR/dir.toml"], Exit::BadInput, "Is a directory");
     run_bad_toml => limiter(&["run", "--config", "DIR/bad.toml"], Exit::BadInput, "bad.toml:");
     run_unknown_key => limiter(&["run", "--config", "DIR/unknown.toml"], Exit::BadInput, "colour");
+    /// A config with no interface is bad input to `run` (3: a restart-always unit must not
+    /// retry it) and refused by `check`, which judges it as `run` would.
+    run_no_interface => limiter(&["run", "--config", "DIR/noiface.toml"], Exit::BadInput, "no interface to attach to");
+    check_no_interface => limiter(&["check", "--config", "DIR/noiface.toml"], Exit::Failure, "no interface to attach to");
     /// `check` exits 1 for any rejection, a missing file included (README: Exit status).
     check_missing_config => limiter(&["check", "--config", "DIR/absent.toml"], Exit::Failure, NOT_FOUND);
     check_bad_toml => limiter(&["check", "--config", "DIR/bad.toml"], Exit::Failure, "bad.toml:");

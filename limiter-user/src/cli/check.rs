@@ -11,6 +11,10 @@ pub struct CheckArgs {
     /// The config file to check (TOML).
     #[arg(long)]
     config: PathBuf,
+    /// An interface `run` would be given (repeatable); as there, it overrides the
+    /// config's `interfaces`.
+    #[arg(long = "iface")]
+    ifaces: Vec<String>,
 }
 
 /// Exit status 0 when the file would be accepted (warnings on stderr), else 1 with every
@@ -22,6 +26,10 @@ pub fn execute(args: CheckArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{}: the rules", args.config.display()))?;
     let table = ruleset::compile(&config.rules, &slots)
         .with_context(|| format!("{}: the rules", args.config.display()))?;
+    // Last: a file's own problems come first, whatever `run` is given.
+    let ifaces = config
+        .attach_targets(&args.ifaces)
+        .with_context(|| args.config.display().to_string())?;
     for warning in config.tc_burst_warnings() {
         eprintln!("warning: {warning}");
     }
@@ -30,10 +38,10 @@ pub fn execute(args: CheckArgs) -> anyhow::Result<()> {
          socket {}{}",
         args.config.display(),
         table.rules.len(),
-        if config.interfaces.is_empty() {
-            "from --iface".to_string()
+        if ifaces.is_empty() {
+            "none (joins the load balancer's program)".to_string()
         } else {
-            config.interfaces.join(", ")
+            ifaces.join(", ")
         },
         config.xdp_mode,
         config.xdp_share,

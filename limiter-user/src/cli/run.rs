@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use limiter_user::{config::Config, daemon::Daemon, reporter, service};
 
 #[derive(Debug, clap::Args)]
@@ -28,21 +28,9 @@ pub fn execute(args: RunArgs) -> anyhow::Result<()> {
     if let Some(spec) = &config.fleet {
         reporter::check_host_identity(spec)?;
     }
-    let ifaces = if args.ifaces.is_empty() {
-        config.interfaces.clone()
-    } else {
-        args.ifaces.clone()
-    };
-    let joins = matches!(
-        config.handoff,
-        Some(limiter_user::config::HandoffSpec::Join { .. })
-    );
-    if ifaces.is_empty() && !joins {
-        bail!(
-            "no interface to attach to: set `interfaces` in {} or pass --iface",
-            args.config.display()
-        );
-    }
+    let ifaces = config
+        .attach_targets(&args.ifaces)
+        .with_context(|| args.config.display().to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

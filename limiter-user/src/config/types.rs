@@ -212,6 +212,22 @@ pub struct PerSourceSpec {
 }
 
 impl Config {
+    /// The interfaces `run` attaches to: `--iface` (`overrides`) when given, else the
+    /// config's `interfaces`. `check` asks the same, so both refuse a config that names
+    /// none (the packaged one, until edited) unless it joins a load balancer's program.
+    pub fn attach_targets(&self, overrides: &[String]) -> Result<Vec<String>, NoInterface> {
+        let ifaces = if overrides.is_empty() {
+            self.interfaces.clone()
+        } else {
+            overrides.to_vec()
+        };
+        let joins = matches!(self.handoff, Some(HandoffSpec::Join { .. }));
+        if ifaces.is_empty() && !joins {
+            return Err(NoInterface);
+        }
+        Ok(ifaces)
+    }
+
     /// In `tc` mode, one line per limit whose burst is below a GRO-built buffer (such a
     /// buffer costs more than the whole bucket holds and is never admitted); empty in
     /// the XDP modes, where a run is one frame.
@@ -245,3 +261,12 @@ impl Config {
         out
     }
 }
+
+/// A config that names no interface to attach to, with no `--iface` either: bad input
+/// (exit status 3), which a restart cannot fix.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no interface to attach to: set `interfaces` (e.g. interfaces = [\"eth1\"]) or pass \
+     --iface, or join a load balancer's program (`join_program_array`)"
+)]
+pub struct NoInterface;

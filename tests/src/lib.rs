@@ -13,6 +13,7 @@ pub mod pki;
 pub mod prometheus;
 pub mod rx;
 pub mod scenario;
+pub mod systemd_unit;
 pub mod tools;
 pub mod traffic;
 pub mod xdp_tools;

@@ -563,3 +563,63 @@ fn pinned_maps_of_another_layout_are_refused() {
         "{err}"
     );
 }
+
+/// The shipped unit against the statuses the real daemon exits with: `limiter detach`
+/// and a stop (SIGTERM) must leave it down, a crash (kill -9) must bring it back, and a
+/// config it refuses (exit 3) must not be retried every second.
+#[test]
+fn the_shipped_unit_restarts_a_crash_but_not_a_detach_or_a_bad_config() {
+    use limiter_tests::systemd_unit::{Reason, RestartPolicy};
+
+    let unit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/limiter.service");
+    let policy = RestartPolicy::parse(&std::fs::read_to_string(&unit).unwrap()).unwrap();
+    let lab =
+        Lab::new("[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 100\nburst = 100\n");
+    let exit_of = |mut daemon: common::Daemon| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = daemon.0.try_wait().expect("waiting") {
+                return Reason::of(status);
+            }
+            assert!(Instant::now() < deadline, "the daemon did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    let daemon = lab.start();
+    let out = lab.limiter(&["detach"]);
+    assert!(out.status.success(), "{out:?}");
+    let detached = exit_of(daemon);
+    let daemon = lab.start();
+    daemon.signal(libc::SIGTERM);
+    let stopped = exit_of(daemon);
+    let daemon = lab.start();
+    daemon.signal(libc::SIGKILL);
+    let crashed = exit_of(daemon);
+    std::fs::write(&lab.config, "interfaces = []\n").unwrap();
+    let refused = Command::new(LIMITER)
+        .args(["run", "--config"])
+        .arg(&lab.config)
+        .status()
+        .map(Reason::of)
+        .unwrap();
+    for (what, how, restart) in [
+        ("limiter detach", detached, false),
+        ("SIGTERM", stopped, false),
+        ("kill -9", crashed, true),
+        ("a config with no interface", refused, false),
+    ] {
+        assert_eq!(
+            policy.restarts(how),
+            restart,
+            "{}: after {what} the daemon ended with {how:?}; under {policy:?} systemd would {}",
+            unit.display(),
+            if restart {
+                "leave it down"
+            } else {
+                "start it again"
+            }
+        );
+    }
+    let _ = lab.limiter(&["detach"]);
+}

@@ -289,9 +289,6 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         },
     ));
     if let Some(addr) = config.metrics {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("metrics on {addr}"))?;
         let sources = MetricSources {
             state: Arc::clone(&state),
             refused: Arc::clone(&refused),
@@ -299,7 +296,11 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             leadership: Arc::clone(&leadership),
             rule_text: limiter_service::metrics::Cached::new(RULE_METRICS_MAX_AGE),
         };
-        tokio::spawn(serve_metrics(listener, sources));
+        // A taken port is logged and tried again; it never stops the allocator.
+        tokio::spawn(async move {
+            let listener = limiter_service::metrics::bind(addr, "the allocator").await;
+            serve_metrics(listener, sources).await;
+        });
     }
     let service = AllocatorServer::new(Service::new(
         Arc::clone(&state),

@@ -193,6 +193,43 @@ pub fn respond(
     }
 }
 
+/// How often a taken metrics port is tried again.
+pub const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// Listens on `addr`; while the port is taken (an old process that has not let go of it
+/// yet, another exporter), logs it and tries again every [`BIND_RETRY`]. A metrics
+/// failure never stops the process that serves them: both binaries bind through this.
+/// `who` names the process in the log ("the daemon", "the allocator").
+pub async fn bind(addr: std::net::SocketAddr, who: &str) -> TcpListener {
+    let mut failures = 0u64;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => {
+                if failures > 0 {
+                    tracing::info!(%addr, after = failures, "metrics endpoint listening at last");
+                } else {
+                    tracing::info!(%addr, "metrics endpoint listening");
+                }
+                return listener;
+            }
+            Err(e) => {
+                failures += 1;
+                // The first failure, then one in 60 (every 5 minutes).
+                if failures == 1 || failures.is_multiple_of(60) {
+                    tracing::error!(
+                        %addr,
+                        failures,
+                        "cannot listen for metrics: {e}; {who} runs on without them and \
+                         tries again every {} s",
+                        BIND_RETRY.as_secs()
+                    );
+                }
+                tokio::time::sleep(BIND_RETRY).await;
+            }
+        }
+    }
+}
+
 /// Serves `listener` until `shutdown` completes; the connections still open then are
 /// closed before it returns (and when it is dropped), so nothing keeps `render` alive.
 pub async fn serve(listener: TcpListener, render: Render, shutdown: impl Future<Output = ()>) {

@@ -17,7 +17,7 @@ use std::{
 };
 
 use limiter_common::{abi::RuleConfig, share::ShareState};
-use tokio::{net::TcpListener, sync::broadcast};
+use tokio::sync::broadcast;
 
 use crate::{
     config::Unit,
@@ -467,12 +467,11 @@ pub async fn serve(
     daemon: Arc<Mutex<Daemon>>,
     shutdown: broadcast::Sender<Shutdown>,
 ) -> Result<(), crate::Error> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| crate::Error::Io {
-            what: format!("listening for metrics on {addr}"),
-            source: e,
-        })?;
+    let mut stop = shutdown.subscribe();
+    let listener = tokio::select! {
+        _ = stop.recv() => return Ok(()),
+        listener = limiter_service::metrics::bind(addr, "the daemon") => listener,
+    };
     // The metrics' own handles on the maps the daemon pinned: reading them needs no lock.
     let pin_dir = daemon
         .lock()
@@ -481,8 +480,6 @@ pub async fn serve(
         .pin_dir
         .clone();
     let maps = Maps::from_pins(&pin_dir)?;
-    tracing::info!(%addr, "metrics endpoint listening");
-    let mut stop = shutdown.subscribe();
     // Weak: a scrape in flight must not keep the daemon's state alive past its exit.
     let daemon = Arc::downgrade(&daemon);
     let text = limiter_service::metrics::Cached::new(MAX_AGE);

@@ -366,8 +366,13 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let metrics_port = free_port();
+    // Both metrics ports taken at start (an old process that has not let go, another
+    // exporter): neither process stops for it, and both listen once the port is free.
+    let take = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let mut taken = vec![take(metrics_port)];
     let allocator = Allocator::with_metrics(dir.path(), &pki, Some(metrics_port));
     let labs = hosts(2, &pki, allocator.port);
+    taken.push(take(labs[0].metrics_port));
     let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
     let all: Vec<&Lab> = labs.iter().collect();
     let senders: Vec<_> = labs
@@ -375,6 +380,19 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
         .map(|lab| lab.send_in_background(traffic(lab, 2500, Duration::from_secs(8))))
         .collect();
     wait_state(&all, "web", "leased", Duration::from_secs(8));
+    drop(taken);
+    let freed = Instant::now();
+    for port in [metrics_port, labs[0].metrics_port] {
+        // Tried again every 5 s.
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                freed.elapsed() < Duration::from_secs(7),
+                "nothing listens on metrics port {port} {:?} after it was freed",
+                freed.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
     std::thread::sleep(Duration::from_millis(1000));
     // What operators' tools read: promtool finds nothing on the allocator's endpoint nor
     // on a daemon's in fleet mode (its share state, grants refused).

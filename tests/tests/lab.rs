@@ -29,6 +29,11 @@ fn lab_limits_the_abusive_flows_and_cleans_up() {
     assert!(dropped("contoso-web") > 0, "the abusive client was not cut");
     assert!(dropped("contoso-syn") > 0, "the SYN flood was not cut");
     assert!(stdout.contains("cleaned up"));
+    // Its stdout is a pipe here: tables one after another, no clear-screen escapes.
+    assert!(
+        !stdout.contains('\x1b'),
+        "terminal escapes written into a pipe: {stdout:?}"
+    );
     assert!(
         !std::path::Path::new("/sys/fs/bpf/limiter-lab").exists(),
         "pins left behind"

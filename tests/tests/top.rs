@@ -409,3 +409,32 @@ fn the_lab_in_a_terminal_runs_top_and_q_ends_it() {
         "pins left behind"
     );
 }
+
+/// What `top` names for a pipe: `stats --watch` writes one table after another into it,
+/// with no screen control.
+#[test]
+fn stats_watch_into_a_pipe_writes_tables_without_escapes() {
+    let lab =
+        Lab::new("[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 100\nburst = 100\n");
+    let daemon = lab.start();
+    let mut watch = Command::new(LIMITER)
+        .args(["stats", "--watch", "--pin-dir"])
+        .arg(&lab.pins.path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: signalling the process this test started, by its id.
+    assert_eq!(unsafe { libc::kill(watch.id() as i32, libc::SIGTERM) }, 0);
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.matches("web").count() >= 2,
+        "fewer than two tables: {text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "terminal escapes written into a pipe: {text:?}"
+    );
+    daemon.stop();
+}

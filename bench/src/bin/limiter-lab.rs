@@ -312,9 +312,9 @@ fn main() -> Result<()> {
         && duration.is_none_or(|d| started.elapsed() < d)
     {
         let report = stats::collect(&maps)?;
-        print!("\x1b[2J\x1b[H");
+        // Not a terminal (a pipe, a log): one table after another, no screen control.
         println!(
-            "limiter lab — {} s — Ctrl-C to stop (counters are totals)\n",
+            "\n--- limiter lab — {} s — Ctrl-C to stop (counters are totals)\n",
             started.elapsed().as_secs()
         );
         print!("{}", stats::render_table(&report));

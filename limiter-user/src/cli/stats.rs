@@ -1,4 +1,7 @@
-use std::{io::Write as _, time::Duration};
+use std::{
+    io::{IsTerminal as _, Write as _},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use limiter_user::{maps::Maps, stats, top::rates::counter_rate};
@@ -33,8 +36,13 @@ pub fn execute(args: StatsArgs) -> anyhow::Result<()> {
         let report = stats::collect(&maps)?;
         let mut out = std::io::stdout().lock();
         if args.watch {
-            // Clear the screen and home the cursor.
-            write!(out, "\x1b[2J\x1b[H")?;
+            if std::io::stdout().is_terminal() {
+                // Clear the screen and home the cursor.
+                write!(out, "\x1b[2J\x1b[H")?;
+            } else {
+                // A pipe or a log: one table after another, no screen control.
+                writeln!(out, "---")?;
+            }
         }
         write!(out, "{}", stats::render_table(&report))?;
         if args.watch {

@@ -121,22 +121,8 @@ fn main() -> Result<()> {
             setup::run()?;
             build()?;
             let release = workspace_root()?.join("target/release");
-            if args.is_empty() {
-                return run_cmd(&mut Command::new(release.join("limiter-lab")));
-            }
-            // The fleet lab: three allocator replicas and three daemons, a live view.
-            if args.first().is_some_and(|a| a == "--fleet") {
-                return run_cmd(Command::new(release.join("limiter-fleet-lab")).args(&args[1..]));
-            }
-            // The lab in front of a stand-in load balancer (tail-call handoff).
-            if args.first().is_some_and(|a| a == "--lab-lb") {
-                return run_cmd(
-                    Command::new(release.join("limiter-lab"))
-                        .arg("--lb")
-                        .args(&args[1..]),
-                );
-            }
-            run_cmd(Command::new(release.join("limiter")).arg("run").args(&args))
+            let (binary, args) = run_target(&args);
+            run_cmd(Command::new(release.join(binary)).args(args))
         }
         Task::Test {
             kernel,
@@ -294,4 +280,66 @@ fn test(selection: &[String]) -> Result<()> {
 unsafe extern "C" {
     #[link_name = "geteuid"]
     fn libc_geteuid() -> u32;
+}
+
+/// What `cargo xtask run -- ARGS` starts: a lab, or the daemon. Every lab takes
+/// `--duration S` the same way: `run -- --duration 30` is the single-host lab for 30 s,
+/// not `limiter run --duration` (which has no such option).
+fn run_target(args: &[String]) -> (&'static str, Vec<String>) {
+    let rest = |n: usize| args.iter().skip(n).cloned().collect::<Vec<_>>();
+    match args.first().map(String::as_str) {
+        // The single-host lab (`--lab` names it when flags follow).
+        None => ("limiter-lab", Vec::new()),
+        Some("--lab") => ("limiter-lab", rest(1)),
+        Some("--duration") => ("limiter-lab", rest(0)),
+        // The same lab in front of a stand-in load balancer (tail-call handoff).
+        Some("--lab-lb") => {
+            let mut lab = vec!["--lb".to_string()];
+            lab.extend(rest(1));
+            ("limiter-lab", lab)
+        }
+        // Three allocator replicas and three daemons, a live view.
+        Some("--fleet") => ("limiter-fleet-lab", rest(1)),
+        Some(_) => {
+            let mut run = vec!["run".to_string()];
+            run.extend(rest(0));
+            ("limiter", run)
+        }
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::run_target;
+
+    fn target(args: &str) -> (&'static str, String) {
+        let args: Vec<String> = args.split_whitespace().map(String::from).collect();
+        let (binary, args) = run_target(&args);
+        (binary, args.join(" "))
+    }
+
+    #[test]
+    fn every_lab_takes_duration_and_the_rest_goes_to_limiter_run() {
+        assert_eq!(target(""), ("limiter-lab", String::new()));
+        assert_eq!(
+            target("--duration 30"),
+            ("limiter-lab", "--duration 30".into())
+        );
+        assert_eq!(
+            target("--lab --duration 30"),
+            ("limiter-lab", "--duration 30".into())
+        );
+        assert_eq!(
+            target("--lab-lb --duration 30"),
+            ("limiter-lab", "--lb --duration 30".into())
+        );
+        assert_eq!(
+            target("--fleet --duration 30"),
+            ("limiter-fleet-lab", "--duration 30".into())
+        );
+        assert_eq!(
+            target("--config F --iface eth1"),
+            ("limiter", "run --config F --iface eth1".into())
+        );
+    }
 }

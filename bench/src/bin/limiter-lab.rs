@@ -221,13 +221,32 @@ fn top_in_the_foreground(binary: &Path, duration: Option<Duration>) -> Result<()
     }
 }
 
+/// The lab's flags: `--duration SECONDS` and `--lb`; anything else is refused by name
+/// before anything is created.
+fn flags() -> Result<(Option<Duration>, bool)> {
+    let mut duration = None;
+    let mut lb = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--duration" => {
+                let s = args.next().context("--duration needs SECONDS")?;
+                let secs = s.parse().with_context(|| {
+                    format!("--duration SECONDS: not a number of seconds: {s:?}")
+                })?;
+                duration = Some(Duration::from_secs(secs));
+            }
+            "--lb" => lb = true,
+            other => bail!(
+                "limiter-lab: unknown argument {other:?} (it takes --duration SECONDS and --lb)"
+            ),
+        }
+    }
+    Ok((duration, lb))
+}
+
 fn main() -> Result<()> {
-    let duration = match std::env::args().skip_while(|a| a != "--duration").nth(1) {
-        Some(s) => Some(Duration::from_secs(
-            s.parse().context("--duration SECONDS")?,
-        )),
-        None => None,
-    };
+    let (duration, with_lb) = flags()?;
     // SAFETY: installing a handler that only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -242,7 +261,7 @@ fn main() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("limiter-lab-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config = lab_config(&root.join("limiter.example.toml"), &pair.host, &dir)?;
-    let lb = if std::env::args().any(|a| a == "--lb") {
+    let lb = if with_lb {
         Some(StandinPin::new(&config)?)
     } else {
         None

@@ -215,7 +215,8 @@ fn renewed_certificates_are_used_from_the_next_handshake_without_a_restart() {
     for file in ["allocator", "lb-1", "lb-2"] {
         expiry = expiry.min(pki.renew(file, VALIDITY).unwrap());
     }
-    let mut allocator = Allocator::timed(dir.path(), &pki, None, LEASE, REPORT_MS);
+    let metrics = free_port();
+    let mut allocator = Allocator::timed(dir.path(), &pki, Some(metrics), LEASE, REPORT_MS);
     let labs = timed_hosts(2, &pki, allocator.port, LEASE, REPORT_MS);
     let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
     let all: Vec<&Lab> = labs.iter().collect();
@@ -228,6 +229,15 @@ fn renewed_certificates_are_used_from_the_next_handshake_without_a_restart() {
         .collect();
     wait_state(&all, "web", "leased", Duration::from_secs(8));
 
+    // A renewal gone wrong (half a certificate): new connections keep the last good one,
+    // and the allocator counts it.
+    let server = pki.pair("allocator");
+    let good = std::fs::read_to_string(&server.cert).unwrap();
+    std::fs::write(&server.cert, &good[..good.len() / 2]).unwrap();
+    handshake_completes(&pki, allocator.port).expect("a half-written certificate on disk");
+    let failures = "limiter_allocator_tls_reload_failures_total";
+    assert_eq!(scrape(metrics).get(failures), Some(&1.0), "{failures}");
+    std::fs::write(&server.cert, &good).unwrap();
     // Renewed under traffic, before the expiry, in place (the certificate first: a
     // handshake in between sees a key that does not match and keeps the old pair).
     for file in ["allocator", "lb-1", "lb-2"] {
@@ -250,6 +260,14 @@ fn renewed_certificates_are_used_from_the_next_handshake_without_a_restart() {
     if let Err(e) = handshake_completes(&pki, allocator.port) {
         problems.push(format!(
             "a new connection to the running allocator failed past the expiry: {e}"
+        ));
+    }
+    let reloads = scrape(metrics)
+        .get("limiter_allocator_tls_reloads_total")
+        .copied();
+    if reloads.is_none_or(|n| n < 1.0) {
+        problems.push(format!(
+            "the allocator reloaded its files {reloads:?} times"
         ));
     }
     // The allocator restarts past the expiry: every daemon reconnects.

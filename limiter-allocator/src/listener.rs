@@ -19,6 +19,9 @@
 //! closed too (TLS done or not: a peer that completes the handshake and then says nothing
 //! holds no place). Each connection carries its own report-rate bucket and, once it has
 //! presented a certificate, the host names the certificate vouches for.
+//!
+//! Each handshake uses the TLS files of the moment (`limiter_proto::reload`): a renewed
+//! certificate, key or CA is in use from the next connection on, without a restart.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -34,7 +37,7 @@ use std::{
     time::Duration,
 };
 
-use limiter_proto::{cert_host_name, IdentityError};
+use limiter_proto::{cert_host_name, IdentityError, ServerTls};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
@@ -275,17 +278,17 @@ impl AsyncWrite for LimitedConn {
 }
 
 /// Accepts connections on `listener` until the stream is dropped, and yields those that
-/// complete mutual TLS with `acceptor`.
+/// complete mutual TLS with `tls` (its files' configuration at their handshake).
 pub fn incoming(
     listener: TcpListener,
     limits: PeerLimits,
     stats: Arc<ConnStats>,
-    acceptor: TlsAcceptor,
+    tls: Arc<ServerTls>,
 ) -> ReceiverStream<Result<TlsStream<LimitedConn>, io::Error>> {
     // tonic takes each connection at once; a full queue means it is not keeping up, and
     // the newcomer is closed rather than waited on.
     let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(accept_loop(listener, limits, stats, acceptor, tx));
+    tokio::spawn(accept_loop(listener, limits, stats, tls, tx));
     ReceiverStream::new(rx)
 }
 
@@ -293,7 +296,7 @@ async fn accept_loop(
     listener: TcpListener,
     limits: PeerLimits,
     stats: Arc<ConnStats>,
-    acceptor: TlsAcceptor,
+    tls: Arc<ServerTls>,
     tx: mpsc::Sender<Result<TlsStream<LimitedConn>, io::Error>>,
 ) {
     let shared: SharedTable = Arc::new(Mutex::new(Shared {
@@ -377,7 +380,9 @@ async fn accept_loop(
         };
         tokio::spawn(handshake(
             conn,
-            acceptor.clone(),
+            // In the task: the files are looked at (and re-read, if changed) off the
+            // accept loop.
+            Arc::clone(&tls),
             evicted_rx,
             Arc::clone(&shared),
             Arc::clone(&stats),
@@ -391,7 +396,7 @@ async fn accept_loop(
 /// authenticated connection to tonic.
 async fn handshake(
     conn: LimitedConn,
-    acceptor: TlsAcceptor,
+    tls: Arc<ServerTls>,
     evicted: oneshot::Receiver<()>,
     shared: SharedTable,
     stats: Arc<ConnStats>,
@@ -399,6 +404,7 @@ async fn handshake(
 ) {
     let id = conn.slot.id;
     let remote = conn.info.0.remote;
+    let acceptor = TlsAcceptor::from(tls.current());
     let tls = tokio::select! {
         done = acceptor.accept(conn) => match done {
             Ok(tls) => tls,

@@ -18,7 +18,8 @@ use limiter_allocator::{
     state::State,
 };
 use limiter_proto::{
-    pb::allocator_server::AllocatorServer, server_config, TlsFiles, MAX_MESSAGE_BYTES,
+    pb::allocator_server::AllocatorServer, server_config, server_tls_reloading, TlsFiles, TlsPaths,
+    MAX_MESSAGE_BYTES,
 };
 use limiter_service::{
     cli_args::QuotaSetArgs,
@@ -220,11 +221,12 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
     let lease_ttl = Duration::from_millis(config.lease_ttl_ms);
     // Handshakes run in the listener, each in a task of its own under the connection's
     // deadline, so a slow one delays nobody else's.
-    let tls = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(&TlsFiles {
-        ca: &config.tls.ca,
-        cert: &config.tls.cert,
-        key: &config.tls.key,
-    })?));
+    // Read again for every handshake once changed: renewed certificates need no restart.
+    let tls = Arc::new(server_tls_reloading(TlsPaths {
+        ca: config.tls.ca.clone(),
+        cert: config.tls.cert.clone(),
+        key: config.tls.key.clone(),
+    })?);
     let mut initial = State::new(
         &config.quotas,
         lease_ttl,
@@ -293,6 +295,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             state: Arc::clone(&state),
             refused: Arc::clone(&refused),
             conns: Arc::clone(&conns),
+            tls: Arc::clone(&tls),
             leadership: Arc::clone(&leadership),
             rule_text: limiter_service::metrics::Cached::new(RULE_METRICS_MAX_AGE),
         };
@@ -571,6 +574,7 @@ struct MetricSources {
     state: Arc<Mutex<State>>,
     refused: Arc<Refused>,
     conns: Arc<ConnStats>,
+    tls: Arc<limiter_proto::ServerTls>,
     leadership: Arc<Mutex<Leadership>>,
     /// The per-rule gauges, made under the state lock at most once a second: a flood of
     /// scrapes must not hold up the reports waiting for that lock.
@@ -668,6 +672,17 @@ impl MetricSources {
             c.refused_per_ip.load(Relaxed),
             c.handshaking.load(Relaxed),
             c.evicted.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP limiter_allocator_tls_reloads_total Changes of the tls files taken into use (by the next handshake).\n\
+             # TYPE limiter_allocator_tls_reloads_total counter\n\
+             limiter_allocator_tls_reloads_total {}\n\
+             # HELP limiter_allocator_tls_reload_failures_total Changes of the tls files that made no valid configuration (a file mid-rotation, unparsable, a key not matching its certificate): handshakes keep the last good one.\n\
+             # TYPE limiter_allocator_tls_reload_failures_total counter\n\
+             limiter_allocator_tls_reload_failures_total {}",
+            self.tls.reloads(),
+            self.tls.failures()
         );
         limiter_service::metrics::process_families(
             &mut out,

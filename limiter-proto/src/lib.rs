@@ -6,9 +6,13 @@ use std::path::Path;
 use rustls::pki_types::{pem::PemObject as _, CertificateDer, PrivateKeyDer};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
+pub mod connector;
 pub mod identity;
+pub mod reload;
 
+pub use connector::TlsConnector;
 pub use identity::{cert_host_name, pem_cert_host_name, IdentityError};
+pub use reload::{client_tls_reloading, server_tls_reloading, ClientTls, ServerTls, TlsPaths};
 
 /// Generated from proto/fleet.proto.
 pub mod pb {
@@ -155,12 +159,7 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 /// present `cert`, require a client certificate signed by `ca`, speak HTTP/2.
 pub fn server_config(files: &TlsFiles<'_>) -> Result<rustls::ServerConfig, TlsError> {
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in read_certs(files.ca)? {
-        roots
-            .add(cert)
-            .map_err(|e| invalid(files.ca, format!("not a CA certificate: {e}")))?;
-    }
+    let roots = read_roots(files.ca)?;
     let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
         std::sync::Arc::new(roots),
         std::sync::Arc::clone(&provider),
@@ -172,6 +171,39 @@ pub fn server_config(files: &TlsFiles<'_>) -> Result<rustls::ServerConfig, TlsEr
         .map_err(|e| invalid(files.cert, e))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(read_certs(files.cert)?, read_key(files.key)?)
+        .map_err(|e| {
+            invalid(
+                files.key,
+                format!("does not match {}: {e}", files.cert.display()),
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// The certificates of the CA file `path`, as trust roots.
+fn read_roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in read_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| invalid(path, format!("not a CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// Client side as a rustls configuration (for a client that runs its handshakes
+/// itself, [`TlsConnector`]): trust only `ca` for the server, present `cert`, speak
+/// HTTP/2. What [`client_tls`] configures, stricter: a CA file with anything but
+/// certificates in it is refused rather than skipped.
+pub fn client_config(files: &TlsFiles<'_>) -> Result<rustls::ClientConfig, TlsError> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let roots = read_roots(files.ca)?;
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(files.cert, e))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(read_certs(files.cert)?, read_key(files.key)?)
         .map_err(|e| {
             invalid(
                 files.key,

@@ -165,6 +165,9 @@ pub struct FleetCounters {
     pub credited: u64,
     /// Reports that reached no allocator (every group).
     pub report_failures: u64,
+    /// Changes of the fleet TLS files that made no valid configuration (the last good
+    /// one stays in use).
+    pub tls_reload_failures: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -978,6 +981,13 @@ impl Daemon {
         }
     }
 
+    /// The fleet TLS files of a group's connections, counted in the fleet counters.
+    pub fn fleet_watch_tls(&mut self, tls: std::sync::Arc<limiter_proto::ClientTls>) {
+        if let Some(fleet) = &mut self.fleet {
+            fleet.watch_tls(tls);
+        }
+    }
+
     /// A report to group `group` failed: counted (`limiter_fleet_report_failures_total`),
     /// and rules whose lease holds get their last grant's credit again, at most once a
     /// report interval (`FleetState::rearm_credit`).
@@ -1056,6 +1066,7 @@ impl Daemon {
             grants_refused: f.grants_refused(),
             credited: f.credited_total(),
             report_failures: f.report_failures(),
+            tls_reload_failures: f.tls_reload_failures(),
         })
     }
 

@@ -34,6 +34,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    sync::Arc,
     time::Duration,
 };
 
@@ -243,6 +244,8 @@ pub struct FleetState {
     grants_refused: u64,
     /// Reports that reached no allocator (or no leader), since start.
     report_failures: u64,
+    /// The client TLS files of each group's connections (for their failed reloads).
+    tls: Vec<Arc<limiter_proto::ClientTls>>,
 }
 
 impl FleetState {
@@ -268,6 +271,7 @@ impl FleetState {
             routing,
             grants_refused: 0,
             report_failures: 0,
+            tls: Vec::new(),
         };
         fleet.sync_rules(rules, now);
         fleet
@@ -387,6 +391,18 @@ impl FleetState {
     /// Counts a report that reached no allocator.
     pub fn report_failed(&mut self) {
         self.report_failures += 1;
+    }
+
+    /// Counts the failed reloads of `tls` (a group's connections') in
+    /// [`FleetState::tls_reload_failures`].
+    pub fn watch_tls(&mut self, tls: Arc<limiter_proto::ClientTls>) {
+        self.tls.push(tls);
+    }
+
+    /// Changes of the TLS files that made no valid configuration, since start (every
+    /// group's connections read them apart, so each counts them).
+    pub fn tls_reload_failures(&self) -> u64 {
+        self.tls.iter().map(|t| t.failures()).sum()
     }
 
     /// Counts `n` more refused grants (a restored copy keeps the count).

@@ -292,6 +292,19 @@ pub fn render(s: &Snapshot) -> String {
             "limiter_fleet_report_failures_total {}",
             fleet.report_failures
         );
+        family(
+            &mut out,
+            "limiter_fleet_tls_reload_failures_total",
+            "counter",
+            "Changes of the fleet TLS files (ca, cert, key) that made no valid configuration \
+             (a file mid-rotation, unparsable, a key not matching its certificate) since the \
+             daemon started: new connections keep the last good one.",
+        );
+        let _ = writeln!(
+            out,
+            "limiter_fleet_tls_reload_failures_total {}",
+            fleet.tls_reload_failures
+        );
     }
     family(
         &mut out,
@@ -586,6 +599,7 @@ mod tests {
                 grants_refused: 6,
                 credited: 41,
                 report_failures: 9,
+                tls_reload_failures: 2,
             }),
             saturation: vec![RuleSaturation {
                 rule: "we\"b".into(),
@@ -602,6 +616,7 @@ mod tests {
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
         assert!(text.contains("limiter_fleet_credited_total 41\n"));
         assert!(text.contains("limiter_fleet_report_failures_total 9\n"));
+        assert!(text.contains("limiter_fleet_tls_reload_failures_total 2\n"));
         assert!(text.contains("limiter_interface_attached{interface=\"eth1\",hook=\"xdp\"} 0\n"));
         assert!(text.contains("limiter_interface_reattaches_total{interface=\"eth1\"} 2\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));

@@ -18,7 +18,7 @@ use limiter_fleet::{
     failover::{Redirect, Replicas, TermFence},
     share::FAIL_OPEN_RETRY_MS,
 };
-use limiter_proto::pb::allocator_client::AllocatorClient;
+use limiter_proto::{pb::allocator_client::AllocatorClient, TlsConnector};
 use tokio::sync::broadcast;
 use tonic::transport::Endpoint;
 
@@ -72,27 +72,31 @@ pub async fn report_loop(
         )));
     };
     let group_name = spec.groups[group].name.clone();
-    let tls = limiter_proto::client_tls(
-        &limiter_proto::TlsFiles {
-            ca: &spec.ca,
-            cert: &spec.cert,
-            key: &spec.key,
-        },
-        &spec.server_name,
-    )
-    .map_err(|e| Error::Fleet(e.to_string()))?;
+    // The TLS files are read again for the handshake of every new connection once
+    // they change: a renewed certificate is presented at the next reconnect (an
+    // allocator's restart, a failover), with no restart of the daemon.
+    let tls = Arc::new(
+        limiter_proto::client_tls_reloading(limiter_proto::TlsPaths {
+            ca: spec.ca.clone(),
+            cert: spec.cert.clone(),
+            key: spec.key.clone(),
+        })
+        .map_err(|e| Error::Fleet(e.to_string()))?,
+    );
+    lock(&daemon)?.fleet_watch_tls(Arc::clone(&tls));
     let deadline = Duration::from_millis(spec.report_interval_ms.clamp(100, 2000) / 2);
     // One lazy channel per replica: a switch costs no reconnect to one used before.
     let mut clients = Vec::with_capacity(allocators.len());
     for address in &allocators {
-        let endpoint = Endpoint::from_shared(format!("https://{address}"))
-            .and_then(|e| e.tls_config(tls.clone()))
+        let connector = TlsConnector::new(Arc::clone(&tls), &spec.server_name, *address, spec.bind)
+            .map_err(|e| Error::Fleet(format!("allocator endpoint {address}: {e}")))?;
+        // The connector does TLS: the URI only names the HTTP/2 authority.
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| Error::Fleet(format!("allocator endpoint {address}: {e}")))?
             .connect_timeout(deadline)
-            .timeout(deadline)
-            .local_address(spec.bind);
+            .timeout(deadline);
         clients.push(
-            AllocatorClient::new(endpoint.connect_lazy())
+            AllocatorClient::new(endpoint.connect_with_connector_lazy(connector))
                 .max_decoding_message_size(limiter_proto::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(limiter_proto::MAX_MESSAGE_BYTES),
         );

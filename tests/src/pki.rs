@@ -2,7 +2,10 @@
 //! the allocator's server certificate, host client certificates `lb-1`…`lb-3`, and a rogue
 //! CA with a client certificate of its own.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, SystemTime},
+};
 
 use anyhow::{Context as _, Result};
 use rcgen::{
@@ -32,8 +35,19 @@ pub struct EtcdTls {
     pub client: Pair,
 }
 
+const TEST_CA: &str = "limiter test CA";
+
 fn ca(name: &str) -> Result<(CertificateParams, KeyPair, String)> {
     let key = KeyPair::generate().context("generating a CA key")?;
+    let params = ca_params(name)?;
+    let pem = params
+        .self_signed(&key)
+        .context("self-signing the CA")?
+        .pem();
+    Ok((params, key, pem))
+}
+
+fn ca_params(name: &str) -> Result<CertificateParams> {
     let mut params = CertificateParams::new(Vec::<String>::new()).context("CA parameters")?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
@@ -42,11 +56,7 @@ fn ca(name: &str) -> Result<(CertificateParams, KeyPair, String)> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    let pem = params
-        .self_signed(&key)
-        .context("self-signing the CA")?
-        .pem();
-    Ok((params, key, pem))
+    Ok(params)
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {
@@ -68,8 +78,10 @@ impl Pki {
         let pki = Pki {
             dir: dir.to_path_buf(),
         };
-        let (params, key, pem) = ca("limiter test CA")?;
+        let (params, key, pem) = ca(TEST_CA)?;
         write(&pki.ca(), &pem)?;
+        // Kept for renewals ([`Pki::renew`]).
+        write(&dir.join("ca.key"), &key.serialize_pem())?;
         let issuer = Issuer::new(params, key);
         pki.leaf(
             &issuer,
@@ -135,6 +147,30 @@ impl Pki {
         })
     }
 
+    /// Issues `file`'s certificate again with a new key, valid from a minute ago for
+    /// `validity`, as a short-lived PKI renews it (`allocator`: the allocator's server
+    /// certificate; any other file: the client certificate of the host of that name).
+    /// Written over the old files in place, the certificate first, so for a moment the
+    /// certificate on disk does not match the key. Returns when it expires.
+    pub fn renew(&self, file: &str, validity: Duration) -> Result<SystemTime> {
+        let (name, usage) = match file {
+            "allocator" => ("limiter-allocator", ExtendedKeyUsagePurpose::ServerAuth),
+            host => (host, ExtendedKeyUsagePurpose::ClientAuth),
+        };
+        let ca_key = std::fs::read_to_string(self.dir.join("ca.key")).context("the CA's key")?;
+        let ca_key = KeyPair::from_pem(&ca_key).context("the CA's key")?;
+        let issuer = Issuer::new(ca_params(TEST_CA)?, ca_key);
+        let now = SystemTime::now();
+        let since_epoch = now.duration_since(SystemTime::UNIX_EPOCH)?;
+        let epoch = rcgen::date_time_ymd(1970, 1, 1);
+        let expiry = now + validity;
+        self.issue(&issuer, file, &[name.to_string()], vec![usage], |params| {
+            params.not_before = epoch + since_epoch.saturating_sub(Duration::from_secs(60));
+            params.not_after = epoch + since_epoch + validity;
+        })?;
+        Ok(expiry)
+    }
+
     fn leaf(
         &self,
         issuer: &Issuer<'_, KeyPair>,
@@ -152,11 +188,25 @@ impl Pki {
         names: &[String],
         usages: Vec<ExtendedKeyUsagePurpose>,
     ) -> Result<()> {
+        self.issue(issuer, file, names, usages, |_| {})
+    }
+
+    /// A leaf certificate, its parameters `adjust`ed last (rcgen's default validity: from
+    /// 1975 to 4096).
+    fn issue(
+        &self,
+        issuer: &Issuer<'_, KeyPair>,
+        file: &str,
+        names: &[String],
+        usages: Vec<ExtendedKeyUsagePurpose>,
+        adjust: impl FnOnce(&mut CertificateParams),
+    ) -> Result<()> {
         let name = names.first().map_or("", String::as_str);
         let key = KeyPair::generate().context("generating a leaf key")?;
         let mut params = CertificateParams::new(names.to_vec()).context("leaf parameters")?;
         params.distinguished_name.push(DnType::CommonName, name);
         params.extended_key_usages = usages;
+        adjust(&mut params);
         let cert = params
             .signed_by(&key, issuer)
             .with_context(|| format!("signing the certificate of {name}"))?;

@@ -147,6 +147,149 @@ fn a_client_certificate_from_another_ca_is_refused() {
     r.stop();
 }
 
+/// Every sample of every host's shares until `until` (every 50 ms): the first that is
+/// not leased, if any.
+fn first_not_leased(labs: &[Lab], until: Instant) -> Option<String> {
+    while Instant::now() < until {
+        for (i, lab) in labs.iter().enumerate() {
+            let now = states(lab);
+            if now.values().any(|s| s != "leased") {
+                return Some(format!("lb-{}: {now:?}", i + 1));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Whether a new connection to the allocator at `port` completes mutual TLS (with lb-1's
+/// files of the moment): a report of an unknown protocol version must be answered with
+/// INVALID_ARGUMENT, which only an authenticated peer gets.
+fn handshake_completes(pki: &Pki, port: u16) -> Result<(), String> {
+    use limiter_proto::pb::{allocator_client::AllocatorClient, ReportRequest};
+    use tonic::transport::Endpoint;
+
+    let pair = pki.pair("lb-1");
+    let tls = limiter_proto::client_tls(
+        &limiter_proto::TlsFiles {
+            ca: &pki.ca(),
+            cert: &pair.cert,
+            key: &pair.key,
+        },
+        "limiter-allocator",
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .timeout(Duration::from_secs(2))
+            .connect_lazy();
+        let report = ReportRequest {
+            version: 2,
+            ..ReportRequest::one_rule("lb-1", "web", 1, 0)
+        };
+        match AllocatorClient::new(channel).report(report).await {
+            Err(status) if status.code() == tonic::Code::InvalidArgument => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+}
+
+/// Short-lived certificates renewed on disk under traffic: the allocator presents its
+/// renewed certificate to new connections, and after a restart of the allocator past the
+/// old certificates' expiry the daemons reconnect with theirs. No share ever leaves
+/// LEASED. (Before, both ends read their files once at start: the running allocator
+/// presented its expired certificate, and every daemon its own at the reconnect, so the
+/// whole fleet went STICKY, then FAIL_OPEN.)
+#[test]
+fn renewed_certificates_are_used_from_the_next_handshake_without_a_restart() {
+    // Long enough for the setup (a few seconds); every second of it is test time.
+    const VALIDITY: Duration = Duration::from_secs(16);
+    const LEASE: u64 = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut expiry = std::time::SystemTime::now() + Duration::from_secs(3600);
+    for file in ["allocator", "lb-1", "lb-2"] {
+        expiry = expiry.min(pki.renew(file, VALIDITY).unwrap());
+    }
+    let metrics = free_port();
+    let mut allocator = Allocator::timed(dir.path(), &pki, Some(metrics), LEASE, REPORT_MS);
+    let labs = timed_hosts(2, &pki, allocator.port, LEASE, REPORT_MS);
+    let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
+    let all: Vec<&Lab> = labs.iter().collect();
+    let left = expiry.duration_since(std::time::SystemTime::now()).unwrap();
+    // Through the expiry, the restart and the watch after it.
+    let traffic_for = left + Duration::from_millis(2000 + 3 * LEASE + 1000);
+    let senders: Vec<_> = labs
+        .iter()
+        .map(|lab| lab.send_in_background(traffic(lab, 1000, traffic_for)))
+        .collect();
+    wait_state(&all, "web", "leased", Duration::from_secs(8));
+
+    // A renewal gone wrong (half a certificate): new connections keep the last good one,
+    // and the allocator counts it.
+    let server = pki.pair("allocator");
+    let good = std::fs::read_to_string(&server.cert).unwrap();
+    std::fs::write(&server.cert, &good[..good.len() / 2]).unwrap();
+    handshake_completes(&pki, allocator.port).expect("a half-written certificate on disk");
+    let failures = "limiter_allocator_tls_reload_failures_total";
+    assert_eq!(scrape(metrics).get(failures), Some(&1.0), "{failures}");
+    std::fs::write(&server.cert, &good).unwrap();
+    // Renewed under traffic, before the expiry, in place (the certificate first: a
+    // handshake in between sees a key that does not match and keeps the old pair).
+    for file in ["allocator", "lb-1", "lb-2"] {
+        pki.renew(file, Duration::from_secs(120)).unwrap();
+    }
+    let left = expiry.duration_since(std::time::SystemTime::now()).unwrap();
+    eprintln!("renewed {left:?} before the old certificates expire");
+    assert!(
+        left >= Duration::from_secs(3),
+        "the setup took too long: raise VALIDITY"
+    );
+    let mut problems = Vec::new();
+    // Held connections: nothing changes for them across the expiry.
+    let past_expiry = Instant::now() + left + Duration::from_secs(2);
+    if let Some(state) = first_not_leased(&labs, past_expiry) {
+        problems.push(format!("before the restart, a share left leased: {state}"));
+    }
+    std::thread::sleep(past_expiry.saturating_duration_since(Instant::now()));
+    // A new connection to the running allocator, which started with the old certificate.
+    if let Err(e) = handshake_completes(&pki, allocator.port) {
+        problems.push(format!(
+            "a new connection to the running allocator failed past the expiry: {e}"
+        ));
+    }
+    let reloads = scrape(metrics)
+        .get("limiter_allocator_tls_reloads_total")
+        .copied();
+    if reloads.is_none_or(|n| n < 1.0) {
+        problems.push(format!(
+            "the allocator reloaded its files {reloads:?} times"
+        ));
+    }
+    // The allocator restarts past the expiry: every daemon reconnects.
+    allocator.kill();
+    allocator.start();
+    let restarted = Instant::now();
+    if let Some(state) = first_not_leased(&labs, restarted + Duration::from_millis(3 * LEASE)) {
+        problems.push(format!(
+            "{:?} after the allocator's restart past the expiry, a share left leased: {state}",
+            restarted.elapsed()
+        ));
+    }
+    let ok = problems.is_empty();
+    for d in daemons {
+        d.stop();
+    }
+    for s in senders {
+        join(s);
+    }
+    assert!(ok, "{}", problems.join("\n"));
+}
+
 /// The host whose share is more than twice every other's, if any.
 fn dominant(shares: &[u64]) -> Option<usize> {
     (0..shares.len()).find(|&i| {

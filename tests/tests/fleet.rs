@@ -756,7 +756,8 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
     }
     assert_eq!(fairness(), 1.0);
     let reports_before = metric("limiter_allocator_reports_total");
-    let passed_before = counters(&[&labs[1]], "web")[0].0;
+    let (passed_before, dropped_before) = counters(&[&labs[1]], "web")[0];
+    let mut first_dropped = None;
     let sent = Instant::now();
     let light = labs[1].send_in_background(web(&labs[1], 500, 6));
     let mut closed_refused = 0;
@@ -764,6 +765,7 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
     let share = loop {
         let s1 = web_share(&labs[1]);
         let (passed, dropped) = counters(&[&labs[1]], "web")[0];
+        first_dropped.get_or_insert(dropped);
         let s2 = web_share(&labs[1]);
         if s1 == 0 && s2 == 0 {
             // Closed: nothing passes.
@@ -784,6 +786,12 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let opened = sent.elapsed();
+    // A share that opened within the first poll (the first refusal's report came back
+    // within one CLI call, as fast as 30 ms): what lb-2 had refused by then, from a share
+    // seen closed (rate 0, burst 0) just before the traffic began.
+    if closed_refused == 0 {
+        closed_refused = first_dropped.unwrap_or(dropped_before) - dropped_before;
+    }
     // The allocator's rule metrics are made at most every 500 ms: a share that opens
     // within that age shows the demand that asked for it in the next make.
     while asked.is_none() && sent.elapsed() < opened + Duration::from_millis(1500) {

@@ -21,7 +21,7 @@ pub struct CompletionsArgs {
 /// `man-pages DIR` (hidden): one roff page per command and subcommand into `DIR`.
 #[derive(Debug, clap::Args)]
 pub struct ManPagesArgs {
-    /// Directory to write `NAME.1` and `NAME-SUBCOMMAND.1` into (created if missing).
+    /// Directory to write `NAME.8` and `NAME-SUBCOMMAND.8` into (created if missing).
     pub dir: PathBuf,
 }
 
@@ -31,12 +31,28 @@ pub fn write_completions(mut cmd: clap::Command, shell: Shell, out: &mut dyn Wri
     clap_complete::generate(shell, &mut cmd, name, out);
 }
 
+/// The manual section of both binaries' pages: 8, system administration commands and
+/// daemons, where bpftool, xdp-loader and ip put theirs (an operator's tool run as root).
+pub const MAN_SECTION: &str = "8";
+
 /// Writes a man page for `cmd` and each of its visible subcommands, recursively, into
-/// `dir`: `NAME.1`, `NAME-SUBCOMMAND.1`, ... (clap_mangen titles each page by its full
+/// `dir`: `NAME.8`, `NAME-SUBCOMMAND.8`, ... (clap_mangen titles each page by its full
 /// name, as `man limiter-quota-set` finds it).
 pub fn write_man_pages(cmd: clap::Command, dir: &Path) -> io::Result<()> {
+    fn write(cmd: clap::Command, dir: &Path) -> io::Result<()> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
+            write(sub, dir)?;
+        }
+        clap_mangen::Man::new(cmd)
+            .section(MAN_SECTION)
+            .generate_to(dir)
+            .map(drop)
+    }
     fs::create_dir_all(dir)?;
-    clap_mangen::generate_to(cmd, dir)
+    let mut cmd = cmd.disable_help_subcommand(true);
+    // Full names (`demo quota list`) for every subcommand, as clap_mangen::generate_to does.
+    cmd.build();
+    write(cmd, dir)
 }
 
 #[cfg(test)]
@@ -83,15 +99,15 @@ mod tests {
         names.sort();
         assert_eq!(
             names,
-            ["demo-quota-list.1", "demo-quota.1", "demo-run.1", "demo.1"]
+            ["demo-quota-list.8", "demo-quota.8", "demo-run.8", "demo.8"]
         );
-        let list = fs::read_to_string(dir.path().join("demo-quota-list.1"))?;
-        assert!(list.contains(".TH demo-quota-list"), "{list}");
+        let list = fs::read_to_string(dir.path().join("demo-quota-list.8"))?;
+        assert!(list.contains(".TH demo-quota-list 8"), "{list}");
         assert!(
             list.contains("demo quota list"),
             "the synopsis names the full command: {list}"
         );
-        let run = fs::read_to_string(dir.path().join("demo-run.1"))?;
+        let run = fs::read_to_string(dir.path().join("demo-run.8"))?;
         assert!(run.contains("config"), "{run}");
         Ok(())
     }

@@ -240,9 +240,9 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
 
         // The man pages: found by name, rendered without a groff warning.
         let page = run_ok(Command::new("man").args(["-w", package]));
-        assert_eq!(page.trim(), format!("/usr/share/man/man1/{package}.1.gz"));
+        assert_eq!(page.trim(), format!("/usr/share/man/man8/{package}.8.gz"));
         let sub_page = run_ok(Command::new("man").args(["-w", &format!("{package}-run")]));
-        assert!(sub_page.contains(&format!("{package}-run.1")), "{sub_page}");
+        assert!(sub_page.contains(&format!("{package}-run.8")), "{sub_page}");
         let rendered = run(Command::new("man")
             .args(["--warnings", "-l"])
             .arg(page.trim())

@@ -211,11 +211,12 @@ fn stage_package(root: &Path, package: &Package, binary: &Path, stage: &Path) ->
         fs::remove_dir_all(&man_raw)?;
     }
     output(Command::new(binary).arg("man-pages").arg(&man_raw))?;
-    let man1 = stage.join("usr/share/man/man1");
+    // Section 8 (limiter_service::cli_docs::MAN_SECTION): the pages say which.
+    let man8 = stage.join("usr/share/man/man8");
     for entry in fs::read_dir(&man_raw)? {
         let page = entry?.path();
         let file = page.file_name().context("man page without a name")?;
-        let dest = man1.join(format!("{}.gz", file.to_string_lossy()));
+        let dest = man8.join(format!("{}.gz", file.to_string_lossy()));
         gzip(&page, &dest)?;
     }
     for (shell, path) in [

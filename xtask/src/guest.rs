@@ -348,30 +348,12 @@ type TestExe = (PathBuf, String, PathBuf);
 
 fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
     // The binaries the suites run (`limiter`, `limiter-lab`, `limiter-allocator`), found in
-    // target/release/: they are other packages' binaries, so building the tests of
-    // limiter-tests does not build them.
-    crate::build()?;
-    // Every test target of the workspace, as `cargo xtask test` builds them: the same
-    // features, so the same artifacts (a narrower `-p` selection would unify features
-    // differently and rebuild half the dependency tree).
-    let mut cmd = cargo();
-    cmd.args([
-        "test",
-        "--release",
-        "--no-run",
-        "--message-format=json",
-        "--test",
-        "*",
-    ]);
-    cmd.stderr(Stdio::inherit());
-    let out = cmd
-        .output()
-        .with_context(|| format!("could not start {cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?} failed: {}", out.status);
-    }
+    // target/release/, and every test target of the workspace, as `cargo xtask test`
+    // builds them: the same features, so the same artifacts (a narrower `-p` selection
+    // would unify features differently and rebuild half the dependency tree).
+    let out = crate::build_with_tests(&["--test", "*"], true)?;
     let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
@@ -652,10 +634,8 @@ fn run_logged(mut cmd: Command, log: &Path) -> Result<std::process::ExitStatus> 
 
 /// Runs the matrix (or, with `selection`, the named test file and filters) in a guest of
 /// `name`'s kernel.
-pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
+pub fn run(name: &str, accel: Accel, selection: &[String], no_run: bool) -> Result<()> {
     check_tools()?;
-    let package = resolve_package(name)?;
-    let kernel = unpack(&package)?;
     let runs: Vec<Run> = match selection.split_first() {
         None => MATRIX.iter().map(Run::from).collect(),
         Some((file, filters)) => vec![Run {
@@ -664,6 +644,11 @@ pub fn run(name: &str, accel: Accel, selection: &[String]) -> Result<()> {
         }],
     };
     let exes = build_tests(&runs)?;
+    let package = resolve_package(name)?;
+    let kernel = unpack(&package)?;
+    if no_run {
+        return Ok(());
+    }
     let out = workspace_root()?.join("target/guest").join(&kernel.release);
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;

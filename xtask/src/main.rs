@@ -56,6 +56,11 @@ enum Task {
         /// How qemu runs a guest: `auto` uses KVM when a probe boot shows it works.
         #[arg(long, value_enum, default_value_t = guest::Accel::Auto)]
         accel: guest::Accel,
+        /// Which suites a guest runs: `full` (every suite of the guest matrix: check a
+        /// kernel-side change on it) or `kernel` (only those whose outcome the kernel
+        /// decides: CI's 6.1 leg). See `KERNEL_DEPENDENT` in xtask/src/guest.rs.
+        #[arg(long, value_enum, default_value_t = guest::Matrix::Full)]
+        matrix: guest::Matrix,
         /// Build everything the selected runs need (binaries, test executables, guest
         /// kernels) and run nothing: CI times the build apart from the tests.
         #[arg(long)]
@@ -145,6 +150,7 @@ fn main() -> Result<()> {
         Task::Test {
             kernel,
             accel,
+            matrix,
             no_run,
             selection,
         } => {
@@ -163,7 +169,7 @@ fn main() -> Result<()> {
                 let (name, result) = match target {
                     guest::Target::Host => ("host".to_string(), test(&selection, no_run)),
                     guest::Target::Guest(k) => {
-                        (k.clone(), guest::run(k, accel, &selection, no_run))
+                        (k.clone(), guest::run(k, accel, matrix, &selection, no_run))
                     }
                 };
                 if let Err(e) = result {

@@ -556,6 +556,22 @@ impl Program {
     /// writes a rule or touches a link. A build the verifier refuses is an
     /// [`Error::Refused`] carrying the log's end and the kernel version.
     pub fn load_object(opts: &LoadOptions, object: &[u8]) -> Result<Program, Error> {
+        Program::load_object_builds(opts, object, &Variant::ALL)
+    }
+
+    /// [`Program::load`] verifying only `builds` (of [`Variant::ALL`]): for
+    /// BPF_PROG_TEST_RUN tables that run one build on maps of its own, where each build
+    /// left out saves its verifier time (seconds under emulation). The others stay
+    /// unloaded: running them fails. The daemon loads every build.
+    pub fn load_builds(opts: &LoadOptions, builds: &[Variant]) -> Result<Program, Error> {
+        Program::load_object_builds(opts, OBJECT, builds)
+    }
+
+    fn load_object_builds(
+        opts: &LoadOptions,
+        object: &[u8],
+        builds: &[Variant],
+    ) -> Result<Program, Error> {
         if object.is_empty() {
             return Err(Error::NoObject);
         }
@@ -600,6 +616,9 @@ impl Program {
             }
         }
         for variant in Variant::XDP {
+            if !builds.contains(&variant) {
+                continue;
+            }
             // Before 5.18 the kernel refuses the frags flag: only the linear build runs
             // (kernel::check refuses the modes that need the other).
             if variant == Variant::MultiBuffer && !crate::kernel::has_frags() {
@@ -613,9 +632,11 @@ impl Program {
                 .load()
                 .map_err(|e| refused(variant, e))?;
         }
-        tc_mut(&mut ebpf)?
-            .load()
-            .map_err(|e| refused(Variant::Tc, e))?;
+        if builds.contains(&Variant::Tc) {
+            tc_mut(&mut ebpf)?
+                .load()
+                .map_err(|e| refused(Variant::Tc, e))?;
+        }
         Ok(Program {
             ebpf,
             object: AlignedObject::from_bytes(object),

@@ -358,9 +358,8 @@ fn single_frames_get_the_verdict_the_model_requires() {
     let dsts = all_dsts();
     let mut failures = Vec::new();
     for variant in Variant::ALL {
-        let mut loaded =
-            fixture::load(&rules(1_000_000, 1_000_000_000)).expect("loading the program");
-        loaded.variant = variant;
+        let loaded = fixture::load_build(&rules(1_000_000, 1_000_000_000), variant)
+            .expect("loading the program");
         let mut rng = Rng::new(seed);
         let mut ran = 0;
         for _ in 0..n {
@@ -423,8 +422,8 @@ fn fragments_and_decorations_get_no_datagram_past_a_rule() {
     let mut failures = Vec::new();
     let mut delivered_attacks = 0u64;
     for variant in Variant::ALL {
-        let mut loaded = fixture::load(&rules(RATE, BURST)).expect("loading the program");
-        loaded.variant = variant;
+        let mut loaded =
+            fixture::load_build(&rules(RATE, BURST), variant).expect("loading the program");
         let slots: Vec<u32> = loaded.table.slots.values().copied().collect();
         let mut rng = Rng::new(seed);
         for case in 0..n {

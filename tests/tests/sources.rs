@@ -17,6 +17,7 @@ use limiter_tests::{
     frame::{with_ipv4_src, FrameBuilder},
     tools,
 };
+use limiter_user::object::Variant;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -80,7 +81,7 @@ fn throttled_source_under_churn(churn: u32, probes: u32) -> ChurnRow {
         "max_sources = 4096\n[[rules]]\nname = \"guarded\"\ndst = \"{DST}/32\"\n\
          [rules.per_source]\nrate = 1\nburst = 1\n"
     );
-    let loaded = fixture::load(&config).expect("loading the program");
+    let loaded = fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let mut sender = Sender::new(&loaded);
     let started = Instant::now();
     let mut passed = u64::from(sender.send(THROTTLED) == XDP_PASS);
@@ -130,7 +131,7 @@ fn well_behaved_sources_are_not_limited_by_collisions() {
         "max_sources = 65536\n[[rules]]\nname = \"guarded\"\ndst = \"{DST}/32\"\n\
          [rules.per_source]\nrate = 1\nburst = 4\n"
     );
-    let loaded = fixture::load(&config).expect("loading the program");
+    let loaded = fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let mut sender = Sender::new(&loaded);
     let well_behaved: Vec<Ipv4Addr> = (0..256u32)
         .map(|i| Ipv4Addr::from(u32::from_be_bytes([198, 19, 128, 0]) + i))
@@ -159,7 +160,7 @@ fn the_aggregate_bucket_is_unchanged() {
         "[[rules]]\nname = \"both\"\ndst = \"{DST}/32\"\nrate = 1\nburst = 10\n\
          [rules.per_source]\nrate = 1\nburst = 2\n"
     );
-    let loaded = fixture::load(&config).expect("loading the program");
+    let loaded = fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let mut sender = Sender::new(&loaded);
     let verdicts: Vec<u32> = (0..40u32)
         .map(|i| sender.send(Ipv4Addr::from(CHURN_BASE + i)))
@@ -177,7 +178,7 @@ fn the_aggregate_bucket_is_unchanged() {
         "[[rules]]\nname = \"both\"\ndst = \"{DST}/32\"\nrate = 1\nburst = 100\n\
          [rules.per_source]\nrate = 1\nburst = 2\n"
     );
-    let loaded = fixture::load(&config).expect("loading the program");
+    let loaded = fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let mut sender = Sender::new(&loaded);
     let got: Vec<u32> = (0..3).map(|_| sender.send(THROTTLED)).collect();
     assert_eq!(got, [XDP_PASS, XDP_PASS, XDP_DROP]);
@@ -192,7 +193,7 @@ fn the_aggregate_bucket_is_unchanged() {
         "[[rules]]\nname = \"both\"\ndst = \"{DST}/32\"\nrate = 10\nburst = 1\n\
          [rules.per_source]\nrate = 1\nburst = 2\n"
     );
-    let loaded = fixture::load(&config).expect("loading the program");
+    let loaded = fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let mut sender = Sender::new(&loaded);
     assert_eq!(sender.send(THROTTLED), XDP_PASS, "first frame");
     assert_eq!(
@@ -426,7 +427,7 @@ fn one_shared_cell_limits_nobody_two_do_and_explain_says_so() {
         "max_sources = 1024\n[[rules]]\nname = \"guarded\"\ndst = \"{DST6}/128\"\n\
          [rules.per_source]\nrate = 1\nburst = 1\nprefix_v6 = 128\n"
     );
-    let loaded = fixture::load(&config).expect("loading the program");
+    let loaded = fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let slot = loaded.table.slots["guarded"];
     let meta = loaded.maps.sketch_meta_as_is().unwrap();
     let rule = loaded.maps.live_rules().unwrap()[&slot];
@@ -515,7 +516,7 @@ fn a_flood_on_one_rule_costs_another_rules_sources_nothing() {
          [[rules]]\nname = \"good\"\ndst = \"{GOOD_DST}/32\"\n\
          [rules.per_source]\nrate = 1000\nburst = 100\n"
     );
-    let loaded = fixture::load(&config).expect("loading the program");
+    let loaded = fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let rules = loaded.maps.live_rules().unwrap();
     let (flooded, good) = (
         rules[&loaded.table.slots["flooded"]],
@@ -571,7 +572,8 @@ fn a_per_source_limit_standing_aside_leaves_frames_to_the_aggregate() {
         "max_sources = 1024\n[[rules]]\nname = \"flooded\"\ndst = \"{DST}/32\"\n\
          rate = 1\nburst = 3\n[rules.per_source]\nrate = 1\nburst = 1\n"
     );
-    let mut loaded = fixture::load(&config).expect("loading the program");
+    let mut loaded =
+        fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
     let slot = loaded.table.slots["flooded"];
     let a = Ipv4Addr::new(198, 18, 7, 7);
     let f = frame(a);

@@ -907,14 +907,8 @@ const TC_MIN_FRAME: usize = 54;
 fn run_table(rows: &[Row]) {
     let mut failures = Vec::new();
     for variant in Variant::ALL.into_iter().chain([Variant::Libxdp]) {
-        let mut loaded = fixture::load(RULES).expect("loading the program with the test rules");
-        if variant == Variant::Libxdp {
-            loaded
-                .program
-                .load_as_xdp(variant)
-                .expect("loading the libxdp component's build as plain XDP");
-        }
-        loaded.variant = variant;
+        let loaded = fixture::load_build(RULES, variant)
+            .expect("loading the program's build with the test rules");
         let rows: Vec<&Row> = rows
             .iter()
             .filter(|r| match variant {
@@ -973,8 +967,8 @@ fn truncation_sweep_never_aborts() {
     frames.extend(metering_rows().into_iter().map(|r| r.frame));
     frames.extend(fragment_rows().into_iter().map(|r| r.frame));
     for variant in [Variant::MultiBuffer, Variant::Tc] {
-        let mut loaded = fixture::load(RULES).expect("loading the program with the test rules");
-        loaded.variant = variant;
+        let loaded =
+            fixture::load_build(RULES, variant).expect("loading the program with the test rules");
         let (shortest, longest) = match variant {
             Variant::Tc => (TC_MIN_FRAME, LINEAR_MAX_FRAME),
             _ => (XDP_MIN_FRAME, usize::MAX),
@@ -1046,8 +1040,7 @@ fn exact_table_overflow_falls_back_to_the_trie() {
         })
         .collect();
     for variant in Variant::ALL {
-        let mut loaded = fixture::load(&config).expect("loading the program");
-        loaded.variant = variant;
+        let loaded = fixture::load_build(&config, variant).expect("loading the program");
         let before = loaded.snapshot().unwrap();
         for (i, a) in addrs.iter().enumerate() {
             // Rule h{i} has a burst of i + 1: i + 2 frames pass i + 1 and drop one.
@@ -1084,8 +1077,7 @@ fn a_closed_share_refuses_until_its_lease_lapses_then_meters_as_a_joiner() {
             "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.10/32\"\nrate = {rate}\nburst = 1\n"
         );
         for variant in Variant::ALL {
-            let mut loaded = fixture::load(&config).expect("loading the program");
-            loaded.variant = variant;
+            let mut loaded = fixture::load_build(&config, variant).expect("loading the program");
             let run = |loaded: &mut Loaded, lease_expires_ns: u64, fail_open_at_ns: u64| {
                 let mut table = loaded.table.clone();
                 let rule = &mut table.rules[0].1;
@@ -1136,8 +1128,7 @@ fn fail_open_leaves_per_source_limits_in_force() {
             .build()
     };
     for variant in Variant::ALL {
-        let mut loaded = fixture::load(config).expect("loading the program");
-        loaded.variant = variant;
+        let mut loaded = fixture::load_build(config, variant).expect("loading the program");
         let mut run = |fail_open_at_ns: u64, extra_flags: u32, sources: [[u8; 4]; 2]| {
             let mut table = loaded.table.clone();
             let rule = &mut table.rules[0].1;
@@ -1184,7 +1175,8 @@ fn exactly_burst_frames_pass() {
         let config = format!(
             "[[rules]]\nname = \"exact\"\ndst = \"198.18.9.9/32\"\nunit = \"{unit}\"\nrate = 1\nburst = {burst}\n"
         );
-        let loaded = fixture::load(&config).expect("loading the program");
+        let loaded =
+            fixture::load_build(&config, Variant::MultiBuffer).expect("loading the program");
         let f = v4([198, 18, 9, 9]).udp(1, 53).frame_len(frame_len).build();
         let frames = if unit == "bytes" {
             burst / frame_len as u64
@@ -1209,7 +1201,8 @@ fn rule_table_swaps_are_atomic() {
         "[[rules]]\nname = \"a\"\ndst = \"198.18.7.0/24\"\nrate = 1000\nburst = 1000000\n";
     let table_b = "[[rules]]\nname = \"b\"\ndst = \"198.18.7.7/32\"\nproto = \"udp\"\nrate = 1000\nburst = 1000000\n\
                    [[rules]]\nname = \"c\"\ndst = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000000\n";
-    let mut loaded = fixture::load(table_a).expect("loading the program");
+    let mut loaded =
+        fixture::load_build(table_a, Variant::MultiBuffer).expect("loading the program");
     let configs: Vec<_> = [table_a, table_b]
         .iter()
         .map(|t| limiter_user::config::Config::parse(t, std::path::Path::new("<swap>")).unwrap())
@@ -1258,8 +1251,7 @@ fn syn_rules_count_the_syns_they_meter_and_nothing_else() {
                   unit = \"syn\"\nrate = 1\nburst = 3\n\
                   [[rules]]\nname = \"pkts\"\ndst = \"198.18.9.12/32\"\nrate = 1\nburst = 3\n";
     for variant in Variant::ALL {
-        let mut loaded = fixture::load(config).expect("loading the program");
-        loaded.variant = variant;
+        let loaded = fixture::load_build(config, variant).expect("loading the program");
         let v = variant.as_str();
         let syns = |loaded: &Loaded, rule: &str| {
             let slot = loaded.table.slots[rule];
@@ -1318,8 +1310,7 @@ fn a_credit_admits_what_the_bucket_refuses_while_the_lease_holds() {
         );
         for variant in Variant::ALL {
             let v = format!("{case}, {} build", variant.as_str());
-            let mut loaded = fixture::load(&config).expect("loading the program");
-            loaded.variant = variant;
+            let mut loaded = fixture::load_build(&config, variant).expect("loading the program");
             let now = monotonic_ns();
             let mut table = loaded.table.clone();
             let slot = table.slots["fleet"];
@@ -1361,7 +1352,8 @@ fn explain_agrees_with_the_program_about_the_credit() {
     const HOUR: u64 = 3_600_000_000_000;
     let frame = v4([198, 18, 9, 12]).udp(1, 53).build();
     let config = "[[rules]]\nname = \"fleet\"\ndst = \"198.18.9.12/32\"\nrate = 1\nburst = 2\n";
-    let mut loaded = fixture::load(config).expect("loading the program");
+    let mut loaded =
+        fixture::load_build(config, Variant::MultiBuffer).expect("loading the program");
     let mut table = loaded.table.clone();
     let slot = table.slots["fleet"];
     table.rules[0].1.lease_expires_ns = monotonic_ns() + HOUR;

@@ -56,6 +56,15 @@ enum Task {
         /// How qemu runs a guest: `auto` uses KVM when a probe boot shows it works.
         #[arg(long, value_enum, default_value_t = guest::Accel::Auto)]
         accel: guest::Accel,
+        /// Which suites a guest runs: `full` (every suite of the guest matrix: check a
+        /// kernel-side change on it) or `kernel` (only those whose outcome the kernel
+        /// decides: CI's 6.1 leg). See `KERNEL_DEPENDENT` in xtask/src/guest.rs.
+        #[arg(long, value_enum, default_value_t = guest::Matrix::Full)]
+        matrix: guest::Matrix,
+        /// Build everything the selected runs need (binaries, test executables, guest
+        /// kernels) and run nothing: CI times the build apart from the tests.
+        #[arg(long)]
+        no_run: bool,
         /// A test file and test-name filters.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         selection: Vec<String>,
@@ -127,6 +136,8 @@ fn main() -> Result<()> {
         Task::Test {
             kernel,
             accel,
+            matrix,
+            no_run,
             selection,
         } => {
             setup::run()?;
@@ -142,8 +153,10 @@ fn main() -> Result<()> {
             let mut failed = Vec::new();
             for target in &targets {
                 let (name, result) = match target {
-                    guest::Target::Host => ("host".to_string(), test(&selection)),
-                    guest::Target::Guest(k) => (k.clone(), guest::run(k, accel, &selection)),
+                    guest::Target::Host => ("host".to_string(), test(&selection, no_run)),
+                    guest::Target::Guest(k) => {
+                        (k.clone(), guest::run(k, accel, matrix, &selection, no_run))
+                    }
                 };
                 if let Err(e) = result {
                     eprintln!("test: {name}: {e:#}");
@@ -210,6 +223,25 @@ pub fn workspace_root() -> Result<PathBuf> {
 
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    // What `cargo run` set for xtask itself, not for the builds it starts: cargo records
+    // the environment that build scripts watch (ring's watches CARGO_MANIFEST_DIR), so a
+    // build under `cargo xtask` and one by hand (`cargo test`, `cargo clippy`) took each
+    // other's build-script runs as stale and rebuilt ring, rustls, tonic and every crate
+    // of ours, each time one followed the other.
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_MANIFEST_")
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+            ]
+            .contains(&key)
+        {
+            cmd.env_remove(key);
+        }
+    }
     if let Ok(root) = workspace_root() {
         cmd.current_dir(root);
     }
@@ -226,8 +258,9 @@ pub fn run_cmd(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// The binaries the end-to-end tests and `run` start: limiter-tests finds them in
-/// target/release/ (cargo builds other packages' binaries for no test of it).
+/// The binaries `run` and `dist` start, without the tests (`cargo xtask test` builds
+/// them with [`build_with_tests`]): limiter-tests finds them in target/release/ (cargo
+/// builds other packages' binaries for no test of it).
 fn build() -> Result<()> {
     run_cmd(cargo().args([
         "build",
@@ -249,26 +282,61 @@ fn build() -> Result<()> {
     ]))
 }
 
-fn test(selection: &[String]) -> Result<()> {
+/// The binaries the end-to-end tests run and the test executables of `tests` (cargo's
+/// target selection: `--tests`, `--test FILE`, `--test *`), in one cargo invocation, so
+/// that both are built with one feature unification: built apart (`build` without the
+/// tests' dev-dependencies, then `cargo test`), serde_json, regex-syntax, getrandom and
+/// every crate of ours above them were compiled twice, once per feature set. The
+/// features the dev-dependencies add (getrandom's std, regex's unicode tables,
+/// serde_json's `unbounded_depth` method, semver's serde) do not change what the
+/// binaries do. `--message-format=json` for callers that need the
+/// executables' paths; its stdout is returned.
+pub fn build_with_tests(tests: &[&str], json: bool) -> Result<String> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "--bins"]).args(tests);
+    if !json {
+        run_cmd(&mut cmd)?;
+        return Ok(String::new());
+    }
+    cmd.arg("--message-format=json")
+        .stderr(std::process::Stdio::inherit());
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn test(selection: &[String], no_run: bool) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc_geteuid() } != 0 {
+    if !no_run && unsafe { libc_geteuid() } != 0 {
         bail!(
             "the kernel tests load XDP programs and create network namespaces: \
              run `cargo xtask test` as root"
         );
     }
-    // The binaries the end-to-end tests run (`limiter`, `limiter-lab`, `limiter-allocator`).
-    build()?;
     if let Some((file, filters)) = selection.split_first() {
         // Checked, not passed on: `-p` would unify features differently from the full
         // run's and rebuild half the dependency tree.
         guest::test_file(file)?;
+        // The binaries the end-to-end tests run (`limiter`, `limiter-lab`,
+        // `limiter-allocator`) and this file's executable.
+        build_with_tests(&["--test", file], false)?;
+        if no_run {
+            return Ok(());
+        }
         return run_cmd(
             cargo()
                 .args(["test", "--release", "--test", file, "--"])
                 .arg("--test-threads=1")
                 .args(filters),
         );
+    }
+    build_with_tests(&["--tests"], false)?;
+    if no_run {
+        return Ok(());
     }
     // Unit and property tests of pure logic first: they fail fast and run in parallel.
     run_cmd(cargo().args(["test", "--release", "--lib", "--bins"]))?;

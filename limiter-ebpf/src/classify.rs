@@ -80,23 +80,50 @@ fn same_words(a: &AddrWords, b: &AddrWords, words: usize) -> bool {
     true
 }
 
+/// A global function's `Option` answer, a scalar: `FOUND` with the slot in the low bits.
+const FOUND: u64 = 1 << 32;
+/// `limiter_first_possible`: the rule is the only one the datagram could belong to.
+const ONLY: u64 = 1 << 33;
+/// `limiter_first_match`'s `port` argument: the packet shows a port (in the low bits).
+const HAS_PORT: u32 = 1 << 16;
+
 /// The rule of a packet whose headers are all known: the first candidate that matches
 /// ([`Candidate::matches`](limiter_common::abi::Candidate::matches), the daemon's
 /// definition too).
 #[inline(always)]
 pub fn first_match(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
+    let port = if pkt.has_ports {
+        HAS_PORT | u32::from(pkt.dst_port)
+    } else {
+        0
+    };
+    let found = limiter_first_match(rules, port, u32::from(pkt.proto));
+    (found & FOUND != 0).then_some(found as u32)
+}
+
+/// [`first_match`] as a global BPF function: the scan of the candidates is verified once,
+/// whichever map the candidates came from and whatever the caller knows about the packet,
+/// instead of once for each (the verifier walks a loop's every round for every state that
+/// reaches it).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_first_match(rules: *const PrefixRules, port: u32, proto: u32) -> u64 {
+    // SAFETY: the verifier passes a pointer to a whole `PrefixRules` or null.
+    let Some(rules) = (unsafe { rules.as_ref() }) else {
+        return 0;
+    };
     let count = rules.count as usize;
-    let port = pkt.has_ports.then_some(pkt.dst_port);
+    let port = (port & HAS_PORT != 0).then_some(port as u16);
     for i in 0..MAX_CANDIDATES {
         if i >= count {
             break;
         }
         let c = &rules.candidates[i];
-        if c.matches(port, pkt.proto) {
-            return Some(u32::from(c.slot));
+        if c.matches(port, proto as u8) {
+            return FOUND | u64::from(c.slot);
         }
     }
-    None
+    0
 }
 
 /// For a frame that does not show its datagram's ports (a fragment without its
@@ -105,9 +132,22 @@ pub fn first_match(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
 /// no protocol the frame hides). `None`: no rule could match it.
 #[inline(always)]
 pub fn first_possible(rules: &PrefixRules, pkt: &Packet) -> Option<(u32, bool)> {
+    let found = limiter_first_possible(rules, u32::from(pkt.proto));
+    (found & FOUND != 0).then_some((found as u32, found & ONLY != 0))
+}
+
+/// [`first_possible`] as a global BPF function, as [`limiter_first_match`].
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn limiter_first_possible(rules: *const PrefixRules, proto: u32) -> u64 {
+    // SAFETY: the verifier passes a pointer to a whole `PrefixRules` or null.
+    let Some(rules) = (unsafe { rules.as_ref() }) else {
+        return 0;
+    };
+    let proto = proto as u8;
     let count = rules.count as usize;
-    let proto_known = pkt.proto != PROTO_UNKNOWN;
-    let may_have_ports = !proto_known || pkt.proto == IPPROTO_TCP || pkt.proto == IPPROTO_UDP;
+    let proto_known = proto != PROTO_UNKNOWN;
+    let may_have_ports = !proto_known || proto == IPPROTO_TCP || proto == IPPROTO_UDP;
     for i in 0..MAX_CANDIDATES {
         if i >= count {
             break;
@@ -118,11 +158,11 @@ pub fn first_possible(rules: &PrefixRules, pkt: &Packet) -> Option<(u32, bool)> 
         if wants_port && !may_have_ports {
             continue;
         }
-        if wants_proto && proto_known && c.proto != pkt.proto {
+        if wants_proto && proto_known && c.proto != proto {
             continue;
         }
         let only = !wants_port && !(wants_proto && !proto_known);
-        return Some((u32::from(c.slot), only));
+        return FOUND | u64::from(c.slot) | if only { ONLY } else { 0 };
     }
-    None
+    0
 }

@@ -131,6 +131,29 @@ pub fn first_match(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
     (found & FOUND != 0).then_some(found as u32)
 }
 
+/// [`first_match`] inlined, without a call: for a whole datagram, the hot path, where the
+/// call would cost more than the verifier saves (a call and its return cost ≈ 7 ns here).
+#[inline(always)]
+pub fn first_match_inline(rules: &PrefixRules, pkt: &Packet) -> Option<u32> {
+    let port = pkt.has_ports.then_some(pkt.dst_port);
+    scan_match(rules, port, pkt.proto)
+}
+
+#[inline(always)]
+fn scan_match(rules: &PrefixRules, port: Option<u16>, proto: u8) -> Option<u32> {
+    let count = rules.count as usize;
+    for i in 0..MAX_CANDIDATES {
+        if i >= count {
+            break;
+        }
+        let c = &rules.candidates[i];
+        if c.matches(port, proto) {
+            return Some(u32::from(c.slot));
+        }
+    }
+    None
+}
+
 /// [`first_match`] as a global BPF function: the scan of the candidates is verified once,
 /// whichever map the candidates came from and whatever the caller knows about the packet,
 /// instead of once for each (the verifier walks a loop's every round for every state that
@@ -142,18 +165,8 @@ pub extern "C" fn limiter_first_match(rules: *const PrefixRules, port: u32, prot
     let Some(rules) = (unsafe { rules.as_ref() }) else {
         return 0;
     };
-    let count = rules.count as usize;
     let port = (port & HAS_PORT != 0).then_some(port as u16);
-    for i in 0..MAX_CANDIDATES {
-        if i >= count {
-            break;
-        }
-        let c = &rules.candidates[i];
-        if c.matches(port, proto as u8) {
-            return FOUND | u64::from(c.slot);
-        }
-    }
-    0
+    scan_match(rules, port, proto as u8).map_or(0, |slot| FOUND | u64::from(slot))
 }
 
 /// For a frame that does not show its datagram's ports (a fragment without its

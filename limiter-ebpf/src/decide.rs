@@ -40,10 +40,11 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
         Action::Refuse(slot) => (slot, meter::METER_REFUSE),
         Action::Unmatched => return Ok(unmatched()),
     };
-    // The frame's size only now: the multi-buffer build reads it with a helper call.
+    // The frame's size only now: the multi-buffer build reads it with a helper call, the
+    // TC build from its socket buffer (carried through the parser and the classifier, the
+    // ranges the verifier knows of it kept their states apart: 640 k instructions
+    // processed instead of 88 k).
     let size = size();
-    // Whatever the frame's family, kind and build, the meter gets the same struct and is
-    // verified once, on its own (meter::limiter_meter).
     let input = meter::MeterInput {
         generation,
         slot,
@@ -53,7 +54,7 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
         bytes: size.bytes,
         src: pkt.src,
     };
-    Ok(meter::limiter_meter(&input))
+    Ok(meter::meter(&input))
 }
 
 /// What the rules that cover the frame's destination do with it (a first fragment's
@@ -67,7 +68,7 @@ fn action(generation: u32, pkt: &Packet) -> Action {
         return Action::Unmatched;
     };
     if pkt.kind == kind::WHOLE {
-        matched(classify::first_match(rules, pkt))
+        matched(classify::first_match_inline(rules, pkt))
     } else {
         count_kind(pkt.kind);
         partial(rules, pkt)

@@ -43,7 +43,8 @@ pub struct Size {
 }
 
 /// What the meters read of a frame: one struct whatever the frame's kind, family or
-/// build, so the meter is verified once, with nothing known about it.
+/// build, built only where a rule meters (nothing the meter needs is carried through the
+/// parser and the classifier, where every value the verifier knows multiplies its states).
 #[repr(C)]
 pub struct MeterInput {
     pub generation: u32,
@@ -62,26 +63,19 @@ pub const METER_SYN: u32 = 1;
 /// rule).
 pub const METER_REFUSE: u32 = 2;
 
-/// The verdict of the rule in `input.slot` on a frame. A global BPF function (exported,
-/// so BTF gives it global linkage): the verifier checks it once on its own, from
-/// arguments it knows nothing about, instead of once for every state the parser and the
-/// classifier reach it with.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn limiter_meter(input: *const MeterInput) -> u32 {
-    // SAFETY: the verifier passes a pointer to a whole `MeterInput` or null.
-    let Some(input) = (unsafe { input.as_ref() }) else {
-        return xdp_action::XDP_PASS;
-    };
+/// The verdict of the rule in `input.slot` on a frame.
+#[inline(always)]
+pub fn meter(input: &MeterInput) -> u32 {
     let size = Size {
         packets: input.packets,
         bytes: input.bytes,
     };
-    meter(input, size).unwrap_or(xdp_action::XDP_PASS)
+    // Only a missing map entry fails (fixed-size arrays: it cannot happen): pass.
+    meter_rule(input, size).unwrap_or(xdp_action::XDP_PASS)
 }
 
 #[inline(always)]
-fn meter(input: &MeterInput, size: Size) -> Result<u32, ()> {
+fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
     let slot = input.slot;
     let refuse_unmetered = input.flags & METER_REFUSE != 0;
     let rule = maps::RULES

@@ -124,13 +124,14 @@ pub fn limiter_tc(ctx: TcContext) -> i32 {
         // passed and counted).
         let _ = ctx.pull_data(want);
     }
-    // SAFETY: the context pointer the kernel gave this run.
-    let segments = unsafe { (*ctx.skb.skb).gso_segs }.max(1);
-    let size = Size {
-        packets: u64::from(segments),
-        bytes: u64::from(len),
+    // Read where a rule meters, as the multi-buffer build's length: nothing about the
+    // socket buffer is carried through the parser and the classifier.
+    let size = || Size {
+        // SAFETY: the context pointer the kernel gave this run.
+        packets: u64::from(unsafe { (*ctx.skb.skb).gso_segs }.max(1)),
+        bytes: u64::from(ctx.len()),
     };
-    match verdict(try_limiter(ctx.data(), ctx.data_end(), || size)) {
+    match verdict(try_limiter(ctx.data(), ctx.data_end(), size)) {
         xdp_action::XDP_DROP => TC_ACT_SHOT as i32,
         // Not ours to decide: the next program at this hook, if any, else the stack.
         _ => TC_ACT_UNSPEC,

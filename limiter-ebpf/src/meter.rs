@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        rule_index, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
+        rule_index, AddrWords, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
         RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_SOURCES_ASIDE,
         RULE_TICK_CLOCK, UNIT_BYTES, UNIT_SYN,
     },
@@ -20,7 +20,7 @@ use limiter_common::{
     sketch::{self, SketchCounters},
 };
 
-use crate::{count_global, maps, parse::Packet};
+use crate::{count_global, maps};
 
 /// CAS attempts before a frame is passed unmetered (and counted as `contended`). Each
 /// failed attempt means another CPU just updated the bucket; running out takes sustained
@@ -42,17 +42,45 @@ pub struct Size {
     pub bytes: u64,
 }
 
-/// The verdict of the rule in `slot` on a frame; with `refuse_unmetered`, refused
-/// without metering (decide.rs: a frame that could carry a datagram past the rule).
+/// What the meters read of a frame: one struct whatever the frame's kind, family or
+/// build, built only where a rule meters (nothing the meter needs is carried through the
+/// parser and the classifier, where every value the verifier knows multiplies its states).
+#[repr(C)]
+pub struct MeterInput {
+    pub generation: u32,
+    pub slot: u32,
+    pub family: u32,
+    /// `METER_SYN`, `METER_REFUSE`.
+    pub flags: u32,
+    pub packets: u64,
+    pub bytes: u64,
+    pub src: AddrWords,
+}
+
+/// The frame is a TCP SYN without ACK.
+pub const METER_SYN: u32 = 1;
+/// Refused without metering (decide.rs: a frame that could carry a datagram past the
+/// rule).
+pub const METER_REFUSE: u32 = 2;
+
+/// The verdict of the rule in `input.slot` on a frame.
 #[inline(always)]
-pub fn meter(
-    generation: u32,
-    slot: u32,
-    pkt: &Packet,
-    size: Size,
-    refuse_unmetered: bool,
-) -> Result<u32, ()> {
-    let rule = maps::RULES.get(rule_index(generation, slot)).ok_or(())?;
+pub fn meter(input: &MeterInput) -> u32 {
+    let size = Size {
+        packets: input.packets,
+        bytes: input.bytes,
+    };
+    // Only a missing map entry fails (fixed-size arrays: it cannot happen): pass.
+    meter_rule(input, size).unwrap_or(xdp_action::XDP_PASS)
+}
+
+#[inline(always)]
+fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
+    let slot = input.slot;
+    let refuse_unmetered = input.flags & METER_REFUSE != 0;
+    let rule = maps::RULES
+        .get(rule_index(input.generation, slot))
+        .ok_or(())?;
     let cpu_state = maps::RULE_COUNTERS.get_ptr_mut(slot).ok_or(())?;
     // SAFETY: per-CPU value, touched only by this CPU's program run.
     let cpu_state = unsafe { &mut *cpu_state };
@@ -68,7 +96,7 @@ pub fn meter(
         return Ok(refuse(counters, size, flags));
     }
     let units = match rule.unit {
-        UNIT_SYN if !pkt.syn => return Ok(pass(counters, size)),
+        UNIT_SYN if input.flags & METER_SYN == 0 => return Ok(pass(counters, size)),
         UNIT_BYTES => size.bytes,
         // A SYN is never coalesced: one connection attempt. Counted as offered here, on
         // the SYN path alone, for the fleet's demand in SYNs.
@@ -120,8 +148,8 @@ pub fn meter(
         let cost = limit.cost(units);
         let key = SourceKey::masked_words(
             slot,
-            pkt.family,
-            &pkt.src,
+            input.family,
+            &input.src,
             rule.source_prefix_v4,
             rule.source_prefix_v6,
         );

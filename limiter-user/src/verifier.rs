@@ -18,6 +18,12 @@ pub const LOG_TAIL_LINES: usize = 20;
 /// instructions processed, counting every path, for a privileged loader (since 5.2).
 pub const COMPLEXITY_LIMIT_INSNS: u64 = 1_000_000;
 
+/// The most instructions the verifier may process for any build of the program on any
+/// kernel the project supports (`tests/tests/kernel_report.rs` holds every build to it):
+/// a quarter of [`COMPLEXITY_LIMIT_INSNS`], so that a change to the parser or the meter
+/// that multiplies the verifier's paths fails a test long before a kernel refuses it.
+pub const BUDGET_INSNS: u64 = 250_000;
+
 /// A build of the program the kernel refused to load.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {

@@ -2,6 +2,8 @@
 //! instructions processed, load time), then attached in each mode to a veth end. Every
 //! build must load and every mode must attach; the table it writes is the README's
 //! kernel × build × mode table (`cargo xtask test --kernel all` fills it for each kernel).
+//! Every build, the libxdp component included, must also stay within the verifier budget
+//! (`limiter_user::verifier::BUDGET_INSNS`) on every kernel this runs on.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 use std::{
@@ -16,6 +18,7 @@ use limiter_user::{
     config::XdpMode,
     object::{Variant, OBJECT},
     program::{LoadOptions, Program},
+    verifier::BUDGET_INSNS,
 };
 
 fn uname(flag: &str) -> String {
@@ -38,43 +41,53 @@ struct Loaded {
     result: Result<(Option<u32>, Duration), String>,
 }
 
-/// Loads each build alone, with the default per-source sketch size, and times the load
-/// (the verifier is nearly all of it).
-fn load_each() -> Vec<Loaded> {
-    let mut out = Vec::new();
-    for variant in Variant::ALL {
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(
-                map_name::SRC_SKETCH,
-                limiter_common::sketch::cells_for(DEFAULT_MAX_SOURCES),
-            )
-            .load(OBJECT)
-            .expect("loading the object's maps");
-        let prog = ebpf.program_mut(variant.program_name()).expect("the build");
-        let started = Instant::now();
-        let result = match prog {
-            AyaProgram::Xdp(p) => p
-                .load()
-                .map_err(|e| format!("{e:#}"))
-                .map(|()| p.info().ok().and_then(|i| i.verified_instruction_count())),
-            AyaProgram::SchedClassifier(p) => p
-                .load()
-                .map_err(|e| format!("{e:#}"))
-                .map(|()| p.info().ok().and_then(|i| i.verified_instruction_count())),
-            _ => Err("not an XDP or TC program".to_string()),
-        };
-        out.push(Loaded {
-            variant,
-            result: result.map(|insns| (insns, started.elapsed())),
-        });
-    }
-    out
+/// Loads one build alone, with the default per-source sketch size: the object (which
+/// holds the loaded program) and the program's info, or why it did not load. The libxdp
+/// component loads as the plain XDP program it is before the daemon makes it an freplace
+/// one.
+fn load_alone(variant: Variant) -> (aya::Ebpf, Result<aya::programs::ProgramInfo, String>) {
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries(
+            map_name::SRC_SKETCH,
+            limiter_common::sketch::cells_for(DEFAULT_MAX_SOURCES),
+        )
+        .load(OBJECT)
+        .expect("loading the object's maps");
+    let prog = ebpf.program_mut(variant.program_name()).expect("the build");
+    let info = match prog {
+        AyaProgram::Xdp(p) => p
+            .load()
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|()| p.info().map_err(|e| format!("{e:#}"))),
+        AyaProgram::SchedClassifier(p) => p
+            .load()
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|()| p.info().map_err(|e| format!("{e:#}"))),
+        _ => Err("not an XDP or TC program".to_string()),
+    };
+    (ebpf, info)
+}
+
+/// Loads each of `variants` alone and times the load (the verifier is nearly all of it).
+fn load_each(variants: &[Variant]) -> Vec<Loaded> {
+    variants
+        .iter()
+        .map(|&variant| {
+            let started = Instant::now();
+            let (_ebpf, info) = load_alone(variant);
+            let took = started.elapsed();
+            Loaded {
+                variant,
+                result: info.map(|i| (i.verified_instruction_count(), took)),
+            }
+        })
+        .collect()
 }
 
 #[test]
 fn every_build_loads_and_every_mode_attaches() {
     let release = uname("-r");
-    let loaded = load_each();
+    let loaded = load_each(&Variant::ALL);
     let pair = VethPair::new(1).expect("creating the veth pair");
     let mut attached = Vec::new();
     for mode in [XdpMode::Native, XdpMode::Generic, XdpMode::Tc] {
@@ -138,4 +151,81 @@ fn every_build_loads_and_every_mode_attaches() {
         )
         .collect();
     assert!(refused.is_empty(), "on {release}: {refused:#?}");
+}
+
+/// The ratchet: no build may cost the verifier more than the budget, a quarter of its
+/// limit. What multiplies the verifier's paths (a branch in the parser, a constant that
+/// differs between kinds of frames) shows up here, not as a kernel refusing the program.
+#[test]
+fn every_build_stays_within_the_verifier_budget() {
+    let release = uname("-r");
+    let loaded = load_each(&[
+        Variant::Linear,
+        Variant::MultiBuffer,
+        Variant::Tc,
+        Variant::Libxdp,
+    ]);
+    let mut table = format!(
+        "Kernel `{release}`: verifier budget {BUDGET_INSNS} instructions processed\n\n\
+         | build | verifier insns | within budget |\n|---|---:|---|\n"
+    );
+    let mut failures = Vec::new();
+    for l in &loaded {
+        let build = l.variant.as_str();
+        match &l.result {
+            Ok((Some(insns), _)) => {
+                let within = u64::from(*insns) <= BUDGET_INSNS;
+                table.push_str(&format!(
+                    "| {build} | {insns} | {} |\n",
+                    if within { "yes" } else { "**no**" }
+                ));
+                if !within {
+                    failures.push(format!("{build}: {insns} > {BUDGET_INSNS}"));
+                }
+            }
+            Ok((None, _)) => {
+                table.push_str(&format!("| {build} | ? | ? |\n"));
+                failures.push(format!(
+                    "{build}: the kernel does not report verified_insns (Linux 5.16 and later do)"
+                ));
+            }
+            Err(e) => {
+                table.push_str(&format!("| {build} | refused | **no** |\n"));
+                failures.push(format!("{build}: refused: {e}"));
+            }
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "on {release}:\n{table}\n{failures:#?}");
+}
+
+/// Every map lookup the kernel does not inline is bound to its map: a call site that two
+/// maps reach (LLVM merges `if a { A.get(k) } else { B.get(k) }` into one call with the
+/// map chosen before it) leaves the verifier no map to bind it to, so it stays the
+/// generic helper, an indirect call that every frame on that path pays (the LPM tries'
+/// lookup, on the path of every frame no rule's host matches: ≈ 10 ns a frame here).
+#[test]
+fn every_map_lookup_is_bound_to_its_map() {
+    let mut generic = Vec::new();
+    for variant in Variant::ALL {
+        let (_ebpf, info) = load_alone(variant);
+        let id = info
+            .unwrap_or_else(|e| panic!("{}: {e}", variant.as_str()))
+            .id();
+        let xlated =
+            limiter_tests::tools::bpftool(&["prog", "dump", "xlated", "id", &id.to_string()])
+                .expect("bpftool prog dump xlated");
+        let insns = xlated.as_array().expect("bpftool's instruction list");
+        assert!(!insns.is_empty(), "{}: no instructions", variant.as_str());
+        for insn in insns {
+            let disasm = insn["disasm"].as_str().unwrap_or_default();
+            if disasm.contains("call bpf_map_lookup_elem") {
+                generic.push(format!("{}: {disasm}", variant.as_str()));
+            }
+        }
+    }
+    assert!(
+        generic.is_empty(),
+        "map lookups left to the generic helper (a call site two maps reach):\n{generic:#?}"
+    );
 }

@@ -1368,7 +1368,7 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
         |n| n.to_string(),
     );
     lines.push(format!(
-        "verifier: {count} instructions processed (limiter, max_sources = {})",
+        "verifier: {count} instructions processed (the largest of the linear, multi-buffer and TC builds, max_sources = {})",
         verifier.max_sources
     ));
     lines

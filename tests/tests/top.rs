@@ -417,7 +417,7 @@ fn stats_watch_into_a_pipe_writes_tables_without_escapes() {
     let lab =
         Lab::new("[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 100\nburst = 100\n");
     let daemon = lab.start();
-    let mut watch = Command::new(LIMITER)
+    let watch = Command::new(LIMITER)
         .args(["stats", "--watch", "--pin-dir"])
         .arg(&lab.pins.path)
         .stdout(std::process::Stdio::piped())

@@ -14,8 +14,15 @@ fn repo_file(name: &str) -> std::path::PathBuf {
 
 /// (exit code, stdout, stderr).
 fn check(binary: &Path, config: &Path) -> (i32, String, String) {
+    check_with(binary, config, &[])
+}
+
+/// The same with more arguments (`--iface IF`).
+fn check_with(binary: &Path, config: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(binary)
-        .args(["check", "--config"])
+        .arg("check")
+        .args(args)
+        .arg("--config")
         .arg(config)
         .output()
         .expect("running check");
@@ -34,16 +41,7 @@ fn limiter_check_accepts_the_example_and_lists_every_problem_of_a_bad_file() {
     let (code, out, err) = check(Path::new(LIMITER), &example);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("no interface to attach to"), "{err}");
-    let out = Command::new(LIMITER)
-        .args(["check", "--iface", "lb0", "--config"])
-        .arg(&example)
-        .output()
-        .expect("running check");
-    let (code, out, err) = (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
+    let (code, out, err) = check_with(Path::new(LIMITER), &example, &["--iface", "lb0"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains(": ok: ") && out.contains("interfaces lb0;"),

@@ -518,9 +518,13 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
     taken.push(take(labs[0].metrics_port));
     let daemons: Vec<_> = labs.iter().map(Lab::start).collect();
     let all: Vec<&Lab> = labs.iter().collect();
+    // Long enough for the lease, the metrics ports' 5 s retry, the scrapes and the cut's
+    // measurement under a loaded CI machine; checked below, not assumed.
+    let sending = Duration::from_secs(16);
+    let sent_from = Instant::now();
     let senders: Vec<_> = labs
         .iter()
-        .map(|lab| lab.send_in_background(traffic(lab, 2500, Duration::from_secs(8))))
+        .map(|lab| lab.send_in_background(traffic(lab, 2500, sending)))
         .collect();
     wait_state(&all, "web", "leased", Duration::from_secs(8));
     drop(taken);
@@ -576,7 +580,17 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
     );
     std::thread::sleep(Duration::from_millis(4 * REPORT_MS));
     let rate = admitted_rate(&all, "web", Duration::from_millis(1500));
-    eprintln!("after quota set 1500: admitted {rate:.0}/s, metrics granted before {granted}");
+    eprintln!(
+        "after quota set 1500: admitted {rate:.0}/s, metrics granted before {granted}, \
+         measured until {:?} into the traffic",
+        sent_from.elapsed()
+    );
+    assert!(
+        sent_from.elapsed() < sending,
+        "the measurement ended {:?} after the traffic started, past its {sending:?}: \
+         the admitted rate {rate:.0}/s includes time without traffic",
+        sent_from.elapsed()
+    );
     assert!(
         (rate - 1500.0).abs() <= 1500.0 * 0.02,
         "admitted {rate:.0}/s after the cut"

@@ -286,6 +286,7 @@ impl Fleet {
                     ..RuleReport::default()
                 })
                 .collect(),
+            fleet_size: 0,
         };
         Ok(Fleet {
             shape,

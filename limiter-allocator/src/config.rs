@@ -75,7 +75,7 @@ section! {
         CONTROL_SOCKET = "control_socket", Str(DEFAULT_CONTROL_SOCKET), Kind::Path, "the control socket";
         LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS), Integer { min: 1, max: u64::MAX }, "how long a grant is valid";
         REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS), Integer { min: 1, max: u64::MAX }, "how often hosts report";
-        FLEET_SIZE = "fleet_size", Int(DEFAULT_FLEET_SIZE as u64), Integer { min: 1, max: u32::MAX as u64 }, "the daemons' fleet_size: while learning, a host that holds nothing gets quota / fleet_size at once";
+        FLEET_SIZE = "fleet_size", Unset("each host's own, from its reports"), Integer { min: 1, max: u32::MAX as u64 }, "while a rule learns, a host that holds nothing gets quota / fleet_size at once; unset, the fleet_size each host reports (at least the hosts heard from); set, this one for all, and hosts whose own differs are told";
         CREDIT_PCT = "credit_pct", Int(DEFAULT_CREDIT_PCT), Integer { min: 0, max: 100 }, "each rule's credit cap, in % of what its quota admits in one report interval: quota the fleet left unused, lent to hosts that refused frames; 0: no credit";
         MAX_HOSTS = "max_hosts", Int(DEFAULT_MAX_HOSTS), Integer { min: 1, max: MAX_COUNT }, "hosts known at once";
         MAX_CONNECTIONS = "max_connections", Unset("2 × max_hosts"), Integer { min: 1, max: MAX_COUNT }, "open gRPC connections";
@@ -142,10 +142,11 @@ pub struct Config {
     pub control_socket: PathBuf,
     pub lease_ttl_ms: u64,
     pub report_interval_ms: u64,
-    /// The daemons' `fleet_size`: while a rule learns (after a start or a failover), a
-    /// host holding nothing of it (a joiner, or a host gone FAIL_OPEN in a long outage) is
-    /// granted quota ÷ fleet_size at once, what a joiner enforces by itself.
-    pub fleet_size: u32,
+    /// While a rule learns (after a start or a failover), a host holding nothing of it
+    /// (a joiner, or a host gone FAIL_OPEN in a long outage) is granted quota ÷ fleet_size
+    /// at once, what a joiner enforces by itself. `None`: each host's own `fleet_size`,
+    /// from its reports (the one number is written once, in the daemons' files).
+    pub fleet_size: Option<u32>,
     /// Each rule's credit cap in % of what its quota admits in one report interval
     /// (`limiter_fleet::alloc::credit_cap_for`); 0: no credit.
     pub credit_pct: u64,
@@ -294,7 +295,12 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
             );
         }
     }
-    let fleet_size = <u32 as limiter_config::FromRow>::read(c, root, &FLEET_SIZE, top(&FLEET_SIZE));
+    let fleet_size = match root.get(FLEET_SIZE.name) {
+        Some(_) => {
+            <u32 as limiter_config::FromRow>::read(c, root, &FLEET_SIZE, top(&FLEET_SIZE)).map(Some)
+        }
+        None => Some(None),
+    };
     let credit_pct = <u64 as limiter_config::FromRow>::read(c, root, &CREDIT_PCT, top(&CREDIT_PCT));
     let limits = peer_limits(c, root, report_interval_ms);
     let tls = match root.get(TLS.name) {

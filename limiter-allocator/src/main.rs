@@ -15,7 +15,7 @@ use limiter_allocator::{
     hosts::HostLimits,
     listener::{self, ConnStats},
     service::{Refused, Service},
-    state::State,
+    state::{JoinerSizing, State},
 };
 use limiter_proto::{
     pb::allocator_server::AllocatorServer, server_config, server_tls_reloading, TlsFiles, TlsPaths,
@@ -239,7 +239,11 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
         },
         now_ns(),
     );
-    initial.set_fleet_size(config.fleet_size);
+    initial.set_fleet_size(
+        config
+            .fleet_size
+            .map_or(JoinerSizing::Reported, JoinerSizing::Configured),
+    );
     initial.set_credit_pct(config.credit_pct);
     let state = Arc::new(Mutex::new(initial));
     if let Some(election) = config.election.as_ref().filter(|e| e.shards.is_some()) {

@@ -30,21 +30,50 @@ pub struct State {
     pub term: u64,
     /// Sharding (`[election] shards`): `None` grants every rule with a quota.
     shards: Option<Shards>,
-    /// The daemons' `fleet_size`: while a rule learns, a host that holds nothing (a
-    /// joiner, or FAIL_OPEN after a long outage) is granted quota ÷ fleet_size at once
-    /// (`RuleAllocator::learning_joiner_share`) instead of nothing; 0: nothing.
-    fleet_size: u32,
+    /// How a host that holds nothing (a joiner, or FAIL_OPEN after a long outage) is
+    /// granted while a rule learns.
+    fleet_size: JoinerSizing,
+    /// Reports whose `fleet_size` differs from this allocator's configured one.
+    pub fleet_size_disagreements: u64,
     /// Each rule's credit cap in % of what its quota admits in one report interval
     /// (`alloc::credit_cap_for`); 0: no credit.
     credit_pct: u64,
 }
 
-/// A joiner's share of `quota` in a fleet of `fleet_size` (0: none).
-fn joiner_share(quota: u64, fleet_size: u32) -> u64 {
-    if fleet_size == 0 {
-        0
-    } else {
-        limiter_fleet::share::Share::bootstrap_rate(quota, fleet_size)
+/// How a learning allocator sizes the share of a host that holds nothing: the
+/// `fleet_size` the hosts enforce quota ÷ fleet_size by in BOOTSTRAP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinerSizing {
+    /// Nothing while a rule learns (the host stays in BOOTSTRAP or FAIL_OPEN).
+    Off,
+    /// The allocator's own `fleet_size`: quota ÷ it for every host; a host whose own
+    /// differs is told so in each reply.
+    Configured(u32),
+    /// No `fleet_size` in the allocator's file: each host's own, from its reports, at
+    /// least the hosts heard from (a host that predates the field: the daemons'
+    /// default), so that no number has to be written twice.
+    Reported,
+}
+
+impl JoinerSizing {
+    /// The share for a host that reports no fleet_size, of `quota`.
+    fn default_share(self, quota: u64) -> u64 {
+        match self {
+            JoinerSizing::Off => 0,
+            JoinerSizing::Configured(n) => limiter_fleet::share::Share::bootstrap_rate(quota, n),
+            JoinerSizing::Reported => limiter_fleet::share::Share::bootstrap_rate(
+                quota,
+                limiter_fleet::share::DEFAULT_FLEET_SIZE,
+            ),
+        }
+    }
+
+    /// What a reply says (0: none configured).
+    fn configured(self) -> u32 {
+        match self {
+            JoinerSizing::Configured(n) => n,
+            JoinerSizing::Off | JoinerSizing::Reported => 0,
+        }
     }
 }
 
@@ -87,7 +116,8 @@ impl State {
             refused_host_rate: 0,
             term: 0,
             shards: None,
-            fleet_size: 0,
+            fleet_size: JoinerSizing::Off,
+            fleet_size_disagreements: 0,
             credit_pct: 0,
         }
     }
@@ -97,7 +127,8 @@ impl State {
     fn tuning(&self) -> impl Fn(&mut RuleAllocator) {
         let (fleet_size, interval, pct) = (self.fleet_size, self.report_interval, self.credit_pct);
         move |r: &mut RuleAllocator| {
-            r.learning_joiner_share = joiner_share(r.quota, fleet_size);
+            r.learning_joiner_share = fleet_size.default_share(r.quota);
+            r.joiner_from_reports = fleet_size == JoinerSizing::Reported;
             r.credit_cap = alloc::credit_cap_for(r.quota, interval, pct);
         }
     }
@@ -115,9 +146,9 @@ impl State {
         self.tune_all();
     }
 
-    /// While a rule learns, hosts that hold nothing get quota ÷ `fleet_size` (the share
-    /// a joiner enforces by itself) at once; 0 turns it off.
-    pub fn set_fleet_size(&mut self, fleet_size: u32) {
+    /// While a rule learns, hosts that hold nothing get quota ÷ the `fleet_size` of
+    /// [`JoinerSizing`] (the share a joiner enforces by itself) at once.
+    pub fn set_fleet_size(&mut self, fleet_size: JoinerSizing) {
         self.fleet_size = fleet_size;
         self.tune_all();
     }
@@ -226,6 +257,10 @@ impl State {
     /// grant (the host keeps bootstrapping them).
     pub fn handle(&mut self, req: &ReportRequest, now: u64) -> ReportReply {
         self.reports += 1;
+        let configured = self.fleet_size.configured();
+        if configured != 0 && req.fleet_size != 0 && req.fleet_size != configured {
+            self.fleet_size_disagreements += 1;
+        }
         let mut grants = Vec::new();
         let mut elsewhere = Vec::new();
         for r in &req.rules {
@@ -263,6 +298,7 @@ impl State {
                 usage,
                 now,
             );
+            rule.set_reported_fleet_size(&req.host, req.fleet_size);
             if let Some(g) = rule.grant_for(&req.host, now) {
                 grants.push(RuleGrant {
                     rule: r.rule.clone(),
@@ -280,6 +316,7 @@ impl State {
             report_interval_ms: self.report_interval.as_millis() as u64,
             term: self.term,
             elsewhere,
+            fleet_size: configured,
         }
     }
 
@@ -301,6 +338,7 @@ impl State {
         fresh.refused_host_rate = self.refused_host_rate;
         fresh.shards = self.shards.clone();
         fresh.fleet_size = self.fleet_size;
+        fresh.fleet_size_disagreements = self.fleet_size_disagreements;
         fresh.credit_pct = self.credit_pct;
         fresh.tune_all();
         fresh
@@ -457,6 +495,15 @@ impl State {
         );
         let _ = writeln!(
             out,
+            "# HELP limiter_allocator_fleet_size_disagreements_total Reports whose host's \
+             fleet_size differs from this allocator's configured fleet_size (the hosts are told \
+             in the reply; a joiner's share while learning is quota / the allocator's).\n\
+             # TYPE limiter_allocator_fleet_size_disagreements_total counter\n\
+             limiter_allocator_fleet_size_disagreements_total {}",
+            self.fleet_size_disagreements
+        );
+        let _ = writeln!(
+            out,
             "# HELP limiter_allocator_uptime_seconds Seconds since start.\n# TYPE limiter_allocator_uptime_seconds gauge\nlimiter_allocator_uptime_seconds {}",
             now.saturating_sub(self.started) / 1_000_000_000
         );
@@ -503,7 +550,7 @@ mod tests {
     #[test]
     fn a_learning_allocator_grants_a_joiners_share_with_fleet_size() {
         let mut s = web_state();
-        s.set_fleet_size(4);
+        s.set_fleet_size(JoinerSizing::Configured(4));
         let g = &s.handle(&req("a", 100, 0), S).grants[0];
         assert_eq!((g.rate, g.tokens), (250, 1));
         // b says it holds 900 (within its fair share of the demands reported: 900):
@@ -522,8 +569,49 @@ mod tests {
         let mut leader = s.restarted(2 * S);
         assert_eq!(leader.handle(&req("d", 900, 0), 2 * S).grants[0].rate, 1000);
         // Off (fleet_size 0): nothing while learning, as before.
-        leader.set_fleet_size(0);
+        leader.set_fleet_size(JoinerSizing::Off);
         assert!(leader.handle(&req("e", 900, 0), 2 * S).grants.is_empty());
+    }
+
+    /// Without a fleet_size of its own, a learning allocator sizes a joiner's share by
+    /// the fleet_size the host reports (a host that reports none: the daemons' default),
+    /// and its replies name none; with one, it uses its own, names it, and counts the
+    /// reports of hosts that disagree.
+    #[test]
+    fn a_joiners_share_follows_the_hosts_fleet_size_unless_the_allocator_names_one() {
+        let sized = |host: &str, fleet_size: u32| ReportRequest {
+            fleet_size,
+            ..req(host, 900, 0)
+        };
+        let mut s = web_state();
+        s.set_fleet_size(JoinerSizing::Reported);
+        let reply = s.handle(&sized("a", 4), S);
+        assert_eq!((reply.grants[0].rate, reply.fleet_size), (250, 0));
+        let old = s.handle(&sized("b", 0), S);
+        assert_eq!(
+            old.grants[0].rate,
+            limiter_fleet::share::Share::bootstrap_rate(
+                1000,
+                limiter_fleet::share::DEFAULT_FLEET_SIZE
+            )
+        );
+        assert_eq!(s.fleet_size_disagreements, 0);
+
+        let mut s = web_state();
+        s.set_fleet_size(JoinerSizing::Configured(10));
+        let reply = s.handle(&sized("a", 4), S);
+        assert_eq!((reply.grants[0].rate, reply.fleet_size), (100, 10));
+        s.handle(&sized("b", 10), S);
+        s.handle(&sized("c", 0), S);
+        assert_eq!(s.fleet_size_disagreements, 1);
+        assert!(s
+            .counter_metrics(S)
+            .contains("limiter_allocator_fleet_size_disagreements_total 1\n"));
+        // A new leader keeps the sizing and the count.
+        let leader = s.restarted(2 * S);
+        assert_eq!(leader.fleet_size_disagreements, 1);
+        let mut leader = leader;
+        assert_eq!(leader.handle(&sized("d", 4), 2 * S).fleet_size, 10);
     }
 
     /// Two saturated hosts at 500/s each, each admitting 450 of them (a small bucket's

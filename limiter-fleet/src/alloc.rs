@@ -145,6 +145,9 @@ struct HostState {
     joiner: bool,
     /// The credit it said its last grant carried.
     credit_held: u64,
+    /// The `fleet_size` it reported (its own bootstrap divisor); 0: none (a host that
+    /// predates the field).
+    fleet_size: u32,
     /// The credit of its last grant (its bucket's credit, at most: it may have spent
     /// some; the next grant replaces it).
     credit: u64,
@@ -246,6 +249,13 @@ pub struct RuleAllocator {
     /// hold, instead of nothing: a FAIL_OPEN host is limited at once rather than pass
     /// everything for the learning period. 0: it gets nothing while learning.
     pub learning_joiner_share: u64,
+    /// Whether a joiner's share while learning comes from the host's own report: quota ÷
+    /// the `fleet_size` it reported, divided by at least the hosts this allocator hears
+    /// from (a host that claims a small fleet gains nothing once the others report), so
+    /// that the hosts' and the allocator's divisors cannot disagree. A host that reported
+    /// none gets `learning_joiner_share`. false: `learning_joiner_share` for every host
+    /// (the allocator's own `fleet_size`).
+    pub joiner_from_reports: bool,
 }
 
 /// `computed` moved back so that the allocation is recomputed at the next grant, or a
@@ -288,6 +298,24 @@ fn renewal(
         share,
         saturated: h.demand > share,
     }
+}
+
+/// A learning allocator's share for a host that holds nothing: quota ÷ the `fleet_size`
+/// the host reported, at least ÷ the `hosts` heard from, when `from_reports` and the
+/// host reported one; otherwise `configured` (quota ÷ the allocator's own `fleet_size`,
+/// or 0: none).
+fn joiner_share(
+    from_reports: bool,
+    configured: u64,
+    quota: u64,
+    reported: u32,
+    hosts: usize,
+) -> u64 {
+    if !from_reports || reported == 0 {
+        return configured;
+    }
+    let divisor = reported.max(u32::try_from(hosts).unwrap_or(u32::MAX));
+    crate::share::Share::bootstrap_rate(quota, divisor)
 }
 
 /// The `refresh_ns` the allocator (and the simulator, which models it) uses: half a
@@ -348,6 +376,7 @@ impl RuleAllocator {
             credit_carry: 0,
             oversubscribed: true,
             learning_joiner_share: 0,
+            joiner_from_reports: false,
         }
     }
 
@@ -530,10 +559,32 @@ impl RuleAllocator {
                         credit_held: usage.map_or(0, |u| u.credit),
                         credit: 0,
                         raised: 0,
+                        fleet_size: 0,
                     },
                 );
             }
         }
+    }
+
+    /// The `fleet_size` `host` reported with its last report (0: none), read by a
+    /// learning allocator with [`RuleAllocator::joiner_from_reports`]. A host not known
+    /// (no report of this rule yet) is not added.
+    pub fn set_reported_fleet_size(&mut self, host: &str, fleet_size: u32) {
+        if let Some(h) = self.hosts.get_mut(host) {
+            h.fleet_size = fleet_size;
+        }
+    }
+
+    /// The share a host holding nothing is granted while learning
+    /// ([`RuleAllocator::learning_joiner_share`], [`RuleAllocator::joiner_from_reports`]).
+    fn joiner_share(&self, h: &HostState) -> u64 {
+        joiner_share(
+            self.joiner_from_reports,
+            self.learning_joiner_share,
+            self.quota,
+            h.fleet_size,
+            self.hosts.len(),
+        )
     }
 
     /// Forgets hosts whose last report is older than a lease: their grant has lapsed.
@@ -618,6 +669,7 @@ impl RuleAllocator {
         let gathering = self.gathering(now);
         let (quota, fair_held_sum, enforced_sum) =
             (self.quota, self.fair_held_sum, self.enforced_sum);
+        let joiner_share = self.joiner_share(self.hosts.get(host)?);
         let h = self.hosts.get_mut(host)?;
         if gathering && h.held > 0 {
             // Not every host has reported what it holds yet, so no claim is weighed
@@ -636,13 +688,7 @@ impl RuleAllocator {
             });
         }
         let target = if learning {
-            renewal(
-                h,
-                fair_held_sum,
-                quota,
-                self.learning_joiner_share,
-                gathering,
-            )
+            renewal(h, fair_held_sum, quota, joiner_share, gathering)
         } else {
             h.target
         };
@@ -767,13 +813,12 @@ impl RuleAllocator {
         let learning = self.learning(now);
         let gathering = self.gathering(now);
         self.refresh(now, learning);
-        let (fair_held_sum, quota, joiner) =
-            (self.fair_held_sum, self.quota, self.learning_joiner_share);
+        let (fair_held_sum, quota) = (self.fair_held_sum, self.quota);
         self.hosts
             .values()
             .map(|h| {
                 if learning {
-                    renewal(h, fair_held_sum, quota, joiner, gathering)
+                    renewal(h, fair_held_sum, quota, self.joiner_share(h), gathering)
                 } else {
                     // The share of the last allocation; saturated by the host's demand
                     // now (the allocation may be half an interval old).
@@ -1610,6 +1655,40 @@ mod tests {
             2,
         );
         assert_eq!(r.grant_for("open", 2), None);
+    }
+
+    /// With `joiner_from_reports` a joiner's share while learning is quota ÷ the
+    /// fleet_size the host itself reported (what it enforces in BOOTSTRAP), divided by at
+    /// least the hosts heard from; a host that reported none gets the configured share.
+    /// Old rule (one configured share for all): the hosts of a fleet of 4 got 2/s each
+    /// from an allocator left at its default of 500.
+    #[test]
+    fn a_joiners_share_comes_from_its_reported_fleet_size_and_the_hosts_heard() {
+        let ttl = Duration::from_secs(3);
+        let joining = Report {
+            demand: 500,
+            held: 0,
+        };
+        let grant = |r: &mut RuleAllocator, host: &str, fleet_size: u32| {
+            r.report(host, joining, 2);
+            r.set_reported_fleet_size(host, fleet_size);
+            r.grant_for(host, 2).map(|g| g.rate)
+        };
+        let mut r = RuleAllocator::new(1000, 100, ttl, 0);
+        r.learning_joiner_share = crate::share::Share::bootstrap_rate(1000, 500);
+        r.joiner_from_reports = true;
+        assert!(r.learning(2));
+        assert_eq!(grant(&mut r, "lb-1", 4), Some(250));
+        // A host that predates the field: the allocator's own divisor.
+        assert_eq!(grant(&mut r, "old", 0), Some(2));
+        assert_eq!(grant(&mut r, "lb-2", 4), Some(250));
+        // Claiming a fleet of one gains nothing over the hosts already heard from (4).
+        assert_eq!(grant(&mut r, "liar", 1), Some(250));
+        assert!(r.outstanding(2) <= 1000);
+        // Off: every joiner gets the configured share, whatever it reports.
+        let mut r = RuleAllocator::new(1000, 100, ttl, 0);
+        r.learning_joiner_share = crate::share::Share::bootstrap_rate(1000, 500);
+        assert_eq!(grant(&mut r, "lb-1", 4), Some(2));
     }
 
     /// One lying host (`liar`, which claims to hold `claim` and demands `liar_demand`)

@@ -47,6 +47,7 @@ impl pb::ReportRequest {
                 held,
                 ..pb::RuleReport::default()
             }],
+            fleet_size: 0,
         }
     }
 }
@@ -243,6 +244,7 @@ mod tests {
                     ..RuleReport::default()
                 })
                 .collect(),
+            fleet_size: 0,
         }
     }
 

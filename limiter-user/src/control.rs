@@ -33,6 +33,8 @@ pub enum Request {
         burst: Option<u64>,
     },
     Reload,
+    /// What `Reload` would do, changing nothing.
+    ReloadDryRun,
     Explain(ExplainQuery),
     /// Detach from every interface, remove every pin, and exit.
     Detach,
@@ -128,6 +130,7 @@ fn dispatch(
         Request::QuotaList => to_reply(Ok(d.quotas())),
         Request::QuotaSet { rule, rate, burst } => to_reply(d.set_quota(&rule, rate, burst)),
         Request::Reload => to_reply(d.reload()),
+        Request::ReloadDryRun => to_reply(d.reload_dry_run()),
         Request::Explain(query) => to_reply(d.explain(&query)),
         Request::Detach => {
             let _ = shutdown.send(Shutdown::Detach);

@@ -49,6 +49,41 @@ pub fn install_rules(maps: &mut Maps, rules: &[RuleSpec]) -> Result<RuleTable, E
 /// is still decided with the old table ([`grace`]), its slot is cleared and the whole
 /// table goes live. Cleared any earlier, the removed rule's last frames would meet a
 /// fresh bucket and be counted as the new rule's.
+/// The keys that differ between `old` and `new` and take effect only at the next start
+/// (every key but the rules, and the handoff when it can change live).
+fn needs_restart(old: &Config, new: &Config, handoff_live: bool) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    if !handoff_live {
+        keys.push(
+            new.handoff
+                .as_ref()
+                .or(old.handoff.as_ref())
+                .map_or("next_program", crate::config::HandoffSpec::key),
+        );
+    }
+    for (key, differs) in [
+        ("pin_dir", new.pin_dir != old.pin_dir),
+        ("max_sources", new.max_sources != old.max_sources),
+        ("interfaces", new.interfaces != old.interfaces),
+        ("xdp_share", new.xdp_share != old.xdp_share),
+        ("xdp_priority", new.xdp_priority != old.xdp_priority),
+        (
+            "xdp_share_fallback",
+            new.xdp_share_fallback != old.xdp_share_fallback,
+        ),
+        ("xdp_mode", new.xdp_mode != old.xdp_mode),
+        ("control_socket", new.control_socket != old.control_socket),
+        ("metrics", new.metrics != old.metrics),
+        ("fleet", new.fleet != old.fleet),
+        ("fleet_size", new.fleet_size != old.fleet_size),
+    ] {
+        if differs {
+            keys.push(key);
+        }
+    }
+    keys
+}
+
 fn install_annotated(
     maps: &mut Maps,
     rules: &[RuleSpec],
@@ -168,6 +203,19 @@ pub struct FleetCounters {
     /// Changes of the fleet TLS files that made no valid configuration (the last good
     /// one stays in use).
     pub tls_reload_failures: u64,
+    /// The allocator's configuration names another `fleet_size` than this host's: what
+    /// a joiner's share is sized by while the allocator learns disagrees with what this
+    /// host enforces by itself in BOOTSTRAP. `None`: they agree, or the allocator uses
+    /// this host's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet_size_disagreement: Option<FleetSizeDisagreement>,
+}
+
+/// This host's `fleet_size` and the allocator's, when they differ.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct FleetSizeDisagreement {
+    pub host: u32,
+    pub allocator: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -228,6 +276,8 @@ pub struct ReloadReport {
     pub rules: usize,
     /// Keys that changed in the file but only take effect at the next start.
     pub needs_restart: Vec<&'static str>,
+    /// What the reload changed rule by rule, and whose state started over.
+    pub plan: crate::reload_plan::ReloadPlan,
 }
 
 /// Per-rule drop counters sampled once a second, for "recent drops".
@@ -1067,6 +1117,9 @@ impl Daemon {
             credited: f.credited_total(),
             report_failures: f.report_failures(),
             tls_reload_failures: f.tls_reload_failures(),
+            fleet_size_disagreement: f
+                .fleet_size_disagreement()
+                .map(|(host, allocator)| FleetSizeDisagreement { host, allocator }),
         })
     }
 
@@ -1098,6 +1151,16 @@ impl Daemon {
         }
         for (rule, to) in &applied.moved {
             tracing::info!(%rule, group = %to, "the allocators say another group grants this rule: reporting it there");
+        }
+        if let Some((own, allocator)) = applied.fleet_size_disagrees {
+            tracing::warn!(
+                fleet_size = own,
+                allocator_fleet_size = allocator,
+                "the allocator's fleet_size differs from this host's: while it learns (after \
+                 a start or a failover) it grants a joiner quota / {allocator}, while this host \
+                 enforces quota / {own} by itself; set both to the fleet's size, or remove \
+                 fleet_size from the allocator's file so it uses the hosts'"
+            );
         }
         if let Err(e) = self.reinstall() {
             before.add_refused(applied.refused.len() as u64);
@@ -1151,6 +1214,7 @@ impl Daemon {
             // A slot outside the LB's array: refused before the rules change.
             self.handoff.plan_for(new.handoff.as_ref())?;
         }
+        let plan = self.plan_for(&new)?;
         let old_fleet = self.fleet.clone();
         if let Some(fleet) = &mut self.fleet {
             fleet.sync_rules(&new.rules, monotonic_ns());
@@ -1169,60 +1233,63 @@ impl Daemon {
         for warning in self.config.tc_burst_warnings() {
             tracing::warn!("{warning}");
         }
-        let old = &old_config;
-        let mut needs_restart = Vec::new();
         if handoff_live {
-            if new.handoff != old.handoff {
+            if new.handoff != old_config.handoff {
                 self.apply_handoff(new.handoff.clone())?;
                 tracing::info!(handoff = ?new.handoff.as_ref().map(ToString::to_string), "reload: handoff changed");
             }
             self.config.handoff = new.handoff.clone();
-        } else {
-            needs_restart.push(
-                new.handoff
-                    .as_ref()
-                    .or(old.handoff.as_ref())
-                    .map_or("next_program", crate::config::HandoffSpec::key),
-            );
         }
-        if new.pin_dir != old.pin_dir {
-            needs_restart.push("pin_dir");
-        }
-        if new.max_sources != old.max_sources {
-            needs_restart.push("max_sources");
-        }
-        if new.interfaces != old.interfaces {
-            needs_restart.push("interfaces");
-        }
-        if new.xdp_share != old.xdp_share {
-            needs_restart.push("xdp_share");
-        }
-        if new.xdp_priority != old.xdp_priority {
-            needs_restart.push("xdp_priority");
-        }
-        if new.xdp_share_fallback != old.xdp_share_fallback {
-            needs_restart.push("xdp_share_fallback");
-        }
-        if new.xdp_mode != old.xdp_mode {
-            needs_restart.push("xdp_mode");
-        }
-        if new.control_socket != old.control_socket {
-            needs_restart.push("control_socket");
-        }
-        if new.metrics != old.metrics {
-            needs_restart.push("metrics");
-        }
-        if new.fleet != old.fleet {
-            needs_restart.push("fleet");
-        }
-        if new.fleet_size != old.fleet_size {
-            needs_restart.push("fleet_size");
-        }
-        tracing::info!(rules = self.table.rules.len(), "config reloaded");
+        let needs_restart = needs_restart(&old_config, &new, handoff_live);
+        tracing::info!(
+            rules = self.table.rules.len(),
+            added = plan.added.len(),
+            removed = plan.removed.len(),
+            changed = plan.changed.len(),
+            restarted = plan.restarts.len(),
+            "config reloaded"
+        );
         Ok(ReloadReport {
             rules: self.table.rules.len(),
             needs_restart,
+            plan,
         })
+    }
+
+    /// What [`Daemon::reload`] would do with the config file as it is now, without
+    /// changing anything: the same checks (a file the reload would refuse is refused
+    /// here with the same error), the rules added, removed and changed, whose state
+    /// would start over, and the keys that wait for a restart.
+    pub fn reload_dry_run(&self) -> Result<ReloadReport, Error> {
+        let new = Config::load(&self.config_path)?;
+        let handoff_live =
+            crate::handoff::live_change(self.config.handoff.as_ref(), new.handoff.as_ref());
+        if handoff_live {
+            self.handoff.plan_for(new.handoff.as_ref())?;
+        }
+        let plan = self.plan_for(&new)?;
+        Ok(ReloadReport {
+            rules: new.rules.len(),
+            needs_restart: needs_restart(&self.config, &new, handoff_live),
+            plan,
+        })
+    }
+
+    /// [`crate::reload_plan::plan`] from the running rules to `new`'s, with the slots
+    /// and the sketch's regions the install would give them.
+    fn plan_for(&self, new: &Config) -> Result<crate::reload_plan::ReloadPlan, Error> {
+        let live = effective_rules(&self.config, &self.overrides);
+        let slots = ruleset::assign_slots(&self.maps.live_slots()?, &new.rules)?;
+        let table = ruleset::compile(&new.rules, &slots)?;
+        let (regions, per_source) = crate::maps::region_plan(&self.maps.live_rules()?, &table);
+        Ok(crate::reload_plan::plan(
+            &live,
+            &new.rules,
+            &self.overrides,
+            &slots,
+            &regions,
+            per_source,
+        ))
     }
 
     /// Points the handoff at `spec` (same arrays: [`crate::handoff::live_change`]). The

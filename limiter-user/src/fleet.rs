@@ -211,6 +211,9 @@ pub struct Applied {
     /// Rules a group said another group grants, naming a group this host does not list:
     /// (rule, group); they are reported to the first group.
     pub unknown: Vec<(String, String)>,
+    /// The allocator's configured `fleet_size` now differs from this host's, and did not
+    /// before (or named another): (this host's, the allocator's).
+    pub fleet_size_disagrees: Option<(u32, u32)>,
 }
 
 /// Counter totals of one rule at the last report.
@@ -246,6 +249,11 @@ pub struct FleetState {
     report_failures: u64,
     /// The client TLS files of each group's connections (for their failed reloads).
     tls: Vec<Arc<limiter_proto::ClientTls>>,
+    /// This host's `fleet_size` (its bootstrap share is quota ÷ it), sent in reports.
+    fleet_size: u32,
+    /// The `fleet_size` the allocator's configuration names, from its last reply that
+    /// named one (`None`: it sizes a joiner by this host's own).
+    allocator_fleet_size: Option<u32>,
 }
 
 impl FleetState {
@@ -272,6 +280,8 @@ impl FleetState {
             grants_refused: 0,
             report_failures: 0,
             tls: Vec::new(),
+            fleet_size,
+            allocator_fleet_size: None,
         };
         fleet.sync_rules(rules, now);
         fleet
@@ -391,6 +401,14 @@ impl FleetState {
     /// Counts a report that reached no allocator.
     pub fn report_failed(&mut self) {
         self.report_failures += 1;
+    }
+
+    /// (this host's `fleet_size`, the allocator's) when the allocator's configuration
+    /// names another one than this host's.
+    pub fn fleet_size_disagreement(&self) -> Option<(u32, u32)> {
+        self.allocator_fleet_size
+            .filter(|&n| n != self.fleet_size)
+            .map(|n| (self.fleet_size, n))
     }
 
     /// Counts the failed reloads of `tls` (a group's connections') in
@@ -546,6 +564,7 @@ impl FleetState {
             version: limiter_proto::VERSION,
             host: self.spec.host_id.clone(),
             rules,
+            fleet_size: self.fleet_size,
         }
     }
 
@@ -654,6 +673,13 @@ impl FleetState {
     /// to other groups ([`Routing::learn`]).
     pub fn apply_from(&mut self, group: usize, reply: &ReportReply, now: u64) -> Applied {
         let mut applied = Applied::default();
+        let named = (reply.fleet_size != 0).then_some(reply.fleet_size);
+        if named != self.allocator_fleet_size {
+            self.allocator_fleet_size = named;
+            applied.fleet_size_disagrees = named
+                .filter(|&n| n != self.fleet_size)
+                .map(|n| (self.fleet_size, n));
+        }
         for e in &reply.elsewhere {
             if !self.shares.contains_key(&e.rule) {
                 continue;
@@ -776,6 +802,7 @@ mod tests {
             report_interval_ms: 1_000,
             term: 0,
             elsewhere: Vec::new(),
+            fleet_size: 0,
         }
     }
 
@@ -827,6 +854,39 @@ mod tests {
         let (_, c) = t.rules[0];
         assert_eq!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
         assert_eq!((c.rate, c.burst), (250, 25));
+    }
+
+    /// Reports carry this host's fleet_size; a reply naming another one is said once
+    /// (the daemon logs it) and stays in the status until a reply names none or the same.
+    #[test]
+    fn the_allocators_fleet_size_is_compared_with_the_hosts() {
+        let rules = [rule(FailMode::Open)];
+        let mut fleet = FleetState::new(spec(), 4, XdpMode::Auto, &rules, 0);
+        assert_eq!(fleet.report(&BTreeMap::new(), S).fleet_size, 4);
+        let named = |n: u32| ReportReply {
+            fleet_size: n,
+            ..reply(250, false)
+        };
+        assert_eq!(fleet.apply_from(0, &named(0), S).fleet_size_disagrees, None);
+        assert_eq!(fleet.fleet_size_disagreement(), None);
+        assert_eq!(
+            fleet.apply_from(0, &named(500), S).fleet_size_disagrees,
+            Some((4, 500))
+        );
+        // Said once, shown while it lasts.
+        assert_eq!(
+            fleet.apply_from(0, &named(500), S).fleet_size_disagrees,
+            None
+        );
+        assert_eq!(fleet.fleet_size_disagreement(), Some((4, 500)));
+        assert_eq!(fleet.apply_from(0, &named(4), S).fleet_size_disagrees, None);
+        assert_eq!(fleet.fleet_size_disagreement(), None);
+        assert_eq!(
+            fleet.apply_from(0, &named(500), S).fleet_size_disagrees,
+            Some((4, 500))
+        );
+        assert_eq!(fleet.apply_from(0, &named(0), S).fleet_size_disagrees, None);
+        assert_eq!(fleet.fleet_size_disagreement(), None);
     }
 
     #[test]
@@ -921,6 +981,7 @@ mod tests {
             report_interval_ms: 1_000,
             term: 0,
             elsewhere: Vec::new(),
+            fleet_size: 0,
         }
     }
 

@@ -6,7 +6,8 @@
 //! fails on an import that goes up or round, and on a module the list does not place.
 //!
 //! 1. Definitions and probes: `config`, `object`, `hook`, `shutdown`, `sketch_regions`,
-//!    `saturation`, `kernel`, `ruleset`, `verifier`, `privilege`, `error`. All pure but
+//!    `saturation`, `kernel`, `ruleset`, `reload_plan`, `verifier`, `privilege`, `error`.
+//!    All pure but
 //!    `kernel` and `privilege`, which ask the kernel what it supports and what this
 //!    process may do, and `config`, which reads its file and the hostname.
 //! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
@@ -38,6 +39,7 @@ pub mod pins;
 pub mod privilege;
 pub mod program;
 pub mod relink;
+pub mod reload_plan;
 pub mod reporter;
 pub mod ruleset;
 pub mod saturation;

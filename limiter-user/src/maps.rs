@@ -88,6 +88,41 @@ fn plan_view(rules: &BTreeMap<u32, RuleConfig>) -> BTreeMap<u32, SourceRule<'_>>
         .collect()
 }
 
+/// The per-source rules of the live table and of `table`, by slot.
+fn per_source_rules(
+    live: &BTreeMap<u32, RuleConfig>,
+    table: &RuleTable,
+) -> (BTreeMap<u32, RuleConfig>, BTreeMap<u32, RuleConfig>) {
+    let per_source =
+        |r: &RuleConfig| r.flags & RULE_IN_USE != 0 && r.flags & RULE_HAS_PER_SOURCE != 0;
+    let before = live
+        .iter()
+        .filter(|(_, r)| per_source(r))
+        .map(|(s, r)| (*s, *r))
+        .collect();
+    let after = table
+        .rules
+        .iter()
+        .filter(|(_, r)| per_source(r))
+        .copied()
+        .collect();
+    (before, after)
+}
+
+/// The sketch's region plan installing `table` over the `live` rules would follow
+/// ([`Maps::install`]), and how many per-source rules run now: what a reload's
+/// dry run reports.
+pub fn region_plan(
+    live: &BTreeMap<u32, RuleConfig>,
+    table: &RuleTable,
+) -> (sketch_regions::RegionPlan, usize) {
+    let (before, after) = per_source_rules(live, table);
+    (
+        sketch_regions::plan(&plan_view(&before), &plan_view(&after)),
+        before.len(),
+    )
+}
+
 fn map_err(what: impl Into<String>) -> impl FnOnce(MapError) -> Error {
     let what = what.into();
     move |source| Error::Map { what, source }
@@ -291,19 +326,7 @@ impl Maps {
         live: &BTreeMap<u32, RuleConfig>,
         table: &RuleTable,
     ) -> Result<BTreeMap<u32, u32>, Error> {
-        let per_source =
-            |r: &RuleConfig| r.flags & RULE_IN_USE != 0 && r.flags & RULE_HAS_PER_SOURCE != 0;
-        let before: BTreeMap<u32, RuleConfig> = live
-            .iter()
-            .filter(|(_, r)| per_source(r))
-            .map(|(s, r)| (*s, *r))
-            .collect();
-        let after: BTreeMap<u32, RuleConfig> = table
-            .rules
-            .iter()
-            .filter(|(_, r)| per_source(r))
-            .copied()
-            .collect();
+        let (before, after) = per_source_rules(live, table);
         let plan = sketch_regions::plan(&plan_view(&before), &plan_view(&after));
         for region in &plan.cleared {
             self.clear_region(*region)?;

@@ -305,6 +305,19 @@ pub fn render(s: &Snapshot) -> String {
             "limiter_fleet_tls_reload_failures_total {}",
             fleet.tls_reload_failures
         );
+        family(
+            &mut out,
+            "limiter_fleet_size_disagreement",
+            "gauge",
+            "1 while the allocator's configuration names another fleet_size than this \
+             host's (a joiner's share while the allocator learns is not what this host \
+             enforces in BOOTSTRAP), 0 otherwise.",
+        );
+        let _ = writeln!(
+            out,
+            "limiter_fleet_size_disagreement {}",
+            u8::from(fleet.fleet_size_disagreement.is_some())
+        );
     }
     family(
         &mut out,
@@ -600,6 +613,10 @@ mod tests {
                 credited: 41,
                 report_failures: 9,
                 tls_reload_failures: 2,
+                fleet_size_disagreement: Some(crate::daemon::FleetSizeDisagreement {
+                    host: 4,
+                    allocator: 500,
+                }),
             }),
             saturation: vec![RuleSaturation {
                 rule: "we\"b".into(),
@@ -617,6 +634,7 @@ mod tests {
         assert!(text.contains("limiter_fleet_credited_total 41\n"));
         assert!(text.contains("limiter_fleet_report_failures_total 9\n"));
         assert!(text.contains("limiter_fleet_tls_reload_failures_total 2\n"));
+        assert!(text.contains("limiter_fleet_size_disagreement 1\n"));
         assert!(text.contains("limiter_interface_attached{interface=\"eth1\",hook=\"xdp\"} 0\n"));
         assert!(text.contains("limiter_interface_reattaches_total{interface=\"eth1\"} 2\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));

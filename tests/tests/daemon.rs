@@ -272,6 +272,103 @@ fn invalid_reload_changes_nothing_valid_reload_keeps_buckets() {
     daemon.stop();
 }
 
+/// `reload --dry-run` says what a reload would do and changes nothing; the reload then
+/// does it and prints the same list. Adding a per-source rule cuts the sketch anew, so
+/// the kept per-source rule's sources start over: both say so (before, `reload` printed
+/// only "reloaded: N rules").
+#[test]
+fn reload_dry_run_lists_the_changes_and_changes_nothing() {
+    let keep = |rate: u64| {
+        format!(
+            "[[rules]]\nname = \"keep\"\ndst = \"198.18.0.2/32\"\nrate = {rate}\nburst = 10\n\
+             [rules.per_source]\nrate = 5\nburst = 5\n"
+        )
+    };
+    let gone = "[[rules]]\nname = \"gone\"\ndst = \"198.18.0.5/32\"\nrate = 100\nburst = 10\n";
+    let api = "[[rules]]\nname = \"api\"\ndst = \"198.18.0.6/32\"\nrate = 100\nburst = 10\n\
+               [rules.per_source]\nrate = 5\nburst = 5\n";
+    let lab = Lab::new(&format!("{}\n{gone}", keep(100)));
+    let daemon = lab.start();
+    let slots_before = Maps::from_pins(&lab.pins.path)
+        .unwrap()
+        .live_slots()
+        .unwrap();
+    lab.write_config(&format!("{}\n{api}", keep(200)));
+
+    let dry = lab.json(&["reload", "--dry-run", "--json"]);
+    let plan = &dry["plan"];
+    assert_eq!(plan["added"], serde_json::json!(["api"]), "{dry}");
+    assert_eq!(plan["removed"], serde_json::json!(["gone"]), "{dry}");
+    assert_eq!(
+        plan["changed"],
+        serde_json::json!([{"rule": "keep", "keys": [{"key": "rate", "from": "100", "to": "200"}]}]),
+        "{dry}"
+    );
+    let restarts = plan["restarts"].as_array().unwrap();
+    assert!(
+        restarts
+            .contains(&serde_json::json!({"rule": "api", "state": "aggregate", "why": "new rule"})),
+        "{dry}"
+    );
+    assert!(
+        restarts.contains(&serde_json::json!({
+            "rule": "keep",
+            "state": "per_source",
+            "why": "the sketch is cut anew for 2 per-source rules (was 1)"
+        })),
+        "{dry}"
+    );
+    // Nothing changed.
+    assert_eq!(
+        Maps::from_pins(&lab.pins.path)
+            .unwrap()
+            .live_slots()
+            .unwrap(),
+        slots_before
+    );
+    let text = lab.ok(&["reload", "--dry-run"]);
+    assert!(
+        text.starts_with("would reload: 2 rules (1 added, 1 removed, 1 changed, 0 unchanged)"),
+        "{text}"
+    );
+
+    // The reload does it and prints the same list.
+    let text = lab.ok(&["reload"]);
+    assert!(
+        text.starts_with("reloaded: 2 rules (1 added, 1 removed, 1 changed, 0 unchanged)"),
+        "{text}"
+    );
+    for line in [
+        "  + api\n",
+        "  - gone\n",
+        "  ~ keep: rate 100 -> 200\n",
+        "  keep: per-source buckets start over (each source's burst once): the sketch is cut anew for 2 per-source rules (was 1)\n",
+    ] {
+        assert!(text.contains(line), "{line:?} not in:\n{text}");
+    }
+    let live = Maps::from_pins(&lab.pins.path)
+        .unwrap()
+        .live_slots()
+        .unwrap();
+    assert!(
+        live.contains_key("api") && !live.contains_key("gone"),
+        "{live:?}"
+    );
+
+    // A file the reload would refuse: the dry run refuses it the same way (exit 3).
+    lab.write_config(&format!(
+        "{}\n[[rules]]\nname = \"bad\"\ndst = \"198.18.0.7/32\"\nrate = 5\n",
+        keep(200)
+    ));
+    let out = lab.limiter(&["reload", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("burst"),
+        "{out:?}"
+    );
+    daemon.stop();
+}
+
 /// Passed-packet count of `rule`, read straight from the pins.
 fn passed(maps: &Maps, slot: u32) -> u64 {
     maps.rule_counters(slot).unwrap().passed_packets

@@ -97,7 +97,8 @@ fn the_fleet_shares_the_quota_and_degrades_on_schedule() {
 
     // The allocator comes back: LEASED again, and no burst over the quota. While it
     // learns, the FAIL_OPEN hosts (holding nothing) get a joiner's share (quota ÷ the
-    // fleet_size of 3) with their first report, so they stop passing everything after
+    // fleet_size of 3 the hosts report: the allocator's file names none) with their
+    // first report, so they stop passing everything after
     // one report interval, not after the lease TTL of learning: the first second stays
     // within 10 % of the quota (they offer 4000/s).
     allocator.start();
@@ -126,6 +127,51 @@ fn the_fleet_shares_the_quota_and_degrades_on_schedule() {
     for d in daemons {
         d.stop();
     }
+}
+
+/// An allocator whose file names another fleet_size than the hosts' sizes a joiner's
+/// share by its own, and says so in every reply: the host shows it (status, metric) and
+/// the allocator counts the reports that disagree. Old code: nothing compared them (a
+/// fleet of 4 against the default 500 ran at quota ÷ 500 for a lease TTL unnoticed).
+#[test]
+fn an_allocator_naming_another_fleet_size_is_reported_by_the_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let metrics_port = free_port();
+    let allocator = Allocator::sized(
+        dir.path(),
+        &pki,
+        Some(metrics_port),
+        (LEASE_MS, REPORT_MS),
+        500,
+        "",
+    );
+    let lab = Lab::new(&daemon_config("lb-1", &pki, allocator.port, "lb-1"));
+    let daemon = lab.start();
+    let start = Instant::now();
+    let disagreement = loop {
+        let status = lab.json(&["status", "--json"]);
+        let d = status["fleet"]["fleet_size_disagreement"].clone();
+        if !d.is_null() {
+            break d;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "no fleet_size disagreement in the status: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(
+        disagreement,
+        serde_json::json!({"host": 3, "allocator": 500}),
+        "the daemon's config has fleet_size = 3"
+    );
+    assert_eq!(
+        scrape(lab.metrics_port)["limiter_fleet_size_disagreement"],
+        1.0
+    );
+    assert!(scrape(metrics_port)["limiter_allocator_fleet_size_disagreements_total"] >= 1.0);
+    daemon.stop();
 }
 
 #[test]
@@ -441,6 +487,7 @@ fn the_allocator_refuses_bad_peers_and_bad_reports() {
                 ..RuleReport::default()
             })
             .collect(),
+        fleet_size: 0,
     };
     runtime.block_on(async {
         // No client certificate: the TLS handshake is refused.
@@ -565,6 +612,12 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
         "granted {granted}"
     );
     assert_eq!(m["limiter_allocator_hosts{rule=\"web\"}"], 2.0);
+    // The allocator's file names no fleet_size: it uses the hosts' own, nobody disagrees.
+    assert_eq!(m["limiter_allocator_fleet_size_disagreements_total"], 0.0);
+    assert_eq!(
+        scrape(labs[0].metrics_port)["limiter_fleet_size_disagreement"],
+        0.0
+    );
     let fairness = m["limiter_allocator_fairness{rule=\"web\"}"];
     assert!(fairness > 0.95, "two equal hosts, fairness {fairness}");
 

@@ -322,7 +322,7 @@ fn limiter_user_keeps_to_its_layers() {
 
 /// The modules limiter-user's layer list calls pure: they compute, and the daemon does
 /// the I/O (maps, files, logs) with what they return.
-const PURE: [&str; 3] = ["fleet", "ruleset", "sketch_regions"];
+const PURE: [&str; 4] = ["fleet", "reload_plan", "ruleset", "sketch_regions"];
 
 #[test]
 fn limiter_users_pure_modules_do_no_io() {

@@ -56,7 +56,8 @@ enum Command {
     /// List or change rule quotas at runtime.
     #[command(subcommand)]
     Quota(quota::QuotaCommand),
-    /// Re-read the config file; an invalid file changes nothing.
+    /// Re-read the config file; an invalid file changes nothing. Prints the rules added,
+    /// removed and changed, and whose buckets start over (`--dry-run`: only prints it).
     Reload(reload::ReloadArgs),
     /// Why was I throttled? The rule a frame meets, its buckets, recent drops, and
     /// whether a frame sent now would pass.

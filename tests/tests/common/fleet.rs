@@ -91,7 +91,7 @@ impl Allocator {
             pki,
             metrics,
             (lease_ms, report_ms),
-            3,
+            0,
             settings,
             tables,
         )
@@ -117,8 +117,8 @@ impl Allocator {
         )
     }
 
-    /// An allocator of `fleet_size` whose config has the top-level `settings` and ends
-    /// with `tables`.
+    /// An allocator of `fleet_size` (0: none in its file, so it uses the hosts' own)
+    /// whose config has the top-level `settings` and ends with `tables`.
     pub fn build(
         dir: &Path,
         pki: &Pki,
@@ -130,13 +130,18 @@ impl Allocator {
     ) -> Allocator {
         let port = free_port();
         let metrics = metrics.map_or(String::new(), |p| format!("127.0.0.1:{p}"));
+        let fleet_size = if fleet_size == 0 {
+            String::new()
+        } else {
+            format!("fleet_size = {fleet_size}\n")
+        };
         let server = pki.pair("allocator");
         let config = dir.join("allocator.toml");
         std::fs::write(
             &config,
             format!(
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
-                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nfleet_size = {fleet_size}\n\
+                 lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\n{fleet_size}\
                  {settings}\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
                  [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
                  [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n{tables}",

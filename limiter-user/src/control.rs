@@ -35,6 +35,10 @@ pub enum Request {
     Reload,
     /// What `Reload` would do, changing nothing.
     ReloadDryRun,
+    /// Set (`on`) or clear the kill switch.
+    Bypass {
+        on: bool,
+    },
     Explain(ExplainQuery),
     /// Detach from every interface, remove every pin, and exit.
     Detach,
@@ -131,6 +135,7 @@ fn dispatch(
         Request::QuotaSet { rule, rate, burst } => to_reply(d.set_quota(&rule, rate, burst)),
         Request::Reload => to_reply(d.reload()),
         Request::ReloadDryRun => to_reply(d.reload_dry_run()),
+        Request::Bypass { on } => to_reply(d.set_bypass(on, "limiter bypass")),
         Request::Explain(query) => to_reply(d.explain(&query)),
         Request::Detach => {
             let _ = shutdown.send(Shutdown::Detach);

@@ -11,14 +11,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_common::{abi::CONTROL_BYPASS, gcra};
+use limiter_common::{
+    abi::{Control, CONTROL_BYPASS},
+    gcra,
+};
 use limiter_fleet::{clock::monotonic_ns, share::ShareState};
 use limiter_instance::Instance;
 use limiter_proto::pb::{ReportReply, ReportRequest};
 use serde::Serialize;
 
 use crate::{
-    config::{Config, OnSaturation, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
+    config::{Bypass, Config, OnSaturation, RateSpec, RuleSpec, Unit, XdpShare, XdpShareFallback},
     error::Error,
     explain::{self, ExplainQuery, Explanation},
     fleet::{offered_units, refused_frames, takes_credit, FleetState, RuleTotals},
@@ -391,6 +394,20 @@ pub struct Daemon {
     /// The claimed control socket and its lock. Dropped last (see [`Daemon::detach_all`]):
     /// the socket disappears only when everything else is done.
     instance: Option<Instance>,
+    /// The `CONTROL` bypass bit as this daemon last saw or set it: a change made
+    /// elsewhere (bpftool, `limiter bypass` without the daemon) is logged once seen.
+    bypass_seen: bool,
+}
+
+/// What `limiter bypass on|off` did.
+#[derive(Clone, Debug, Serialize)]
+pub struct BypassReport {
+    pub bypass: bool,
+    /// Whether the bit changed (it may have been so already).
+    pub changed: bool,
+    /// The config says `bypass = "on"`: a `bypass off` lasts until the next start or
+    /// reload, which sets it again.
+    pub config_on: bool,
 }
 
 impl Daemon {
@@ -581,9 +598,15 @@ impl Daemon {
             handoff,
             links: BTreeMap::new(),
             instance: Some(claimed.instance),
+            bypass_seen: false,
         };
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
+        // The config's kill switch before the program runs anywhere new.
+        daemon.bypass_seen = daemon.maps.control()?.flags & CONTROL_BYPASS != 0;
+        if daemon.config.bypass == Bypass::On && !daemon.bypass_seen {
+            daemon.set_bypass(true, "the config's bypass = \"on\"")?;
+        }
         // Then where passed frames go, before the program runs anywhere new.
         daemon.handoff.follow()?;
         if daemon.handoff.spec().is_none() {
@@ -672,7 +695,7 @@ impl Daemon {
         if daemon.maps.control()?.flags & CONTROL_BYPASS != 0 {
             tracing::warn!(
                 "CONTROL bypass is set: every frame passes unclassified, unmetered and \
-                 uncounted until it is cleared (README, \"Inspecting with bpftool\")"
+                 uncounted until `limiter bypass off` clears it"
             );
         }
         Ok(daemon)
@@ -1241,6 +1264,18 @@ impl Daemon {
             self.config.handoff = new.handoff.clone();
         }
         let needs_restart = needs_restart(&old_config, &new, handoff_live);
+        self.config.keys.bypass = new.bypass;
+        let bypass = self.maps.control()?.flags & CONTROL_BYPASS != 0;
+        match (new.bypass, bypass) {
+            (Bypass::On, false) => {
+                self.set_bypass(true, "the config's bypass = \"on\" (reload)")?;
+            }
+            (Bypass::Off, true) => tracing::warn!(
+                "bypass stays on: the config's bypass = \"off\" never clears the switch; \
+                 `limiter bypass off` does"
+            ),
+            _ => {}
+        }
         tracing::info!(
             rules = self.table.rules.len(),
             added = plan.added.len(),
@@ -1254,6 +1289,55 @@ impl Daemon {
             needs_restart,
             plan,
         })
+    }
+
+    /// Sets or clears the `CONTROL` bypass bit (the kill switch) at once, logged with
+    /// `by` (who asked). Every interface and hook of this daemon's program reads it at
+    /// the next frame.
+    pub fn set_bypass(&mut self, on: bool, by: &str) -> Result<BypassReport, Error> {
+        let control = self.maps.control()?;
+        let flags = if on {
+            control.flags | CONTROL_BYPASS
+        } else {
+            control.flags & !CONTROL_BYPASS
+        };
+        let changed = flags != control.flags;
+        if changed {
+            self.maps.set_control(Control { flags, ..control })?;
+        }
+        self.bypass_seen = on;
+        let config_on = self.config.bypass == Bypass::On;
+        match (on, changed) {
+            (true, true) => tracing::warn!(
+                by,
+                "bypass on: every frame passes unclassified, unmetered and uncounted \
+                 until `limiter bypass off`"
+            ),
+            (false, true) => tracing::warn!(by, "bypass off: enforcing again"),
+            _ => tracing::info!(by, bypass = on, "bypass unchanged"),
+        }
+        Ok(BypassReport {
+            bypass: on,
+            changed,
+            config_on,
+        })
+    }
+
+    /// Logs a change of the bypass bit made outside this daemon (call once a second).
+    pub fn watch_bypass(&mut self) -> Result<(), Error> {
+        let on = self.maps.control()?.flags & CONTROL_BYPASS != 0;
+        if on != self.bypass_seen {
+            self.bypass_seen = on;
+            if on {
+                tracing::warn!(
+                    "bypass switched on outside the daemon: every frame passes \
+                     unclassified, unmetered and uncounted until `limiter bypass off`"
+                );
+            } else {
+                tracing::warn!("bypass switched off outside the daemon: enforcing again");
+            }
+        }
+        Ok(())
     }
 
     /// What [`Daemon::reload`] would do with the config file as it is now, without

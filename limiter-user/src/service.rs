@@ -84,6 +84,9 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Re
                 if let Err(e) = d.follow_handoff() {
                     tracing::warn!("following next_program: {e}");
                 }
+                if let Err(e) = d.watch_bypass() {
+                    tracing::warn!("reading the bypass bit: {e}");
+                }
             }
         }
     });

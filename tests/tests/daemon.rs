@@ -369,6 +369,95 @@ fn reload_dry_run_lists_the_changes_and_changes_nothing() {
     daemon.stop();
 }
 
+/// The kill switch: `limiter bypass on` passes every frame at once, unmetered and
+/// uncounted, with or without the daemon; `off` enforces again; a file's bypass = "on"
+/// sets it at reload, and a file's "off" never clears an operator's switch, nor does a
+/// start. Before, the bit could only be set by hand with bpftool.
+#[test]
+fn bypass_passes_everything_at_once_with_or_without_the_daemon() {
+    let rules = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 1\nburst = 1\n";
+    let lab = Lab::new(rules);
+    let daemon = lab.start();
+    let pin_dir = lab.pins.path.to_str().unwrap().to_string();
+    // 50 frames in 50 ms: (sent, received by the host, Δ passed, Δ dropped).
+    let burst = || {
+        let counters = || {
+            let maps = Maps::from_pins(&lab.pins.path).unwrap();
+            let slot = maps.live_slots().unwrap()["web"];
+            let c = maps.rule_counters(slot).unwrap();
+            (c.passed_packets, c.dropped_packets)
+        };
+        let before = counters();
+        let (sent, received) = limiter_tests::scenario::flood(
+            &lab.pair,
+            plan(
+                vec![udp_to_host(&lab.pair, 9, 64)],
+                1000,
+                Duration::from_millis(50),
+            ),
+        )
+        .unwrap();
+        let after = counters();
+        (
+            sent.sent,
+            received.matched,
+            after.0 - before.0,
+            after.1 - before.1,
+        )
+    };
+    let enforced = |(sent, received, passed, dropped): (u64, u64, u64, u64)| {
+        assert!(
+            sent >= 45 && dropped >= sent - 2 && received == passed,
+            "{sent} {received} {passed} {dropped}"
+        );
+    };
+    let bypassed = |(sent, received, passed, dropped): (u64, u64, u64, u64)| {
+        assert!(
+            sent >= 45 && received == sent && passed == 0 && dropped == 0,
+            "{sent} {received} {passed} {dropped}"
+        );
+    };
+    enforced(burst());
+
+    let out = lab.ok(&["bypass", "on"]);
+    assert!(out.starts_with("bypass on"), "{out}");
+    assert_eq!(lab.json(&["status", "--json"])["bypass"], true);
+    bypassed(burst());
+    let out = lab.ok(&["bypass", "off"]);
+    assert!(out.starts_with("bypass off"), "{out}");
+    enforced(burst());
+
+    // The file's switch: "on" sets it at reload; "off" does not clear it.
+    lab.write_config(&format!("bypass = \"on\"\n{rules}"));
+    lab.ok(&["reload"]);
+    assert_eq!(lab.json(&["status", "--json"])["bypass"], true);
+    bypassed(burst());
+    lab.write_config(rules);
+    lab.ok(&["reload"]);
+    assert_eq!(
+        lab.json(&["status", "--json"])["bypass"],
+        true,
+        "a reload cleared the switch"
+    );
+    lab.ok(&["bypass", "off"]);
+    enforced(burst());
+
+    // No daemon: the pins are the switch; the program keeps running on its links.
+    daemon.stop();
+    let out = lab.ok(&["bypass", "on", "--pin-dir", &pin_dir]);
+    assert!(out.contains("no daemon answers"), "{out}");
+    bypassed(burst());
+    let out = lab.ok(&["bypass", "--pin-dir", &pin_dir]);
+    assert!(out.starts_with("bypass on"), "{out}");
+    // A start keeps it.
+    let daemon = lab.start();
+    assert_eq!(lab.json(&["status", "--json"])["bypass"], true);
+    bypassed(burst());
+    lab.ok(&["bypass", "off"]);
+    enforced(burst());
+    daemon.stop();
+}
+
 /// Passed-packet count of `rule`, read straight from the pins.
 fn passed(maps: &Maps, slot: u32) -> u64 {
     maps.rule_counters(slot).unwrap().passed_packets

@@ -103,6 +103,9 @@ limiter_tests::test_rows! {
     status_daemon_not_running => limiter(&["status", "--socket", "DIR/none.sock"], Exit::NotRunning, "no limiter daemon is listening");
     quota_set_daemon_not_running => limiter(&["quota", "set", "web", "--rate", "1", "--socket", "DIR/none.sock"], Exit::NotRunning, "is it running?");
     stats_no_pins => limiter(&["stats", "--pin-dir", "DIR/pins"], Exit::NotRunning, "no pinned limiter maps");
+    /// No daemon and nothing pinned: there is nothing to switch.
+    bypass_no_daemon_no_pins => limiter(&["bypass", "on", "--socket", "DIR/none.sock", "--pin-dir", "DIR/pins"], Exit::NotRunning, "no pinned limiter maps");
+    bypass_bad_switch => limiter(&["bypass", "maybe"], Exit::Usage, "invalid value 'maybe'");
     limiter_usage => limiter(&["frobnicate"], Exit::Usage, "unrecognized subcommand");
     allocator_run_missing_config => allocator(&["run", "--config", "DIR/absent.toml"], Exit::BadInput, NOT_FOUND);
     allocator_run_bad_toml => allocator(&["run", "--config", "DIR/bad.toml"], Exit::BadInput, "bad.toml:");

@@ -2,6 +2,7 @@
 //! ask it over the control socket, except `stats`, which reads the pinned maps directly
 //! (it works even when the daemon is down).
 
+mod bypass;
 mod check;
 mod detach;
 mod explain;
@@ -64,6 +65,9 @@ enum Command {
     Explain(explain::ExplainArgs),
     /// Detach from every interface and remove every pin (maps and counters too).
     Detach(detach::DetachArgs),
+    /// The kill switch: `on` passes every frame unmetered at once, `off` enforces again
+    /// (through the daemon, or the pinned maps when none runs); no argument shows it.
+    Bypass(bypass::BypassArgs),
     /// Check a config file as `run` and `reload` would, changing nothing: exit status 0
     /// when it would be accepted, 1 with every problem (file, line, field) when not.
     Check(check::CheckArgs),
@@ -100,6 +104,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Reload(args) => reload::execute(args),
         Command::Explain(args) => explain::execute(args),
         Command::Detach(args) => detach::execute(args),
+        Command::Bypass(args) => bypass::execute(args),
         Command::Check(args) => check::execute(args),
         Command::Completions(args) => {
             cli_docs::write_completions(Cli::command(), args.shell, &mut std::io::stdout());

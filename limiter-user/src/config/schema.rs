@@ -20,9 +20,9 @@ use limiter_fleet::share::{
 };
 
 use super::words::{
-    Mode, OnSaturation, Proto, Unit, XdpMode, XdpShare, XdpShareFallback, DEFAULT_CONTROL_SOCKET,
-    DEFAULT_METRICS, DEFAULT_PIN_DIR, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6, DEFAULT_XDP_PRIORITY,
-    MAX_MAX_SOURCES,
+    Bypass, Mode, OnSaturation, Proto, Unit, XdpMode, XdpShare, XdpShareFallback,
+    DEFAULT_CONTROL_SOCKET, DEFAULT_METRICS, DEFAULT_PIN_DIR, DEFAULT_PREFIX_V4, DEFAULT_PREFIX_V6,
+    DEFAULT_XDP_PRIORITY, MAX_MAX_SOURCES,
 };
 
 const FAIL_MODE_SPELLINGS: &[&str] = &[FailMode::Open.as_str(), FailMode::Static.as_str()];
@@ -58,6 +58,8 @@ section! {
         MAX_SOURCES = "max_sources" => max_sources: u32, Int(limiter_common::abi::DEFAULT_MAX_SOURCES as u64),
             Integer { min: 1, max: MAX_MAX_SOURCES as u64 },
             "cells in each row of the per-source sketch";
+        BYPASS = "bypass" => bypass: Bypass, Str(Bypass::Off.as_str()), Word(Bypass::SPELLINGS),
+            "\"on\": the kill switch, every frame passes unclassified, unmetered and uncounted, set at start and at every reload; \"off\" never clears a switch set by `limiter bypass on`";
         FLEET_SIZE = "fleet_size" => fleet_size: u32, Int(DEFAULT_FLEET_SIZE as u64),
             Integer { min: 1, max: u32::MAX as u64 },
             "hosts sharing a quota while bootstrapping (quota / fleet_size)";

@@ -71,6 +71,18 @@ config_enum!(
 pub const DEFAULT_XDP_PRIORITY: u32 = 10;
 
 config_enum!(
+    /// The kill switch in the config (`bypass`): the `CONTROL` bypass bit, which passes
+    /// every frame unclassified, unmetered and uncounted.
+    Bypass, "bypass" {
+        /// Enforce; a switch set by `limiter bypass on` (or by hand) stays set: a reload
+        /// never clears an operator's emergency switch.
+        Off = "off",
+        /// Set the bit at start and at every reload.
+        On = "on",
+    }
+);
+
+config_enum!(
     /// Protocol a rule matches.
     Proto, "proto" {
         Tcp = "tcp",

@@ -26,7 +26,7 @@ use crate::{
     explain::{self, ExplainQuery, Explanation},
     fleet::{offered_units, refused_frames, takes_credit, FleetState, RuleTotals},
     grace,
-    handoff::{HandoffControl, HandoffStatus},
+    handoff::{HandoffControl, HandoffStatus, JoinedSlot},
     maps::Maps,
     object::Variant,
     pins,
@@ -397,6 +397,9 @@ pub struct Daemon {
     /// The `CONTROL` bypass bit as this daemon last saw or set it: a change made
     /// elsewhere (bpftool, `limiter bypass` without the daemon) is logged once seen.
     bypass_seen: bool,
+    /// `join_program_array`: whether the joined slot held the limiter at the last
+    /// check ([`Daemon::watch_joined`]); `None` when not joined.
+    joined_holds: Option<bool>,
 }
 
 /// What `limiter bypass on|off` did.
@@ -599,6 +602,7 @@ impl Daemon {
             links: BTreeMap::new(),
             instance: Some(claimed.instance),
             bypass_seen: false,
+            joined_holds: None,
         };
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
@@ -1264,6 +1268,13 @@ impl Daemon {
             self.config.handoff = new.handoff.clone();
         }
         let needs_restart = needs_restart(&old_config, &new, handoff_live);
+        if let Some(problem) = self.handoff.joined_slot().and_then(|s| s.problem()) {
+            // The operator's way to put the limiter back where another tool wrote.
+            let fd = self.program.program_fd(Variant::Linear)?;
+            self.handoff.join(fd)?;
+            tracing::warn!("reload: the limiter written back into its slot ({problem})");
+            self.watch_joined();
+        }
         self.config.keys.bypass = new.bypass;
         let bypass = self.maps.control()?.flags & CONTROL_BYPASS != 0;
         match (new.bypass, bypass) {
@@ -1321,6 +1332,32 @@ impl Daemon {
             changed,
             config_on,
         })
+    }
+
+    /// Checks that the joined slot of the LB's root array still holds the limiter (call
+    /// once a second): another tool that writes the slot makes the LB dispatch past the
+    /// limiter. Logged at each change; shown by `status` and the metrics.
+    pub fn watch_joined(&mut self) {
+        let Some(slot) = self.handoff.joined_slot() else {
+            self.joined_holds = None;
+            return;
+        };
+        let holds = slot.holds_limiter();
+        if self.joined_holds != Some(holds) {
+            match slot.problem() {
+                Some(problem) => tracing::error!("{problem}"),
+                None if self.joined_holds.is_some() => {
+                    tracing::info!("the joined slot holds the limiter again")
+                }
+                None => {}
+            }
+        }
+        self.joined_holds = Some(holds);
+    }
+
+    /// Whether the joined slot held the limiter at the last check (`None`: not joined).
+    pub fn joined_holds(&self) -> Option<bool> {
+        self.joined_holds
     }
 
     /// Logs a change of the bypass bit made outside this daemon (call once a second).
@@ -1484,9 +1521,17 @@ impl Daemon {
             detached_unconfigured: self.detached_unconfigured.clone(),
             reattaches: self.links.values().map(|w| w.reattaches).sum(),
             joined: match self.handoff.spec() {
-                Some(crate::config::HandoffSpec::Join { .. }) => {
-                    self.handoff.status(Variant::Linear, handoff, missing)
-                }
+                Some(crate::config::HandoffSpec::Join { .. }) => self
+                    .handoff
+                    .status(Variant::Linear, handoff, missing)
+                    .map(|mut h| {
+                        let slot = self.handoff.joined_slot();
+                        h.slot_holds_limiter = slot.as_ref().map(JoinedSlot::holds_limiter);
+                        if let Some(problem) = slot.and_then(|s| s.problem()) {
+                            h.warning = Some(problem);
+                        }
+                        h
+                    }),
                 _ => None,
             },
             pid: std::process::id(),

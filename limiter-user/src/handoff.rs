@@ -215,6 +215,10 @@ pub struct HandoffStatus {
     /// re-created its array: the limiter still uses the old one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// `join_program_array`: whether the joined slot holds the limiter now (another tool
+    /// may have written it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot_holds_limiter: Option<bool>,
 }
 
 /// The daemon's side of the handoff: the arrays it writes and what it wrote.
@@ -231,6 +235,8 @@ pub struct HandoffControl {
     lb: Option<(PathBuf, MapData, ProgramArray<MapData>)>,
     /// `join_program_array`: the slot this daemon wrote the limiter into.
     joined: Option<u32>,
+    /// The id of the program this daemon wrote there (read back after the write).
+    joined_id: Option<u32>,
     /// `next_program = "PIN"` names the limiter itself (this id): refused.
     self_reference: Option<u32>,
     /// The LB's pin now names another map than the one the program was loaded with.
@@ -285,6 +291,7 @@ impl HandoffControl {
             followed: None,
             lb,
             joined: None,
+            joined_id: None,
             self_reference: None,
             lb_replaced: None,
         })
@@ -452,7 +459,33 @@ impl HandoffControl {
             ),
         })?;
         self.joined = Some(*index);
+        self.joined_id = self
+            .lb
+            .as_ref()
+            .and_then(|(_, data, _)| slot_program(data, *index).ok().flatten());
         Ok(())
+    }
+
+    /// What the joined slot of the LB's root array holds now (`None`: nothing joined).
+    /// Another tool may write the slot (Katran's xdpdump writes and clears slot 0 of its
+    /// root array): the LB then dispatches past the limiter.
+    pub fn joined_slot(&self) -> Option<JoinedSlot> {
+        let index = self.joined?;
+        let (path, data, _) = self.lb.as_ref()?;
+        let at = format!("slot {index} of {}", path.display());
+        Some(match slot_program(data, index) {
+            Ok(Some(id)) if Some(id) == self.joined_id => JoinedSlot::Limiter,
+            Ok(Some(id)) => JoinedSlot::Other {
+                at,
+                id,
+                name: program_name(id).unwrap_or_default(),
+            },
+            Ok(None) => JoinedSlot::Empty { at },
+            Err(e) => JoinedSlot::Unreadable {
+                at,
+                reason: e.to_string(),
+            },
+        })
     }
 
     /// Empties the daemon's own arrays (no handoff configured any more: it should not
@@ -578,6 +611,7 @@ impl HandoffControl {
             missing,
             missing_frames,
             warning: self.lb_replaced.clone(),
+            slot_holds_limiter: None,
         })
     }
 
@@ -587,6 +621,45 @@ impl HandoffControl {
         let index = self.joined?;
         let (path, _, _) = self.lb.as_ref()?;
         Some((path, index))
+    }
+}
+
+/// What the slot the limiter joined holds ([`HandoffControl::joined_slot`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JoinedSlot {
+    /// The program this daemon wrote there.
+    Limiter,
+    Empty {
+        at: String,
+    },
+    Other {
+        at: String,
+        id: u32,
+        name: String,
+    },
+    Unreadable {
+        at: String,
+        reason: String,
+    },
+}
+
+impl JoinedSlot {
+    pub fn holds_limiter(&self) -> bool {
+        *self == JoinedSlot::Limiter
+    }
+
+    /// What an operator is told when the slot does not hold the limiter.
+    pub fn problem(&self) -> Option<String> {
+        let fix = "the LB's root array no longer calls the limiter: frames skip it; \
+                   `limiter reload` (or a restart) writes it back";
+        match self {
+            JoinedSlot::Limiter => None,
+            JoinedSlot::Empty { at } => Some(format!("{at} is empty: {fix}")),
+            JoinedSlot::Other { at, id, name } => Some(format!(
+                "{at} holds program {id} ({name}), not the limiter: {fix}"
+            )),
+            JoinedSlot::Unreadable { at, reason } => Some(format!("reading {at}: {reason}")),
+        }
     }
 }
 

@@ -43,6 +43,8 @@ pub struct Snapshot {
     pub saturation: Vec<RuleSaturation>,
     /// Each configured interface: whether the program runs on it now.
     pub interfaces: Vec<InterfaceState>,
+    /// `join_program_array`: whether the joined slot held the limiter at the last check.
+    pub joined_slot_holds_limiter: Option<bool>,
 }
 
 /// Label values escape backslash, quote and newline.
@@ -168,6 +170,16 @@ pub fn render(s: &Snapshot) -> String {
          and uncounted.",
     );
     let _ = writeln!(out, "limiter_bypass {}", u8::from(s.stats.bypass));
+    if let Some(holds) = s.joined_slot_holds_limiter {
+        family(
+            &mut out,
+            "limiter_joined_slot_holds_limiter",
+            "gauge",
+            "join_program_array: 1 while the joined slot of the LB's root array holds the \
+             limiter, 0 while another program (or none) is there and frames skip the limiter.",
+        );
+        let _ = writeln!(out, "limiter_joined_slot_holds_limiter {}", u8::from(holds));
+    }
     family(
         &mut out,
         "limiter_source_sketch_busy_ratio",
@@ -446,6 +458,7 @@ struct Held {
     fleet: Option<FleetCounters>,
     interfaces: Vec<InterfaceState>,
     saturation: Vec<RuleSaturation>,
+    joined: Option<bool>,
 }
 
 fn held(d: &Daemon) -> Held {
@@ -464,6 +477,7 @@ fn held(d: &Daemon) -> Held {
         fleet: d.fleet_counters(),
         interfaces: d.interface_states(),
         saturation: d.saturation(),
+        joined: d.joined_holds(),
     }
 }
 
@@ -477,6 +491,7 @@ fn complete(held: Held, maps: &Maps) -> Result<Snapshot, crate::Error> {
         fleet: held.fleet,
         interfaces: held.interfaces,
         saturation: held.saturation,
+        joined_slot_holds_limiter: held.joined,
     })
 }
 
@@ -624,8 +639,10 @@ mod tests {
                 false_limit_ratio: 0.25,
                 transitions: 3,
             }],
+            joined_slot_holds_limiter: Some(false),
         };
         let text = render(&snapshot);
+        assert!(text.contains("limiter_joined_slot_holds_limiter 0\n"));
         assert!(text.contains("limiter_rule_sources_saturated{rule=\"we\\\"b\"} 1\n"));
         assert!(text.contains("limiter_rule_sources_false_limit_ratio{rule=\"we\\\"b\"} 0.25\n"));
         assert!(text

@@ -87,6 +87,7 @@ pub async fn run(daemon: Daemon, detach_on_exit: bool, notifier: Notifier) -> Re
                 if let Err(e) = d.watch_bypass() {
                     tracing::warn!("reading the bypass bit: {e}");
                 }
+                d.watch_joined();
             }
         }
     });

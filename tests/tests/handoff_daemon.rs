@@ -340,6 +340,42 @@ fn join_program_array_root_calls_the_limiter_which_calls_the_lb() {
         "the LB saw what the limiter passed"
     );
     assert_eq!(lb.seen(ROOT).unwrap(), 0, "the root fell through");
+    assert_eq!(status["joined"]["slot_holds_limiter"], true, "{status}");
+
+    // Another tool writes the slot (Katran's xdpdump does, in slot 0): the daemon sees
+    // it within a second and says so; `limiter reload` writes the limiter back. Before,
+    // nothing noticed.
+    lb.root_array().unwrap().set(0, &lb_fd, 0).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let lost = loop {
+        let status = lab.json(&["status", "--json"]);
+        if status["joined"]["slot_holds_limiter"] == false {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the overwritten slot is not reported: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let warning = lost["joined"]["warning"].as_str().unwrap_or_default();
+    assert!(
+        warning.contains("slot 0 of") && warning.contains("not the limiter"),
+        "{lost}"
+    );
+    let (p1, d1, _) = counters(&lab);
+    burst(&lab);
+    let (p2, d2, _) = counters(&lab);
+    assert_eq!(
+        p2 + d2,
+        p1 + d1,
+        "frames met the limiter past an overwritten slot"
+    );
+    lab.ok(&["reload"]);
+    assert_eq!(limiter_tests::handoff::slot(&array, 0).unwrap(), in_slot);
+    let status = lab.json(&["status", "--json"]);
+    assert_eq!(status["joined"]["slot_holds_limiter"], true, "{status}");
+    assert!(status["joined"]["warning"].is_null(), "{status}");
 
     // The daemon exits: the slot stays and the limiter keeps enforcing.
     daemon.stop();

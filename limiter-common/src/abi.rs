@@ -621,6 +621,32 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// A record is fresh for at least the destination's reassembly timeout after its
+        /// stamp (30 s IPv4, 60 s IPv6: Linux's defaults), and stale once two clock units
+        /// more have passed, until the clock wraps.
+        #[test]
+        fn a_record_outlives_the_reassembly_timeout_then_goes_stale(
+            start in 0u64..1 << 62,
+            elapsed in 0u64..19 * 3_600_000_000_000,
+            v6 in proptest::bool::ANY,
+        ) {
+            let (family, timeout_ns) = if v6 { (6, 60_000_000_000) } else { (4, 30_000_000_000) };
+            let fresh = fragment_record_fresh(
+                family,
+                fragment_clock(start),
+                fragment_clock(start + elapsed),
+            );
+            if elapsed <= timeout_ns {
+                proptest::prop_assert!(fresh, "stale after {elapsed} ns");
+            }
+            let unit = 1u64 << 30;
+            if elapsed >= (u64::from(fragment_record_life(family)) + 2) * unit {
+                proptest::prop_assert!(!fresh, "fresh after {elapsed} ns");
+            }
+        }
+    }
+
     /// Every combination of what a candidate asks for against packets with and without
     /// a port, with the protocol equal or not. Expected verdicts are written from the
     /// rule ("asks for a port: the packet shows that port; asks for a protocol: the
@@ -733,7 +759,9 @@ pub struct FragmentKey {
 }
 
 /// What a datagram's first fragment showed, for its later fragments, which carry no
-/// transport header: they are classified with these ports.
+/// transport header: they are classified with these ports. Written by the first
+/// first fragment; while it is fresh ([`fragment_record_fresh`]) another first
+/// fragment that disagrees with it is refused, as the destination keeps the first one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FragmentRecord {
@@ -743,10 +771,45 @@ pub struct FragmentRecord {
     pub proto: u8,
     /// 1 when the transport header has ports (TCP, UDP).
     pub has_ports: u8,
-    /// Where the first fragment's payload ends, in 8-byte fragment-offset units: a later
-    /// fragment starting before it would overwrite the headers the first one was
-    /// classified by.
-    pub first_end: u32,
+    /// Where the first fragment's payload ends, in 8-byte fragment-offset units (at most
+    /// 8,192): a later fragment starting before it would overwrite the headers the first
+    /// one was classified by.
+    pub first_end: u16,
+    /// When a first fragment with these headers was last seen: [`fragment_clock`] of
+    /// CLOCK_MONOTONIC. (The upper half of a `u32` `first_end` in earlier versions, so
+    /// a record they left reads as stamped at 0: the layout, and pins, are unchanged.)
+    pub passed_at: u16,
+}
+
+/// [`FragmentRecord::passed_at`]'s clock: CLOCK_MONOTONIC in units of 2^30 ns
+/// (≈ 1.074 s), wrapping every 2^16 units (≈ 19.5 h).
+#[inline(always)]
+pub const fn fragment_clock(now_ns: u64) -> u16 {
+    (now_ns >> 30) as u16
+}
+
+/// How long, in [`fragment_clock`] units, a record speaks for a datagram the destination
+/// may still be reassembling: Linux keeps a reassembly queue at most `ipfrag_time`
+/// (IPv4, 30 s by default) or `ip6frag_time` (IPv6, 60 s) after it starts, and drops the
+/// queue's fragments when it restarts one (IPv4's `ipfrag_max_dist`). A record whose
+/// stamp is older by more than this many units is older than that by more than
+/// 28 × 1.074 s = 30.1 s (IPv4) or 56 × 1.074 s = 60.1 s (IPv6), whatever the rounding of
+/// both readings.
+pub const fn fragment_record_life(family: u32) -> u16 {
+    if family == 4 {
+        28
+    } else {
+        56
+    }
+}
+
+/// Whether a record stamped `passed_at` may still describe a datagram in reassembly at
+/// `now` (both [`fragment_clock`] readings). The clock wraps: a record left untouched
+/// for a multiple of 19.5 h reads fresh again for a minute, which at worst refuses one
+/// disagreeing first fragment under the same identification.
+#[inline(always)]
+pub const fn fragment_record_fresh(family: u32, passed_at: u16, now: u16) -> bool {
+    now.wrapping_sub(passed_at) <= fragment_record_life(family)
 }
 
 counters! {
@@ -817,6 +880,8 @@ const _: () = {
     assert!(size_of::<GlobalCounters>() == 40);
     assert!(size_of::<FragmentKey>() == 2 + 2 + 4 + 16 + 16);
     assert!(size_of::<FragmentRecord>() == 8);
+    // Where a first fragment's payload ends, in 8-byte units, fits `first_end`.
+    assert!(65536 / 8 <= u16::MAX as usize);
     assert!(size_of::<HeaderCounters>() == 6 * 8);
     assert!(size_of::<SynCounters>() == 8);
     assert!(size_of::<TickClock>() == 16);

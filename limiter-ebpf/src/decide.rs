@@ -3,16 +3,19 @@
 //! A whole datagram is classified by its own headers. A frame that does not show what its
 //! datagram is gets the verdict that holds for the datagram the destination reassembles
 //! (README, "What each kind of frame gets"): a first fragment is metered like a whole
-//! datagram and leaves a record of its ports; later fragments are classified with that
-//! record; what could slip a datagram past a rule without the rule seeing it — a first
-//! fragment without its transport header, a later fragment without a record whose rule
-//! depends on ports, one that overwrites the first fragment's headers, an IPv6 header
-//! chain the parser does not follow — is refused by the most specific rule the datagram
-//! could belong to. The destination never completes a datagram whose first fragment was
+//! datagram and leaves a record of its ports; later fragments are
+//! classified with that record; what could slip a datagram past a rule without the rule
+//! seeing it — a first fragment without its transport header, a second first fragment
+//! that disagrees with the record, a later fragment without a record whose rule depends
+//! on ports, one that overwrites the first fragment's headers, an IPv6 header chain the
+//! parser does not follow — is refused by the most specific rule the datagram could
+//! belong to. The destination never completes a datagram whose first fragment was
 //! refused, so it receives no more whole datagrams than the rule admits.
 
-use aya_ebpf::bindings::xdp_action;
-use limiter_common::abi::{FragmentKey, FragmentRecord, HeaderCounters, PrefixRules};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns};
+use limiter_common::abi::{
+    fragment_clock, fragment_record_fresh, FragmentKey, FragmentRecord, HeaderCounters, PrefixRules,
+};
 
 use crate::{
     classify, count_global, maps,
@@ -90,7 +93,19 @@ fn matched(slot: Option<u32>) -> Action {
 fn partial(rules: &PrefixRules, pkt: &Packet) -> Action {
     match pkt.kind {
         kind::FIRST_FRAGMENT => {
-            remember_first(pkt);
+            let now = fragment_now();
+            if contradicts_record(pkt, now) {
+                // A second first fragment under the identification of a datagram that
+                // may still be in reassembly, with other headers: the destination keeps
+                // the first one (a later offset-0 fragment is a duplicate or an overlap
+                // to it), so passing this one could only let the later fragments ride
+                // on headers the destination never uses.
+                count_headers(|h| &mut h.overlapping_fragments);
+                let mut datagram = *pkt;
+                datagram.has_ports = false;
+                return refuse(rules, classify::first_match(rules, pkt), &datagram);
+            }
+            remember_first(pkt, now);
             matched(classify::first_match(rules, pkt))
         }
         kind::LATER_PORTLESS => matched(classify::first_match(rules, pkt)),
@@ -131,35 +146,72 @@ fn later_fragment(rules: &PrefixRules, pkt: &Packet) -> Action {
     datagram.has_ports = record.has_ports != 0;
     datagram.dst_port = record.dst_port;
     let slot = classify::first_match(rules, &datagram);
-    if pkt.frag_offset < record.first_end {
+    if pkt.frag_offset < u32::from(record.first_end) {
         // It would overwrite part of the first fragment — the headers it was classified
         // by (RFC 1858's overlapping fragments), ports included where IPv6 extension
         // headers come first. Refused by the first fragment's rule, or by any rule the
         // rewritten datagram could belong to.
         count_headers(|h| &mut h.overlapping_fragments);
         datagram.has_ports = false;
-        return match slot.or_else(|| classify::first_possible(rules, &datagram).map(|(s, _)| s)) {
-            Some(slot) => Action::Refuse(slot),
-            None => Action::Unmatched,
-        };
+        return refuse(rules, slot, &datagram);
     }
     matched(slot)
 }
 
-/// A first fragment leaves its ports for the rest of its datagram (replacing an older
-/// record under the same identification: the destination reassembles the rest with the
-/// latest first fragment it got). Whether the first fragment itself passes does not
-/// matter: the destination never completes a datagram without it.
+/// Refused by `slot`, or else by the most specific rule `datagram` could belong to.
 #[inline(always)]
-fn remember_first(pkt: &Packet) {
-    let record = FragmentRecord {
+fn refuse(rules: &PrefixRules, slot: Option<u32>, datagram: &Packet) -> Action {
+    match slot.or_else(|| classify::first_possible(rules, datagram).map(|(s, _)| s)) {
+        Some(slot) => Action::Refuse(slot),
+        None => Action::Unmatched,
+    }
+}
+
+/// Whether a fresh record of this datagram (one that may still be in reassembly at the
+/// destination) says other than this first fragment. One that agrees is a duplicate:
+/// metered, and it refreshes the record.
+#[inline(always)]
+fn contradicts_record(pkt: &Packet, now: u16) -> bool {
+    // Copied out at once, as in later_fragment.
+    // SAFETY: a map value pointer the lookup just returned.
+    let Some(record) = maps::FRAGMENTS
+        .get_ptr(&fragment_key(pkt))
+        .map(|p| unsafe { core::ptr::read_volatile(p) })
+    else {
+        return false;
+    };
+    fragment_record_fresh(pkt.family, record.passed_at, now)
+        && record != first_record(pkt, record.passed_at)
+}
+
+/// A first fragment leaves its ports for the rest of its datagram. Only one that found
+/// no fresh record, or one that agrees with it, gets here. Whether it passes does not
+/// matter (the destination never completes a datagram without it): deciding after the
+/// meters costs the verifier too much (see decide).
+#[inline(always)]
+fn remember_first(pkt: &Packet, now: u16) {
+    let record = first_record(pkt, now);
+    // A failed insert (no memory) leaves the later fragments to the orphan rule.
+    let _ = maps::FRAGMENTS.insert(&fragment_key(pkt), &record, BPF_ANY);
+}
+
+#[inline(always)]
+fn first_record(pkt: &Packet, passed_at: u16) -> FragmentRecord {
+    FragmentRecord {
         dst_port: pkt.dst_port,
         proto: pkt.proto,
         has_ports: u8::from(pkt.has_ports),
-        first_end: pkt.frag_offset,
-    };
-    // A failed insert (no memory) leaves the later fragments to the orphan rule.
-    let _ = maps::FRAGMENTS.insert(&fragment_key(pkt), &record, BPF_ANY);
+        // At most 65536 / 8 (limiter_common::abi checks it fits).
+        first_end: pkt.frag_offset as u16,
+        passed_at,
+    }
+}
+
+/// The records' clock (limiter_common::abi::fragment_clock); first fragments only.
+#[inline(always)]
+fn fragment_now() -> u16 {
+    // SAFETY: a helper without arguments.
+    fragment_clock(unsafe { bpf_ktime_get_ns() })
 }
 
 #[inline(always)]

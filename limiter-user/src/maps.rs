@@ -547,6 +547,19 @@ impl Maps {
         }
     }
 
+    /// Writes a datagram's record (tests: a record as old as a test needs).
+    pub fn set_fragment_record(
+        &mut self,
+        key: &FragmentKey,
+        record: &FragmentRecord,
+    ) -> Result<(), Error> {
+        let Some(map) = &mut self.fragments else {
+            return Err(Error::MissingMap(map_name::FRAGMENTS));
+        };
+        map.insert(key, record, 0)
+            .map_err(map_err("writing FRAGMENTS"))
+    }
+
     /// The sketch's seed and width, setting them up first if the map is new (zeroed):
     /// a random seed, and the width the array was created for. Adopted pins keep theirs.
     pub fn sketch_meta(&mut self) -> Result<SketchMeta, Error> {

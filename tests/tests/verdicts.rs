@@ -756,6 +756,85 @@ fn fragment_rows() -> Vec<Row> {
         XDP_PASS,
         Expect::Rule("v6-dns", 1, 0, 0),
     )]);
+    // A decoy: a second first fragment under the identification of a datagram in
+    // reassembly, to another port. The destination keeps the first one, so the later
+    // fragments are its datagram's.
+    let first_443 = || {
+        web(0x120)
+            .ipv4_fragment(0, true)
+            .tcp(40000, 443, TCP_ACK)
+            .payload_len(64)
+    };
+    rows.extend([
+        row(
+            "IPv4 first fragment to :443",
+            first_443().build(),
+            XDP_PASS,
+            PASS_WEB,
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv4 second first fragment, same identification, another port: refused",
+            web(0x120)
+                .ipv4_fragment(0, true)
+                .tcp(40000, 9, TCP_ACK)
+                .payload_len(64)
+                .build(),
+            XDP_DROP,
+            Expect::Rule("host-any", 0, 1, 0),
+        )
+        .counting(&[fragments, overlapping])
+        .refused_early(1),
+        row(
+            "IPv4 later fragment after the decoy: the first fragment's rule",
+            web(0x120)
+                .ipv4_fragment(11, false)
+                .tcp(40000, 443, TCP_ACK)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            PASS_WEB,
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv4 first fragment again, same headers (a duplicate): metered",
+            first_443().build(),
+            XDP_PASS,
+            PASS_WEB,
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv6 first fragment to :443",
+            v6_tail_target(0x220, 0, true)
+                .udp(5353, 443)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            Expect::Rule("v6-bytes443", 1, 0, 0),
+        )
+        .counting(&[fragments]),
+        row(
+            "IPv6 second first fragment, same identification, ICMPv6: refused",
+            v6_tail_target(0x220, 0, true)
+                .proto(58)
+                .payload_len(64)
+                .build(),
+            XDP_DROP,
+            Expect::Rule("v6-icmp", 0, 1, 0),
+        )
+        .counting(&[fragments, overlapping])
+        .refused_early(1),
+        row(
+            "IPv6 later fragment after the decoy: the first fragment's rule",
+            v6_tail_target(0x220, 9, false)
+                .proto(58)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            Expect::Rule("v6-bytes443", 1, 0, 0),
+        )
+        .counting(&[fragments]),
+    ]);
     // A first fragment holding 8 bytes of TCP (ports, no flags); its Total Length says
     // so, and the frame ends there or is padded with a whole TCP header's worth of bytes
     // that the destination ignores.
@@ -1007,6 +1086,153 @@ fn truncation_sweep_never_aborts() {
             ran > 1000,
             "{} build: only {ran} prefixes ran",
             variant.as_str()
+        );
+    }
+}
+
+/// A record older than the destination's reassembly timeout no longer speaks for a
+/// datagram: a new first fragment under the same identification (a busy sender's 16-bit
+/// IPv4 identification comes round again) replaces it; a fresh one is kept.
+#[test]
+fn a_stale_fragment_record_is_replaced_a_fresh_one_is_kept() {
+    use limiter_common::abi::{fragment_clock, fragment_record_life, FragmentKey};
+    let key = FragmentKey {
+        family: 4,
+        proto: 6,
+        id: 0x130,
+        src: [u32::from_ne_bytes([198, 19, 200, 1]), 0, 0, 0],
+        dst: [u32::from_ne_bytes(WEB), 0, 0, 0],
+    };
+    let first = |port: u16| {
+        v4(WEB)
+            .ip_id(0x130)
+            .ipv4_fragment(0, true)
+            .tcp(40000, port, TCP_ACK)
+            .payload_len(64)
+            .build()
+    };
+    for variant in Variant::ALL {
+        let v = variant.as_str();
+        let mut loaded = fixture::load_build(RULES, variant).expect("loading the program");
+        assert_eq!(loaded.run(&first(443)).unwrap(), XDP_PASS, "{v}");
+        let mut record = loaded
+            .maps
+            .fragment_record(&key)
+            .unwrap()
+            .expect("a record");
+        assert_eq!((record.dst_port, record.proto), (443, 6), "{v}");
+        let now = fragment_clock(monotonic_ns());
+        // Fresh (as old as the timeout allows): a first fragment to another port is refused.
+        record.passed_at = now.wrapping_sub(fragment_record_life(4) - 1);
+        loaded.maps.set_fragment_record(&key, &record).unwrap();
+        assert_eq!(
+            loaded.run(&first(9)).unwrap(),
+            XDP_DROP,
+            "{v}: fresh record"
+        );
+        assert_eq!(
+            loaded.maps.fragment_record(&key).unwrap(),
+            Some(record),
+            "{v}"
+        );
+        // Stale: replaced by the new datagram's first fragment, which passes.
+        record.passed_at = now.wrapping_sub(fragment_record_life(4) + 2);
+        loaded.maps.set_fragment_record(&key, &record).unwrap();
+        assert_eq!(
+            loaded.run(&first(9)).unwrap(),
+            XDP_PASS,
+            "{v}: stale record"
+        );
+        let replaced = loaded
+            .maps
+            .fragment_record(&key)
+            .unwrap()
+            .expect("a record");
+        assert_eq!(replaced.dst_port, 9, "{v}: the new datagram's record");
+    }
+}
+
+/// A flood of first fragments to one destination does not take the records of another's
+/// datagrams in flight before the bound the README states for the kernel's LRU ("What
+/// each kind of frame gets"). Then, past the table's size, a record is evicted and its
+/// datagram's later fragment refused: the test can tell.
+#[test]
+fn a_first_fragment_flood_to_one_vip_keeps_another_vips_records() {
+    use limiter_common::abi::MAX_FRAGMENT_RECORDS;
+    let config = "[[rules]]\nname = \"a-roomy\"\ndst = \"198.18.30.2/32\"\ndst_port = 443\nproto = \"udp\"\n\
+                  rate = 1\nburst = 1000000\n\
+                  [[rules]]\nname = \"b\"\ndst = \"198.18.31.1/32\"\ndst_port = 53\nproto = \"udp\"\n\
+                  rate = 1\nburst = 1000000\n";
+    let b_first = |id: u16| {
+        v4([198, 18, 31, 1])
+            .ip_id(id)
+            .ipv4_fragment(0, true)
+            .udp(40000, 53)
+            .payload_len(64)
+            .build()
+    };
+    let b_tail = |id: u16| {
+        v4([198, 18, 31, 1])
+            .ip_id(id)
+            .ipv4_fragment(9, false)
+            .udp(40000, 53)
+            .payload_len(64)
+            .build()
+    };
+    // First fragments from distinct sources (distinct datagrams) to `dst`.
+    let flood = |loaded: &Loaded, dst: [u8; 4], count: u32| {
+        let mut f = v4(dst)
+            .ipv4_fragment(0, true)
+            .udp(40000, 443)
+            .payload_len(64)
+            .build();
+        for i in 0..count {
+            let src = std::net::Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + i);
+            frame::with_ipv4_src(&mut f, src).unwrap();
+            loaded.run(&f).unwrap();
+        }
+    };
+    let tail_metered = |loaded: &Loaded, id: u16| {
+        let before = loaded.snapshot().unwrap();
+        let verdict = loaded.run(&b_tail(id)).unwrap();
+        let d = delta(&before, &loaded.snapshot().unwrap());
+        (
+            verdict,
+            d.rules["b"].passed_packets,
+            d.headers.orphan_fragments,
+        )
+    };
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let cpus = possible
+        .trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<u32>().unwrap() - a.parse::<u32>().unwrap() + 1,
+            None => 1,
+        })
+        .sum::<u32>();
+    // The bound the README states: the table's size less what the kernel's LRU may hold
+    // aside per CPU (up to 128 free and 128 pending entries each, bpf_lru_list.c).
+    let safe = MAX_FRAGMENT_RECORDS - (2 * cpus) * 128;
+    for variant in Variant::ALL {
+        let v = variant.as_str();
+        let loaded = fixture::load_build(config, variant).expect("loading the program");
+        // As many first fragments as the bound on this host's CPUs.
+        assert_eq!(loaded.run(&b_first(2)).unwrap(), XDP_PASS, "{v}");
+        flood(&loaded, [198, 18, 30, 2], safe);
+        assert_eq!(
+            tail_metered(&loaded, 2),
+            (XDP_PASS, 1, 0),
+            "{v}: B's later fragment after {safe} passed first fragments to A ({cpus} CPUs)"
+        );
+        // Past the table's size: evicted, and the later fragment is an orphan.
+        assert_eq!(loaded.run(&b_first(3)).unwrap(), XDP_PASS, "{v}");
+        flood(&loaded, [198, 18, 30, 2], 2 * MAX_FRAGMENT_RECORDS);
+        assert_eq!(
+            tail_metered(&loaded, 3),
+            (XDP_DROP, 0, 1),
+            "{v}: B's later fragment after {} passed first fragments to A",
+            2 * MAX_FRAGMENT_RECORDS
         );
     }
 }

@@ -95,6 +95,9 @@ const DST_PER_SOURCE: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 3);
 const DST_PRECISE_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 4);
 const DST_LINEAR_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 5);
 const DST_TC_DROP: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 6);
+const DST_FRAGMENTS: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 7);
+/// The Identification of the fragmented datagram the fragment rows send.
+const FRAGMENT_ID: u16 = 0x4242;
 /// Rate of the `precise-drop` rule: its burst of 1 is 1 ms, below the tick clock's
 /// minimum tolerance, so it reads the precise clock.
 const PRECISE_RATE: u64 = 1000;
@@ -146,6 +149,14 @@ dst_port = {DST_PORT}
 proto = "tcp"
 rate = 1
 burst = 1
+
+[[rules]]
+name = "frag-pass"
+dst = "{DST_FRAGMENTS}/32"
+dst_port = {DST_PORT}
+proto = "tcp"
+rate = 1_000_000_000
+burst = 1_000_000_000
 
 [[rules]]
 name = "per-source"
@@ -476,6 +487,18 @@ fn check_verdict(scenario: &str, got: u32, want: u32) -> Result<()> {
     Ok(())
 }
 
+/// A fragment of an IPv4 TCP datagram to `dst`:443, 66 bytes (the first fragment's
+/// payload a multiple of 8 bytes, as the first fragment of a real datagram): the first
+/// one (offset 0, its TCP header whole), or a later one at offset 800 that ends it.
+fn fragment(src: Ipv4Addr, dst: Ipv4Addr, first: bool) -> Vec<u8> {
+    FrameBuilder::ipv4(src, dst)
+        .ip_id(FRAGMENT_ID)
+        .ipv4_fragment(if first { 0 } else { 100 }, first)
+        .tcp(40_000, DST_PORT, TCP_ACK)
+        .payload_len(12)
+        .build()
+}
+
 /// A 64-byte IPv4 TCP ACK to `dst`:443.
 fn frame(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
     FrameBuilder::ipv4(src, dst)
@@ -601,6 +624,14 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
         Prog::Xdp(xdp(baselines, "baseline_drop")?),
         Prog::Tc(tc(baselines, "baseline_tc_drop")?),
     );
+    let fragment_case = |scenario, first| RepeatCase {
+        scenario,
+        prog,
+        frame: fragment(src, DST_FRAGMENTS, first),
+        want: XDP_PASS,
+        hot_path: false,
+        tc: false,
+    };
     let cases = [
         case("baseline_pass", pass, DST_HOT_PASS, XDP_PASS, false),
         case("baseline_drop", drop, DST_HOT_PASS, XDP_DROP, false),
@@ -635,6 +666,12 @@ fn repeat_scenarios(baselines: &Ebpf, limiter: &Loaded) -> Result<Vec<Row>> {
             XDP_DROP,
             false,
         ),
+        // The first fragment's run leaves the record the later fragment's runs read.
+        fragment_case(
+            "first fragment passing (writes its datagram's record)",
+            true,
+        ),
+        fragment_case("later fragment passing (classified by the record)", false),
     ];
     // Exhaust the 1/s bucket, and warm everything up (JIT image, caches, map entries).
     let repeat = repeat_here();
@@ -831,6 +868,7 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
     let (pass, drop) = (rule("hot-pass")?, rule("hot-drop")?);
     let (precise, linear) = (rule("precise-drop")?, rule("linear-drop")?);
     let tc_drop = rule("tc-drop")?;
+    let fragments = rule("frag-pass")?;
     ensure!(
         delta.global.unmatched == runs,
         "no rule matched: {} of {runs} runs counted as unmatched",
@@ -864,6 +902,13 @@ fn check_repeat_counters(delta: &Snapshot, runs: u64, elapsed: Duration) -> Resu
          (at most {refills} may pass)",
         tc_drop.dropped_packets,
         tc_drop.passed_packets
+    );
+    ensure!(
+        fragments.passed_packets == 2 * runs && fragments.dropped_packets == 0,
+        "fragments passing: {} passed, {} dropped of {} runs",
+        fragments.passed_packets,
+        fragments.dropped_packets,
+        2 * runs
     );
     let precise_refills = PRECISE_RATE * refills;
     ensure!(
@@ -1333,7 +1378,9 @@ fn intro_lines(header: &Header, verifier: &VerifierCount) -> Vec<String> {
             "rules (unit packets, enforce): hot path passing = rate 1e9/s burst 1e9; \
              hot path dropping = rate 1/s burst 1, exhausted (both on the tick clock); \
              precise clock = rate {PRECISE_RATE}/s burst 1 (1 ms, below the tick clock's \
-             minimum); new source = per_source rate 1/s burst 1 per /32, no aggregate"
+             minimum); new source = per_source rate 1/s burst 1 per /32, no aggregate; \
+             fragments = one IPv4 datagram's first and a later fragment (66 bytes) to a \
+             rule of rate 1e9/s burst 1e9"
         ),
         "builds: `limiter` (multi-buffer aware, reads the frame length with a helper) unless \
          the row says `linear build` (`limiter_linear`, what native mode attaches where the \

@@ -132,8 +132,10 @@ fn hand_over<const N: usize>(
 
 /// Headers the parser may need, pulled into the linear part of a socket buffer whose
 /// driver left them in fragments: Ethernet, two VLAN tags, IPv6 with some extension
-/// headers, TCP (IPv4 with options and TCP: 102 bytes).
-const TC_PULL_LEN: u32 = 128;
+/// headers, TCP (IPv4 with options and TCP: 102 bytes), and a tunnel's outer headers
+/// before them (IPv4 with options, GRE with every optional word, then IPv4 with options
+/// and TCP: 178 bytes).
+const TC_PULL_LEN: u32 = 192;
 
 /// The same program at TC ingress, for frames that reach the host as socket buffers
 /// (veth fed by the stack, virtual NICs without native XDP): at TC they are metered
@@ -185,7 +187,14 @@ fn try_limiter(
     size: impl Fn() -> Size,
     ifindex: impl FnOnce() -> u32,
 ) -> Result<u32, ()> {
-    let control = maps::CONTROL.get(0).ok_or(())?;
+    // A missing entry cannot happen (a fixed-size array); it passes here rather than as
+    // an `Err`: on kernels that do not know an array lookup of a constant index always
+    // finds its entry (6.1), that path reached the end of `limiter_tc` through LLVM's
+    // merged exit, which read a register only the other paths set, and the verifier
+    // refused the TC build.
+    let Some(control) = maps::CONTROL.get(0) else {
+        return Ok(xdp_action::XDP_PASS);
+    };
     let flags = control.flags;
     if flags & CONTROL_BYPASS != 0 {
         return Ok(xdp_action::XDP_PASS);

@@ -1294,7 +1294,7 @@ fn fragment_table() {
     run_table(&fragment_rows());
 }
 
-/// Every prefix of every frame in the tables: the program never aborts and never
+/// Every prefix of every frame in the tables (decapsulating): the program never aborts and never
 /// fails; frames too short for the kernel to run (below an Ethernet header) are refused
 /// by BPF_PROG_TEST_RUN itself. The multi-buffer build and the TC build (up to the
 /// longest frame a TC test run takes).
@@ -1304,9 +1304,12 @@ fn truncation_sweep_never_aborts() {
     frames.extend(classification_rows().into_iter().map(|r| r.frame));
     frames.extend(metering_rows().into_iter().map(|r| r.frame));
     frames.extend(fragment_rows().into_iter().map(|r| r.frame));
+    frames.extend(tunnel_rows(true).into_iter().map(|r| r.frame));
+    // With decapsulation on, so the tunnels' prefixes cut every header of both layers.
+    let config = format!("{RULES}{TUNNELS}");
     for variant in [Variant::MultiBuffer, Variant::Tc] {
         let loaded =
-            fixture::load_build(RULES, variant).expect("loading the program with the test rules");
+            fixture::load_build(&config, variant).expect("loading the program with the test rules");
         let (shortest, longest) = match variant {
             Variant::Tc => (TC_MIN_FRAME, LINEAR_MAX_FRAME),
             _ => (XDP_MIN_FRAME, usize::MAX),

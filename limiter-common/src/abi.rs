@@ -52,9 +52,13 @@ pub mod map_name {
     pub const HANDOFF_LINEAR: &str = "HANDOFF_LINEAR";
     /// The same for the multi-buffer (`xdp.frags`) build.
     pub const HANDOFF_MULTI: &str = "HANDOFF_MULTI";
+    /// Encapsulations decapsulated per interface ([`super::TunnelConfig`], by ifindex).
+    pub const TUNNELS: &str = "TUNNELS";
+    /// Tunnelled frames, per CPU ([`super::TunnelCounters`]).
+    pub const TUNNEL_COUNTS: &str = "TUNNEL_COUNTS";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 22] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -75,6 +79,8 @@ pub mod map_name {
         HANDOFF_COUNTS,
         HANDOFF_LINEAR,
         HANDOFF_MULTI,
+        TUNNELS,
+        TUNNEL_COUNTS,
     ];
 }
 
@@ -102,6 +108,40 @@ pub struct Control {
 
 /// Kill switch: pass every frame without classifying or counting it.
 pub const CONTROL_BYPASS: u32 = 1 << 0;
+/// Some interface decapsulates (`TUNNELS` has entries): only then does a frame whose
+/// outer header could be a tunnel cost a lookup of its interface.
+pub const CONTROL_TUNNELS: u32 = 1 << 1;
+/// Never set. The program reads it as a zero the verifier cannot know, to make where the
+/// inner IP header starts a value the verifier does not track: the paths through the
+/// Ethernet, VLAN and tunnel headers then meet in one state before the L3 parser instead
+/// of each verifying it again.
+pub const CONTROL_NEVER_SET: u32 = 1 << 31;
+
+/// Interfaces with an entry in `TUNNELS` at most.
+pub const MAX_TUNNEL_INTERFACES: u32 = 64;
+/// UDP ports (FOU or GUE) one interface decapsulates at most.
+pub const MAX_TUNNEL_UDP_PORTS: usize = 4;
+/// `TunnelConfig::flags`: IPv4 in IP (protocol 4), in IPv4 or IPv6.
+pub const TUNNEL_IPIP: u32 = 1 << 0;
+/// IPv6 in IP (protocol 41): 6in4 and IPv6 in IPv6.
+pub const TUNNEL_IP6: u32 = 1 << 1;
+/// GRE (protocol 47) carrying IPv4 or IPv6, version 0, with or without checksum, key and
+/// sequence number.
+pub const TUNNEL_GRE: u32 = 1 << 2;
+
+/// What one interface decapsulates (`TUNNELS`, keyed by ifindex). A frame arriving on
+/// an interface without an entry is classified by its outer header.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TunnelConfig {
+    /// `TUNNEL_*` bits.
+    pub flags: u32,
+    /// Bit `i`: `udp_ports[i]` carries GUE (a GUE header, version 0 or 1); clear: FOU
+    /// (the inner IP header right after the UDP header).
+    pub gue_ports: u32,
+    /// UDP destination ports that carry a tunnel, host order; 0: unused.
+    pub udp_ports: [u16; MAX_TUNNEL_UDP_PORTS],
+}
 
 /// Most consecutive slots of a handoff array the program tries, in order, for a frame
 /// it passes (Katran's root tries its slots the same way). Each try is one
@@ -837,6 +877,18 @@ counters! {
     }
 }
 
+counters! {
+    /// The single per-CPU entry of `TUNNEL_COUNTS`.
+    pub struct TunnelCounters {
+        /// Frames classified by their inner header.
+        pub decapsulated: u64,
+        /// Frames of an encapsulation their interface decapsulates whose outer datagram
+        /// is a first fragment without the whole inner headers: dropped (README,
+        /// "Tunnels").
+        pub unreadable: u64,
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: every type is #[repr(C)], Copy, made only of integers, and has no padding
@@ -858,6 +910,8 @@ mod pod {
     unsafe impl aya::Pod for super::SynCounters {}
     unsafe impl aya::Pod for super::Handoff {}
     unsafe impl aya::Pod for super::HandoffCounters {}
+    unsafe impl aya::Pod for super::TunnelConfig {}
+    unsafe impl aya::Pod for super::TunnelCounters {}
 }
 
 // No implicit padding anywhere: each size equals the sum of its fields.
@@ -866,6 +920,8 @@ const _: () = {
     assert!(size_of::<Control>() == 8);
     assert!(size_of::<Handoff>() == 8);
     assert!(size_of::<HandoffCounters>() == 8);
+    assert!(size_of::<TunnelConfig>() == 4 + 4 + 2 * MAX_TUNNEL_UDP_PORTS);
+    assert!(size_of::<TunnelCounters>() == 16);
     assert!(size_of::<Limit>() == 16);
     assert!(size_of::<RuleConfig>() == 4 * 6 + 16 * 2 + 8 * 6 + RULE_NAME_LEN + 24);
     assert!(size_of::<RuleConfig>().is_multiple_of(64));

@@ -20,9 +20,14 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use limiter_common::abi::{GlobalCounters, CONTROL_BYPASS, MAX_HANDOFF_SLOTS};
+use limiter_common::abi::{
+    GlobalCounters, TunnelCounters, CONTROL_BYPASS, CONTROL_TUNNELS, MAX_HANDOFF_SLOTS,
+};
 
-use crate::{meter::Size, parse::ParseError};
+use crate::{
+    meter::Size,
+    parse::{ParseError, Tunnels},
+};
 
 /// Multi-buffer aware (`xdp.frags`): attaches in native mode to interfaces whose MTU needs
 /// more than one buffer per frame and meters the whole frame. The daemon uses it where
@@ -30,11 +35,16 @@ use crate::{meter::Size, parse::ParseError};
 #[xdp(frags)]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    let v = verdict(try_limiter(ctx.data(), ctx.data_end(), || Size {
-        packets: 1,
-        // SAFETY: the context pointer the kernel gave this run.
-        bytes: unsafe { bpf_xdp_get_buff_len(ctx.ctx) },
-    }));
+    let v = verdict(try_limiter(
+        ctx.data(),
+        ctx.data_end(),
+        || Size {
+            packets: 1,
+            // SAFETY: the context pointer the kernel gave this run.
+            bytes: unsafe { bpf_xdp_get_buff_len(ctx.ctx) },
+        },
+        || xdp_ifindex(&ctx),
+    ));
     hand_over(&ctx, v, &maps::HANDOFF_MULTI)
 }
 
@@ -46,10 +56,15 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn limiter_linear(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let v = verdict(try_limiter(data, data_end, || Size {
-        packets: 1,
-        bytes: (data_end - data) as u64,
-    }));
+    let v = verdict(try_limiter(
+        data,
+        data_end,
+        || Size {
+            packets: 1,
+            bytes: (data_end - data) as u64,
+        },
+        || xdp_ifindex(&ctx),
+    ));
     hand_over(&ctx, v, &maps::HANDOFF_LINEAR)
 }
 
@@ -62,10 +77,22 @@ pub fn limiter_linear(ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn limiter_libxdp(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    verdict(try_limiter(data, data_end, || Size {
-        packets: 1,
-        bytes: (data_end - data) as u64,
-    }))
+    verdict(try_limiter(
+        data,
+        data_end,
+        || Size {
+            packets: 1,
+            bytes: (data_end - data) as u64,
+        },
+        || xdp_ifindex(&ctx),
+    ))
+}
+
+/// The interface the frame came in on (its tunnels: `TUNNELS`).
+#[inline(always)]
+fn xdp_ifindex(ctx: &XdpContext) -> u32 {
+    // SAFETY: the context pointer the kernel gave this run.
+    unsafe { (*ctx.ctx).ingress_ifindex }
 }
 
 /// A frame the limiter passes goes to the next program when a handoff is configured
@@ -105,8 +132,10 @@ fn hand_over<const N: usize>(
 
 /// Headers the parser may need, pulled into the linear part of a socket buffer whose
 /// driver left them in fragments: Ethernet, two VLAN tags, IPv6 with some extension
-/// headers, TCP (IPv4 with options and TCP: 102 bytes).
-const TC_PULL_LEN: u32 = 128;
+/// headers, TCP (IPv4 with options and TCP: 102 bytes), and a tunnel's outer headers
+/// before them (IPv4 with options, GRE with every optional word, then IPv4 with options
+/// and TCP: 178 bytes).
+const TC_PULL_LEN: u32 = 192;
 
 /// The same program at TC ingress, for frames that reach the host as socket buffers
 /// (veth fed by the stack, virtual NICs without native XDP): at TC they are metered
@@ -131,7 +160,10 @@ pub fn limiter_tc(ctx: TcContext) -> i32 {
         packets: u64::from(unsafe { (*ctx.skb.skb).gso_segs }.max(1)),
         bytes: u64::from(ctx.len()),
     };
-    match verdict(try_limiter(ctx.data(), ctx.data_end(), size)) {
+    // SAFETY: the context pointer the kernel gave this run; at ingress, the device is the
+    // one the frame came in on.
+    let ifindex = || unsafe { (*ctx.skb.skb).ifindex };
+    match verdict(try_limiter(ctx.data(), ctx.data_end(), size, ifindex)) {
         xdp_action::XDP_DROP => TC_ACT_SHOT as i32,
         // Not ours to decide: the next program at this hook, if any, else the stack.
         _ => TC_ACT_UNSPEC,
@@ -149,16 +181,42 @@ fn verdict(result: Result<u32, ()>) -> u32 {
 }
 
 #[inline(always)]
-fn try_limiter(data: usize, data_end: usize, size: impl Fn() -> Size) -> Result<u32, ()> {
-    let control = maps::CONTROL.get(0).ok_or(())?;
-    if control.flags & CONTROL_BYPASS != 0 {
+fn try_limiter(
+    data: usize,
+    data_end: usize,
+    size: impl Fn() -> Size,
+    ifindex: impl FnOnce() -> u32,
+) -> Result<u32, ()> {
+    // A missing entry cannot happen (a fixed-size array); it passes here rather than as
+    // an `Err`: on kernels that do not know an array lookup of a constant index always
+    // finds its entry (6.1), that path reached the end of `limiter_tc` through LLVM's
+    // merged exit, which read a register only the other paths set, and the verifier
+    // refused the TC build.
+    let Some(control) = maps::CONTROL.get(0) else {
+        return Ok(xdp_action::XDP_PASS);
+    };
+    let flags = control.flags;
+    if flags & CONTROL_BYPASS != 0 {
         return Ok(xdp_action::XDP_PASS);
     }
     let generation = control.generation;
+    let tunnels = Tunnels {
+        enabled: flags & CONTROL_TUNNELS != 0,
+        // CONTROL_NEVER_SET, the top bit.
+        zero: flags >> 31,
+        // Copied out at once: the daemon may replace the entry meanwhile.
+        // SAFETY: a hash map value pointer the lookup just returned.
+        lookup: || {
+            maps::TUNNELS
+                .get_ptr(ifindex())
+                .map(|p| unsafe { core::ptr::read_volatile(p) })
+        },
+    };
     // Inlined into each family's branch of the parser (see parse::parse).
     match parse::parse(
         data,
         data_end,
+        tunnels,
         #[inline(always)]
         |pkt| decide::decide(generation, pkt, size),
     ) {
@@ -175,6 +233,20 @@ fn try_limiter(data: usize, data_end: usize, size: impl Fn() -> Size) -> Result<
             decide::count_headers(|h| &mut h.deep_vlan_stacks);
             Ok(xdp_action::XDP_DROP)
         }
+        Err(ParseError::UnreadableTunnel) => {
+            count_tunnels(|t| &mut t.unreadable);
+            Ok(xdp_action::XDP_DROP)
+        }
+    }
+}
+
+/// Increments one tunnel counter on this CPU.
+#[inline(always)]
+pub(crate) fn count_tunnels(field: impl FnOnce(&mut TunnelCounters) -> &mut u64) {
+    if let Some(t) = maps::TUNNEL_COUNTS.get_ptr_mut(0) {
+        // SAFETY: a per-CPU array value, touched only by this CPU's program run.
+        let counter = field(unsafe { &mut *t });
+        *counter = counter.wrapping_add(1);
     }
 }
 

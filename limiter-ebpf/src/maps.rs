@@ -2,15 +2,15 @@
 //! pins them under pin_dir by these names (limiter_common::abi::map_name).
 
 use aya_ebpf::{
-    btf_maps::{Array, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use limiter_common::{
     abi::{
         AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
         HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
-        SynCounters, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS,
-        MAX_PREFIXES, MAX_RULES,
+        SynCounters, TunnelConfig, TunnelCounters, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS,
+        MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES, MAX_TUNNEL_INTERFACES,
     },
     sketch::{self, SketchCounters, SketchMeta},
 };
@@ -95,3 +95,11 @@ pub static HANDOFF_LINEAR: ProgramArray<1> = ProgramArray::new();
 
 #[btf_map]
 pub static HANDOFF_MULTI: ProgramArray<1> = ProgramArray::new();
+
+/// What each interface decapsulates, by ifindex (limiter_common::abi::TunnelConfig).
+/// Looked up only when `CONTROL_TUNNELS` is set and the outer header could be a tunnel.
+#[btf_map]
+pub static TUNNELS: HashMap<u32, TunnelConfig, { MAX_TUNNEL_INTERFACES as usize }> = HashMap::new();
+
+#[btf_map]
+pub static TUNNEL_COUNTS: PerCpuArray<TunnelCounters, 1> = PerCpuArray::new();

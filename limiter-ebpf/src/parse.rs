@@ -4,7 +4,10 @@
 
 use core::{arch::asm, mem::size_of};
 
-use limiter_common::abi::{AddrWords, IPPROTO_TCP, IPPROTO_UDP};
+use limiter_common::abi::{
+    AddrWords, TunnelConfig, IPPROTO_TCP, IPPROTO_UDP, MAX_TUNNEL_UDP_PORTS, TUNNEL_GRE,
+    TUNNEL_IP6, TUNNEL_IPIP,
+};
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
@@ -20,6 +23,10 @@ const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_AH: u8 = 51;
 const IPPROTO_DSTOPTS: u8 = 60;
+/// Tunnel protocols (outer IP protocol numbers).
+const IPPROTO_IPIP: u8 = 4;
+const IPPROTO_IPV6: u8 = 41;
+const IPPROTO_GRE: u8 = 47;
 
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_ACK: u8 = 0x10;
@@ -34,6 +41,20 @@ pub enum ParseError {
     /// More VLAN tags than the parser walks: what they carry may be IP to a rule's
     /// destination, and the parser cannot see it.
     DeepVlan,
+    /// A tunnel its interface decapsulates, in an outer first fragment that does not hold
+    /// the whole inner headers: what the host reassembles and decapsulates cannot be
+    /// known here.
+    UnreadableTunnel,
+}
+
+/// Decapsulation on the frame's interface: `enabled` when some interface decapsulates
+/// (`CONTROL_TUNNELS`), `lookup` gives this interface's encapsulations (called only for
+/// a frame whose outer header could be one), `zero` is 0 at run time and unknown to the
+/// verifier (`CONTROL_NEVER_SET`).
+pub struct Tunnels<F: FnOnce() -> Option<TunnelConfig>> {
+    pub enabled: bool,
+    pub zero: u32,
+    pub lookup: F,
 }
 
 /// How a frame relates to IP fragmentation (`Packet::kind`).
@@ -239,8 +260,9 @@ fn be16(b: [u8; 2]) -> u16 {
     u16::from_be_bytes(b)
 }
 
-/// Parses Ethernet, up to two VLAN tags, IPv4 or IPv6 (with extension headers), and the
-/// TCP/UDP ports of the frame in `data..data_end` (the packet pointers of an XDP or TC
+/// Parses Ethernet, up to two VLAN tags, a tunnel the interface decapsulates
+/// ([`decapsulate`]), IPv4 or IPv6 (with extension headers), and the TCP/UDP ports of
+/// the frame in `data..data_end` (the packet pointers of an XDP or TC
 /// context), and hands the packet to `on_packet`. A continuation rather than a
 /// returned `Packet`: each family gets its own inlined copy of what follows, where the
 /// family is a constant (IPv4 code never handles the zero words of a 16-byte address)
@@ -250,9 +272,10 @@ fn be16(b: [u8; 2]) -> u16 {
 /// after it, which the destination ignores (a first fragment cannot pretend to hold
 /// flags that only a later fragment supplies).
 #[inline(always)]
-pub fn parse<R>(
+pub fn parse<R, F: FnOnce() -> Option<TunnelConfig>>(
     data: usize,
     data_end: usize,
+    tunnels: Tunnels<F>,
     on_packet: impl FnOnce(&Packet) -> R,
 ) -> Result<R, ParseError> {
     let mut cur = Cursor {
@@ -269,18 +292,208 @@ pub fn parse<R>(
         ethertype = be16_at::<2>(vlan);
     }
     match ethertype {
-        ETH_P_IP => {
-            let pkt = parse_ipv4(&mut cur)?;
-            Ok(on_packet(&pkt))
-        }
-        ETH_P_IPV6 => {
-            let pkt = parse_ipv6(&mut cur)?;
-            Ok(on_packet(&pkt))
-        }
+        ETH_P_IP | ETH_P_IPV6 => {}
         // A third tag: we cannot see what it carries, and it may be IP trying to slip past.
-        ETH_P_8021Q | ETH_P_8021AD => Err(ParseError::DeepVlan),
-        _ => Err(ParseError::NonIp),
+        ETH_P_8021Q | ETH_P_8021AD => return Err(ParseError::DeepVlan),
+        _ => return Err(ParseError::NonIp),
     }
+    let mut outer_first_fragment = false;
+    if tunnels.enabled {
+        if let Some(inner) = decapsulate(&mut cur, ethertype, tunnels.lookup)? {
+            ethertype = inner.ethertype;
+            outer_first_fragment = inner.first_fragment;
+            crate::count_tunnels(|t| &mut t.decapsulated);
+        }
+    }
+    // Every way here (0-2 VLAN tags, a tunnel or none) leaves a different constant
+    // offset, and the verifier would walk the L3 parser and everything after it once for
+    // each. Shifted by a zero it cannot know, the offset becomes one unknown value below
+    // 512 (the deepest header here ends at 206), and the paths meet in one state.
+    let offset = (cur.pos - data).wrapping_shl(tunnels.zero) & 0x1ff;
+    cur.pos = data + offset;
+    let outer_first_fragment = u32::from(outer_first_fragment).wrapping_shl(tunnels.zero) != 0;
+    let inner_error = |e| match e {
+        ParseError::Malformed if outer_first_fragment => ParseError::UnreadableTunnel,
+        e => e,
+    };
+    if ethertype == ETH_P_IP {
+        let pkt = parse_ipv4(&mut cur).map_err(inner_error)?;
+        Ok(on_packet(&pkt))
+    } else {
+        let pkt = parse_ipv6(&mut cur).map_err(inner_error)?;
+        Ok(on_packet(&pkt))
+    }
+}
+
+/// Where the inner IP header of a tunnel starts (the cursor stands there).
+struct Inner {
+    /// The inner header's family as an ethertype.
+    ethertype: u16,
+    /// The outer datagram is an IPv4 first fragment: the rest of the inner datagram is
+    /// in fragments that show no inner header.
+    first_fragment: bool,
+}
+
+#[inline(always)]
+fn is_tunnel_proto(proto: u8) -> bool {
+    matches!(
+        proto,
+        IPPROTO_IPIP | IPPROTO_IPV6 | IPPROTO_GRE | IPPROTO_UDP
+    )
+}
+
+/// The outer IP header and the tunnel header after it, when the frame's interface
+/// decapsulates that encapsulation: moves the cursor to the inner IP header. `None`
+/// (cursor unmoved): the frame is classified by its outer header, as everywhere else.
+/// The outer header is only read here; the one parse of the frame's L3/L4 headers
+/// (outer or inner) comes after. An outer IPv4 later fragment is not decapsulated (it
+/// carries no inner header; the outer destination's rules see it), nor is an outer
+/// IPv6 header followed by extension headers (README, "Tunnels").
+#[inline(always)]
+fn decapsulate(
+    cur: &mut Cursor,
+    ethertype: u16,
+    lookup: impl FnOnce() -> Option<TunnelConfig>,
+) -> Result<Option<Inner>, ParseError> {
+    let mut at = Cursor {
+        pos: cur.pos,
+        end: cur.end,
+    };
+    let (proto, first_fragment) = if ethertype == ETH_P_IP {
+        let Ok(ip) = at.take::<Ipv4Hdr>() else {
+            return Ok(None);
+        };
+        let ip = ip as usize;
+        let [version_ihl, _, _, _] = load32::<0>(ip).to_ne_bytes();
+        let [_, _, frag_hi, frag_lo] = load32::<4>(ip).to_ne_bytes();
+        let [_, proto, _, _] = load32::<8>(ip).to_ne_bytes();
+        let header_len = usize::from(version_ihl & 0x0f) * 4;
+        let frag_off = u16::from_be_bytes([frag_hi, frag_lo]);
+        if !is_tunnel_proto(proto)
+            || version_ihl >> 4 != 4
+            || header_len < size_of::<Ipv4Hdr>()
+            || frag_off & IPV4_OFFSET_MASK != 0
+            || at.skip(header_len - size_of::<Ipv4Hdr>()).is_err()
+        {
+            return Ok(None);
+        }
+        (proto, frag_off & IPV4_MORE_FRAGMENTS != 0)
+    } else {
+        let Ok(ip) = at.take::<Ipv6Hdr>() else {
+            return Ok(None);
+        };
+        let [first, _, _, _] = load32::<0>(ip as usize).to_ne_bytes();
+        let [_, _, next, _] = load32::<4>(ip as usize).to_ne_bytes();
+        if first >> 4 != 6 || !is_tunnel_proto(next) {
+            return Ok(None);
+        }
+        (next, false)
+    };
+    let Some(config) = lookup() else {
+        return Ok(None);
+    };
+    let inner = match proto {
+        IPPROTO_IPIP if config.flags & TUNNEL_IPIP != 0 => Ok(Some(ETH_P_IP)),
+        IPPROTO_IPV6 if config.flags & TUNNEL_IP6 != 0 => Ok(Some(ETH_P_IPV6)),
+        IPPROTO_GRE if config.flags & TUNNEL_GRE != 0 => gre(&mut at),
+        IPPROTO_UDP => udp_tunnel(&mut at, &config),
+        _ => Ok(None),
+    };
+    match inner {
+        Ok(Some(ethertype)) => {
+            cur.pos = at.pos;
+            Ok(Some(Inner {
+                ethertype,
+                first_fragment,
+            }))
+        }
+        Ok(None) => Ok(None),
+        // The tunnel header itself is cut off by the end of an outer first fragment.
+        Err(_) if first_fragment => Err(ParseError::UnreadableTunnel),
+        // A truncated frame: the outer parse finds it malformed.
+        Err(_) => Ok(None),
+    }
+}
+
+#[repr(C)]
+struct GreHdr {
+    flags_version: [u8; 2],
+    protocol: [u8; 2],
+}
+
+const GRE_CHECKSUM: u16 = 0x8000;
+const GRE_ROUTING: u16 = 0x4000;
+const GRE_KEY: u16 = 0x2000;
+const GRE_SEQUENCE: u16 = 0x1000;
+const GRE_VERSION: u16 = 0x0007;
+
+/// A GRE header (RFC 2784, RFC 2890) carrying IPv4 or IPv6. Version 1 (PPTP) and the
+/// routing bit are not decapsulated, as by Linux.
+#[inline(always)]
+fn gre(at: &mut Cursor) -> Result<Option<u16>, ParseError> {
+    let gre = at.take::<GreHdr>()? as usize;
+    let flags = be16_at::<0>(gre);
+    let protocol = be16_at::<2>(gre);
+    if flags & (GRE_ROUTING | GRE_VERSION) != 0 {
+        return Ok(None);
+    }
+    // Each of checksum (with its reserved half), key and sequence number is a word.
+    let words = usize::from(flags & GRE_CHECKSUM != 0)
+        + usize::from(flags & GRE_KEY != 0)
+        + usize::from(flags & GRE_SEQUENCE != 0);
+    at.skip(words * 4)?;
+    Ok(match protocol {
+        ETH_P_IP => Some(ETH_P_IP),
+        ETH_P_IPV6 => Some(ETH_P_IPV6),
+        _ => None,
+    })
+}
+
+/// GUE version 0's control-message bit (in its first byte).
+const GUE_CONTROL: u8 = 0x20;
+
+/// A UDP datagram to one of the interface's FOU or GUE ports.
+#[inline(always)]
+fn udp_tunnel(at: &mut Cursor, config: &TunnelConfig) -> Result<Option<u16>, ParseError> {
+    let udp = at.take::<UdpHdr>()? as usize;
+    let port = be16_at::<2>(udp);
+    let mut gue = None;
+    for i in 0..MAX_TUNNEL_UDP_PORTS {
+        if port != 0 && config.udp_ports[i] == port {
+            gue = Some(config.gue_ports & (1 << i) != 0);
+            break;
+        }
+    }
+    let Some(gue) = gue else {
+        return Ok(None);
+    };
+    let mut peek = Cursor {
+        pos: at.pos,
+        end: at.end,
+    };
+    let first = peek.take::<[u8; 2]>()?;
+    // SAFETY: two bytes inside the frame, just checked.
+    let [lead, proto] = unsafe { *first };
+    // FOU, and GUE version 1: the inner IP header comes right away (its version says
+    // which).
+    if !gue || lead >> 6 == 1 {
+        return Ok(match lead >> 4 {
+            4 => Some(ETH_P_IP),
+            6 => Some(ETH_P_IPV6),
+            _ => None,
+        });
+    }
+    // GUE version 0: a 4-byte header, `hlen` words of options, then the protocol
+    // `proto`. Control messages carry no inner datagram.
+    if lead >> 6 != 0 || lead & GUE_CONTROL != 0 {
+        return Ok(None);
+    }
+    at.skip(4 + usize::from(lead & 0x1f) * 4)?;
+    Ok(match proto {
+        IPPROTO_IPIP => Some(ETH_P_IP),
+        IPPROTO_IPV6 => Some(ETH_P_IPV6),
+        _ => None,
+    })
 }
 
 /// `Packet::proto` when the parser could not find the transport protocol (a reserved

@@ -120,6 +120,17 @@ pub fn apply_rules(maps: &mut Maps, config: &Config) -> Result<RuleTable, Error>
     install_rules(maps, &config.rules)
 }
 
+/// Writes what each `[[tunnels]]` interface decapsulates into the program's `TUNNELS`,
+/// keyed by the interface's index now (an interface that does not exist is an error).
+pub fn apply_tunnels(maps: &mut Maps, config: &Config) -> Result<(), Error> {
+    let mut entries = BTreeMap::new();
+    for tunnel in &config.tunnels {
+        let ifindex = crate::netlink::ifindex_of(&tunnel.interface)?;
+        entries.insert(ifindex, tunnel.to_abi());
+    }
+    maps.set_tunnels(&entries)
+}
+
 /// The config's rules with runtime quota overrides applied (pure).
 pub fn effective_rules(config: &Config, overrides: &BTreeMap<String, RateSpec>) -> Vec<RuleSpec> {
     config
@@ -606,6 +617,7 @@ impl Daemon {
         };
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
+        apply_tunnels(&mut daemon.maps, &daemon.config)?;
         // The config's kill switch before the program runs anywhere new.
         daemon.bypass_seen = daemon.maps.control()?.flags & CONTROL_BYPASS != 0;
         if daemon.config.bypass == Bypass::On && !daemon.bypass_seen {
@@ -803,6 +815,10 @@ impl Daemon {
                     "attached again to the interface created under this name"
                 );
                 watch.succeeded(ifindex, kind, now);
+                // The device has a new index: its tunnels follow it.
+                if let Err(e) = apply_tunnels(&mut self.maps, &self.config) {
+                    tracing::warn!(%iface, error = %e, "could not move the interface's tunnels to its new index");
+                }
                 match self.attachments.iter_mut().find(|old| old.iface == iface) {
                     // The old one's descriptor closes: its link went with its device.
                     Some(old) => *old = a,
@@ -1286,6 +1302,12 @@ impl Daemon {
                  `limiter bypass off` does"
             ),
             _ => {}
+        }
+        if new.tunnels != old_config.tunnels {
+            // Live: a frame meets the old encapsulations or the new ones.
+            apply_tunnels(&mut self.maps, &new)?;
+            self.config.tunnels = new.tunnels.clone();
+            tracing::info!(tunnels = new.tunnels.len(), "reload: tunnels changed");
         }
         tracing::info!(
             rules = self.table.rules.len(),

@@ -19,8 +19,9 @@ use limiter_common::{
     abi::{
         map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord,
         GlobalCounters, Handoff, HandoffCounters, HeaderCounters, HostEntry, PrefixRules,
-        RuleConfig, RuleCounters, RuleCpuState, SourceKey, SynCounters, AGG_BUCKET_CREDIT_OFFSET,
-        AGG_BUCKET_TAT_OFFSET, HOST_SLOTS, MAX_RULES, RULE_HAS_PER_SOURCE, RULE_IN_USE,
+        RuleConfig, RuleCounters, RuleCpuState, SourceKey, SynCounters, TunnelConfig,
+        TunnelCounters, AGG_BUCKET_CREDIT_OFFSET, AGG_BUCKET_TAT_OFFSET, CONTROL_TUNNELS,
+        HOST_SLOTS, MAX_RULES, RULE_HAS_PER_SOURCE, RULE_IN_USE,
     },
     gcra::Limit,
     sketch::{self, SketchCounters, SketchMeta},
@@ -66,6 +67,9 @@ pub struct Maps {
     /// `None` for pins of a build that predates the handoff (no handoff, nothing missed).
     handoff: Option<Array<MapData, Handoff>>,
     handoff_counters: Option<PerCpuArray<MapData, HandoffCounters>>,
+    /// `None` for pins of a build that predates tunnels (none decapsulated).
+    tunnels: Option<HashMap<MapData, u32, TunnelConfig>>,
+    tunnel_counters: Option<PerCpuArray<MapData, TunnelCounters>>,
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
     /// process has written the generation (pins adopted from an earlier daemon).
     hosts_used: [Option<BTreeSet<u32>>; 2],
@@ -216,6 +220,14 @@ impl Maps {
             handoff_counters: take(map_name::HANDOFF_COUNTS)
                 .ok()
                 .map(|m| typed(m, map_name::HANDOFF_COUNTS))
+                .transpose()?,
+            tunnels: take(map_name::TUNNELS)
+                .ok()
+                .map(|m| typed(m, map_name::TUNNELS))
+                .transpose()?,
+            tunnel_counters: take(map_name::TUNNEL_COUNTS)
+                .ok()
+                .map(|m| typed(m, map_name::TUNNEL_COUNTS))
                 .transpose()?,
             hosts_used: [None, None],
         })
@@ -513,6 +525,59 @@ impl Maps {
             return Ok(total);
         };
         let per_cpu = map.get(&0, 0).map_err(map_err("reading HANDOFF_COUNTS"))?;
+        for c in per_cpu.iter() {
+            total.accumulate(c);
+        }
+        Ok(total)
+    }
+
+    /// Makes `entries` (ifindex, what it decapsulates) the whole of `TUNNELS`, and sets
+    /// `CONTROL_TUNNELS` when there is any. Entries are written before the flag is set
+    /// and the flag cleared before they go: no frame looks for an entry that is not
+    /// there yet, and a frame that finds none is classified by its outer header.
+    pub fn set_tunnels(&mut self, entries: &BTreeMap<u32, TunnelConfig>) -> Result<(), Error> {
+        let Some(map) = self.tunnels.as_mut() else {
+            if entries.is_empty() {
+                return Ok(());
+            }
+            return Err(Error::MissingMap(map_name::TUNNELS));
+        };
+        for (ifindex, config) in entries {
+            map.insert(ifindex, config, 0)
+                .map_err(map_err(format!("writing TUNNELS[{ifindex}]")))?;
+        }
+        let mut control = self.control()?;
+        let flags = if entries.is_empty() {
+            control.flags & !CONTROL_TUNNELS
+        } else {
+            control.flags | CONTROL_TUNNELS
+        };
+        if flags != control.flags {
+            control.flags = flags;
+            self.set_control(control)?;
+        }
+        let Some(map) = self.tunnels.as_mut() else {
+            return Ok(());
+        };
+        let stale: Vec<u32> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !entries.contains_key(k))
+            .collect();
+        for ifindex in stale {
+            map.remove(&ifindex)
+                .map_err(map_err(format!("removing TUNNELS[{ifindex}]")))?;
+        }
+        Ok(())
+    }
+
+    /// Tunnelled frames, summed over CPUs.
+    pub fn tunnel_counters(&self) -> Result<TunnelCounters, Error> {
+        let mut total = TunnelCounters::default();
+        let Some(map) = &self.tunnel_counters else {
+            return Ok(total);
+        };
+        let per_cpu = map.get(&0, 0).map_err(map_err("reading TUNNEL_COUNTS"))?;
         for c in per_cpu.iter() {
             total.accumulate(c);
         }

@@ -22,8 +22,8 @@ use limiter_common::{
     abi::{
         map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
         HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
-        SynCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES,
-        PROGRAM_NAME_LIBXDP, PROGRAM_NAME_TC,
+        SynCounters, TunnelConfig, TunnelCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS,
+        MAX_PREFIXES, MAX_RULES, MAX_TUNNEL_INTERFACES, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_TC,
     },
     sketch::{self, SketchCounters, SketchMeta},
 };
@@ -321,7 +321,7 @@ impl Attachment {
 }
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 20] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 22] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -416,6 +416,18 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 20] {
             map_name::HANDOFF_COUNTS,
             4,
             sz(size_of::<HandoffCounters>()),
+            1,
+        ),
+        (
+            map_name::TUNNELS,
+            4,
+            sz(size_of::<TunnelConfig>()),
+            MAX_TUNNEL_INTERFACES,
+        ),
+        (
+            map_name::TUNNEL_COUNTS,
+            4,
+            sz(size_of::<TunnelCounters>()),
             1,
         ),
         // Prog arrays: a u32 slot, a u32 program fd (an id when read back).

@@ -5,10 +5,10 @@ use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{Context as _, Result};
 use aya::programs::{TestRun, TestRunOptions};
-use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
+use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters, TunnelCounters};
 use limiter_user::{
     config::Config,
-    daemon::apply_rules,
+    daemon::{apply_rules, apply_tunnels},
     maps::Maps,
     object::Variant,
     program::{LoadOptions, Program},
@@ -73,6 +73,7 @@ fn load_with(config_text: &str, pin_dir: Option<&Path>, builds: &[Variant]) -> R
     )?;
     let mut maps = program.maps()?;
     let table = apply_rules(&mut maps, &config)?;
+    apply_tunnels(&mut maps, &config)?;
     Ok(Loaded {
         program,
         variant: Variant::MultiBuffer,
@@ -88,6 +89,7 @@ pub struct Snapshot {
     pub rules: BTreeMap<String, RuleCounters>,
     pub global: GlobalCounters,
     pub headers: HeaderCounters,
+    pub tunnels: TunnelCounters,
 }
 
 impl Loaded {
@@ -100,6 +102,7 @@ impl Loaded {
             rules,
             global: self.maps.global_counters()?,
             headers: self.maps.header_counters()?,
+            tunnels: self.maps.tunnel_counters()?,
         })
     }
 
@@ -147,6 +150,7 @@ pub fn xdp_verdict_of_tc(code: u32) -> u32 {
 pub fn delta(before: &Snapshot, after: &Snapshot) -> Snapshot {
     Snapshot {
         headers: after.headers.since(&before.headers),
+        tunnels: after.tunnels.since(&before.tunnels),
         rules: after
             .rules
             .iter()

@@ -1062,3 +1062,37 @@ pub fn with_ipv6_dst(frame: &mut [u8], dst: Ipv6Addr) -> Result<(), FrameError> 
     reason = "a test fails loudly on a frame it cannot read"
 )]
 mod tests;
+
+/// The IP datagram of a frame built without VLAN tags (the frame less its Ethernet
+/// header): what a tunnel carries.
+pub fn ip_datagram(frame: &[u8]) -> &[u8] {
+    frame.get(ETH_HLEN..).unwrap_or_default()
+}
+
+/// GRE's protocol type for IPv4 and IPv6 (ethertypes).
+pub const GRE_IPV4: u16 = ETH_P_IP;
+pub const GRE_IPV6: u16 = ETH_P_IPV6;
+
+/// A GRE header (RFC 2784/2890) with `protocol`, version 0, and the optional checksum
+/// (zero), key and sequence words when given.
+pub fn gre_header(protocol: u16, checksum: bool, key: Option<u32>, seq: Option<u32>) -> Vec<u8> {
+    let flags = (u16::from(checksum) << 15)
+        | (u16::from(key.is_some()) << 13)
+        | (u16::from(seq.is_some()) << 12);
+    let mut h = Vec::new();
+    put16(&mut h, flags);
+    put16(&mut h, protocol);
+    if checksum {
+        h.extend_from_slice(&[0; 4]);
+    }
+    for word in [key, seq].into_iter().flatten() {
+        h.extend_from_slice(&word.to_be_bytes());
+    }
+    h
+}
+
+/// A GUE version 0 header (draft-ietf-intarea-gue) for inner protocol `proto` (4: IPv4,
+/// 41: IPv6), no options.
+pub fn gue_header(proto: u8) -> Vec<u8> {
+    vec![0, proto, 0, 0]
+}

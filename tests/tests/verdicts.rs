@@ -4,7 +4,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
+use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters, TunnelCounters};
 use limiter_fleet::clock::monotonic_ns;
 use limiter_tests::{
     fixture::{self, delta, Loaded},
@@ -148,6 +148,8 @@ struct Row {
     headers: HeaderCounters,
     /// Of the rule's refusals, those before its aggregate (per source, or unmetered).
     early: u64,
+    /// Tunnel counters the row moves; zero unless said.
+    tunnels: TunnelCounters,
 }
 
 fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) -> Row {
@@ -159,6 +161,7 @@ fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) ->
         expect,
         headers: HeaderCounters::default(),
         early: 0,
+        tunnels: TunnelCounters::default(),
     }
 }
 
@@ -168,6 +171,12 @@ impl Row {
         for field in fields {
             *field(&mut self.headers) += u64::from(self.runs);
         }
+        self
+    }
+
+    /// Expects the frame to be classified by its inner header.
+    fn decapsulated(mut self) -> Row {
+        self.tunnels.decapsulated += u64::from(self.runs);
         self
     }
 
@@ -947,6 +956,12 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
     if d.global != want_global {
         problems.push(format!("global {:?}, expected {want_global:?}", d.global));
     }
+    if d.tunnels != row.tunnels {
+        problems.push(format!(
+            "tunnels {:?}, expected {:?}",
+            d.tunnels, row.tunnels
+        ));
+    }
     if d.headers != row.headers {
         problems.push(format!(
             "headers {:?}, expected {:?}",
@@ -984,9 +999,14 @@ const TC_MIN_FRAME: usize = 54;
 /// Runs every row on every build of the program (both XDP builds, the TC build, and the
 /// libxdp component's build, run here as a plain XDP program), each with maps of its own.
 fn run_table(rows: &[Row]) {
+    run_table_with(RULES, rows);
+}
+
+/// [`run_table`] with another config.
+fn run_table_with(config: &str, rows: &[Row]) {
     let mut failures = Vec::new();
     for variant in Variant::ALL.into_iter().chain([Variant::Libxdp]) {
-        let loaded = fixture::load_build(RULES, variant)
+        let loaded = fixture::load_build(config, variant)
             .expect("loading the program's build with the test rules");
         let rows: Vec<&Row> = rows
             .iter()
@@ -1015,6 +1035,324 @@ fn run_table(rows: &[Row]) {
     );
 }
 
+/// Decapsulation on the interface BPF_PROG_TEST_RUN runs frames as arriving on (the
+/// loopback device, for XDP and TC test runs alike).
+const TUNNELS: &str = r#"
+[[tunnels]]
+interface = "lo"
+decapsulate = ["ipip", "6in4", "gre", "fou:5555", "gue:6080"]
+"#;
+
+/// The tunnel endpoint's addresses: in 198.18.0.0/15 (rule "fleet-any" covers it) and in
+/// 2001:db8::/32 (only an ICMP rule covers it).
+const ENDPOINT_V4: [u8; 4] = [198, 19, 100, 1];
+const ENDPOINT_V6: &str = "2001:db8:100::1";
+
+/// The inner datagrams: TCP to the web rule, UDP to the IPv6 host rule.
+fn inner_web() -> Vec<u8> {
+    frame::ip_datagram(&v4(WEB).tcp(40000, 443, TCP_ACK).payload_len(32).build()).to_vec()
+}
+fn inner_v6() -> Vec<u8> {
+    frame::ip_datagram(&v6("2001:db8::10").udp(40000, 9000).payload_len(32).build()).to_vec()
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+/// Every encapsulation, and what goes with it, with decapsulation on (`decapsulating`) or
+/// off on the frames' interface: on, a frame is classified by its inner header; off, by
+/// its outer one, as before.
+fn tunnel_rows(decapsulating: bool) -> Vec<Row> {
+    const IPPROTO_IPIP: u8 = 4;
+    const IPPROTO_IPV6: u8 = 41;
+    const IPPROTO_GRE: u8 = 47;
+    let outer_v4 = || v4(ENDPOINT_V4);
+    let outer_v6 = || v6(ENDPOINT_V6);
+    let fleet = Expect::Rule("fleet-any", 1, 0, 0);
+    let (web, v6_host) = (inner_web(), inner_v6());
+    // (what, frame, verdict and counters on, off)
+    let cases: Vec<(&str, Vec<u8>, Expect, Expect)> = vec![
+        (
+            "IPIP, IPv4 in IPv4",
+            outer_v4().proto(IPPROTO_IPIP).payload(&web).build(),
+            PASS_WEB,
+            fleet,
+        ),
+        (
+            "IPIP, IPv4 in IPv6",
+            outer_v6().proto(IPPROTO_IPIP).payload(&web).build(),
+            PASS_WEB,
+            Expect::Unmatched,
+        ),
+        (
+            "6in4, IPv6 in IPv4",
+            outer_v4().proto(IPPROTO_IPV6).payload(&v6_host).build(),
+            PASS_V6,
+            fleet,
+        ),
+        (
+            "IPv6 in IPv6",
+            outer_v6().proto(IPPROTO_IPV6).payload(&v6_host).build(),
+            PASS_V6,
+            Expect::Unmatched,
+        ),
+        (
+            "IPIP with outer IPv4 options",
+            outer_v4()
+                .ipv4_options(3)
+                .proto(IPPROTO_IPIP)
+                .payload(&web)
+                .build(),
+            PASS_WEB,
+            fleet,
+        ),
+        (
+            "IPIP behind a VLAN tag",
+            outer_v4()
+                .vlan(ETH_P_8021Q, 7)
+                .proto(IPPROTO_IPIP)
+                .payload(&web)
+                .build(),
+            PASS_WEB,
+            fleet,
+        ),
+        (
+            "GRE, IPv4 in IPv4",
+            outer_v4()
+                .proto(IPPROTO_GRE)
+                .payload(&cat(&[
+                    &frame::gre_header(frame::GRE_IPV4, false, None, None),
+                    &web,
+                ]))
+                .build(),
+            PASS_WEB,
+            fleet,
+        ),
+        (
+            "GRE with checksum, key and sequence number, IPv6 in IPv4",
+            outer_v4()
+                .proto(IPPROTO_GRE)
+                .payload(&cat(&[
+                    &frame::gre_header(frame::GRE_IPV6, true, Some(7), Some(1)),
+                    &v6_host,
+                ]))
+                .build(),
+            PASS_V6,
+            fleet,
+        ),
+        (
+            "GRE, IPv4 in IPv6",
+            outer_v6()
+                .proto(IPPROTO_GRE)
+                .payload(&cat(&[
+                    &frame::gre_header(frame::GRE_IPV4, false, Some(9), None),
+                    &web,
+                ]))
+                .build(),
+            PASS_WEB,
+            Expect::Unmatched,
+        ),
+        (
+            "FOU on a configured port, IPv4 inside",
+            outer_v4().udp(40001, 5555).payload(&web).build(),
+            PASS_WEB,
+            fleet,
+        ),
+        (
+            "FOU on a configured port, IPv6 inside IPv6",
+            outer_v6().udp(40001, 5555).payload(&v6_host).build(),
+            PASS_V6,
+            Expect::Unmatched,
+        ),
+        (
+            "GUE version 0 on a configured port, IPv4 inside",
+            outer_v4()
+                .udp(40001, 6080)
+                .payload(&cat(&[&frame::gue_header(IPPROTO_IPIP), &web]))
+                .build(),
+            PASS_WEB,
+            fleet,
+        ),
+        (
+            "GUE version 1 (direct IP) on a configured port, IPv6 inside",
+            outer_v4().udp(40001, 6080).payload(&v6_host).build(),
+            PASS_V6,
+            fleet,
+        ),
+        (
+            "IPIP to the bytes rule: the whole frame, outer headers too, is counted",
+            outer_v4()
+                .proto(IPPROTO_IPIP)
+                .payload(frame::ip_datagram(
+                    &v4([198, 18, 6, 60]).udp(40000, 53).payload_len(100).build(),
+                ))
+                .build(),
+            Expect::Rule("bytes", 1, 0, 0),
+            fleet,
+        ),
+    ];
+    let mut rows: Vec<Row> = cases
+        .into_iter()
+        .map(|(what, frame, on, off)| {
+            if decapsulating {
+                row(format!("{what}: inner header"), frame, XDP_PASS, on).decapsulated()
+            } else {
+                row(format!("{what}: outer header"), frame, XDP_PASS, off)
+            }
+        })
+        .collect();
+
+    // Classified by the outer header whether or not the interface decapsulates.
+    rows.push(row(
+        "FOU-shaped UDP to a port not configured: outer header",
+        outer_v4().udp(40001, 5556).payload(&web).build(),
+        XDP_PASS,
+        fleet,
+    ));
+    rows.push(row(
+        "GRE version 1 (PPTP): outer header",
+        outer_v4()
+            .proto(IPPROTO_GRE)
+            .payload(&cat(&[&[0x00, 0x01, 0x08, 0x00], &web[..]]))
+            .build(),
+        XDP_PASS,
+        fleet,
+    ));
+    rows.push(row(
+        "GUE control message: outer header",
+        outer_v4()
+            .udp(40001, 6080)
+            .payload(&cat(&[&[0x20, 0, 0, 0], &web[..]]))
+            .build(),
+        XDP_PASS,
+        fleet,
+    ));
+    rows.push(
+        row(
+            "IPIP outer later fragment: no inner header, classified by the outer one",
+            outer_v4()
+                .ipv4_fragment(20, false)
+                .proto(IPPROTO_IPIP)
+                .payload_len(64)
+                .build(),
+            XDP_PASS,
+            fleet,
+        )
+        .counting(&[fragments]),
+    );
+
+    // An outer first fragment: the inner headers in it are the datagram's.
+    let first = outer_v4()
+        .ipv4_fragment(0, true)
+        .proto(IPPROTO_IPIP)
+        .payload(&web);
+    // The same with only 12 bytes of the inner IPv4 header, then 28 (the inner header
+    // whole, 8 bytes of its TCP header), then a GRE header cut short.
+    let cut_inner_ip = outer_v4()
+        .ipv4_fragment(0, true)
+        .proto(IPPROTO_IPIP)
+        .payload(&web[..12]);
+    let cut_inner_tcp = outer_v4()
+        .ipv4_fragment(0, true)
+        .proto(IPPROTO_IPIP)
+        .payload(&web[..28]);
+    let cut_gre = outer_v4()
+        .ipv4_fragment(0, true)
+        .proto(IPPROTO_GRE)
+        .payload(&frame::gre_header(frame::GRE_IPV4, false, Some(1), None)[..6]);
+    if decapsulating {
+        rows.push(
+            row(
+                "IPIP outer first fragment holding the inner headers: inner header",
+                first.build(),
+                XDP_PASS,
+                PASS_WEB,
+            )
+            .decapsulated(),
+        );
+        for (what, builder) in [
+            ("inner IPv4 header cut", &cut_inner_ip),
+            ("inner TCP header cut", &cut_inner_tcp),
+        ] {
+            let mut r = row(
+                format!("IPIP outer first fragment, {what}: unreadable, refused"),
+                builder.build(),
+                XDP_DROP,
+                Expect::None,
+            )
+            .decapsulated();
+            r.tunnels.unreadable += 1;
+            rows.push(r);
+        }
+        let mut r = row(
+            "GRE outer first fragment, GRE header cut: unreadable, refused",
+            cut_gre.build(),
+            XDP_DROP,
+            Expect::None,
+        );
+        r.tunnels.unreadable += 1;
+        rows.push(r);
+        // A whole outer datagram whose inner one runs past it: the host drops it too.
+        let mut cut = web.clone();
+        cut.truncate(30);
+        rows.push(
+            row(
+                "IPIP whole outer datagram, inner TCP header cut: malformed",
+                outer_v4().proto(IPPROTO_IPIP).payload(&cut).build(),
+                XDP_PASS,
+                Expect::Malformed,
+            )
+            .decapsulated(),
+        );
+        // An inner tiny fragment is refused by the inner destination's rule.
+        let tiny_inner = frame::ip_datagram(
+            &v4(WEB)
+                .ipv4_fragment(0, true)
+                .tcp(40000, 443, TCP_ACK)
+                .build(),
+        )[..28]
+            .to_vec();
+        let mut tiny_inner = tiny_inner;
+        // Its total length says what is there: a whole (tiny) first fragment.
+        tiny_inner[2..4].copy_from_slice(&28u16.to_be_bytes());
+        rows.push(
+            row(
+                "IPIP carrying an inner tiny first fragment: refused by the inner rule",
+                outer_v4().proto(IPPROTO_IPIP).payload(&tiny_inner).build(),
+                XDP_DROP,
+                Expect::Rule("web-tcp443", 0, 1, 0),
+            )
+            .decapsulated()
+            .counting(&[fragments, tiny])
+            .refused_early(1),
+        );
+    } else {
+        for builder in [&first, &cut_inner_ip, &cut_inner_tcp, &cut_gre] {
+            rows.push(
+                row(
+                    "tunnel in an outer first fragment, not decapsulated: outer header",
+                    builder.build(),
+                    XDP_PASS,
+                    fleet,
+                )
+                .counting(&[fragments]),
+            );
+        }
+    }
+    rows
+}
+
+#[test]
+fn tunnel_table_decapsulating() {
+    run_table_with(&format!("{RULES}{TUNNELS}"), &tunnel_rows(true));
+}
+
+#[test]
+fn tunnel_table_not_decapsulating() {
+    run_table(&tunnel_rows(false));
+}
+
 #[test]
 fn parser_table() {
     run_table(&parser_rows());
@@ -1035,7 +1373,7 @@ fn fragment_table() {
     run_table(&fragment_rows());
 }
 
-/// Every prefix of every frame in the tables: the program never aborts and never
+/// Every prefix of every frame in the tables (decapsulating): the program never aborts and never
 /// fails; frames too short for the kernel to run (below an Ethernet header) are refused
 /// by BPF_PROG_TEST_RUN itself. The multi-buffer build and the TC build (up to the
 /// longest frame a TC test run takes).
@@ -1045,9 +1383,12 @@ fn truncation_sweep_never_aborts() {
     frames.extend(classification_rows().into_iter().map(|r| r.frame));
     frames.extend(metering_rows().into_iter().map(|r| r.frame));
     frames.extend(fragment_rows().into_iter().map(|r| r.frame));
+    frames.extend(tunnel_rows(true).into_iter().map(|r| r.frame));
+    // With decapsulation on, so the tunnels' prefixes cut every header of both layers.
+    let config = format!("{RULES}{TUNNELS}");
     for variant in [Variant::MultiBuffer, Variant::Tc] {
         let loaded =
-            fixture::load_build(RULES, variant).expect("loading the program with the test rules");
+            fixture::load_build(&config, variant).expect("loading the program with the test rules");
         let (shortest, longest) = match variant {
             Variant::Tc => (TC_MIN_FRAME, LINEAR_MAX_FRAME),
             _ => (XDP_MIN_FRAME, usize::MAX),

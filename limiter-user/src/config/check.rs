@@ -145,6 +145,10 @@ impl Walk<'_> {
             None => Vec::new(),
         };
         let fleet = root.get(FLEET.name).and_then(|value| self.fleet(value));
+        let tunnels = match root.get(TUNNELS.name) {
+            Some(value) => self.tunnels(value),
+            None => Vec::new(),
+        };
         let mut config = Config {
             keys,
             interfaces,
@@ -152,6 +156,7 @@ impl Walk<'_> {
             rules,
             fleet,
             handoff: None,
+            tunnels,
         };
         config.handoff = self.handoff(root, &config);
         config
@@ -521,6 +526,121 @@ impl Walk<'_> {
             }
         }
         names
+    }
+
+    /// `[[tunnels]]`: one entry an interface, each naming at least one encapsulation.
+    fn tunnels(&mut self, value: &Value<'_>) -> Vec<TunnelSpec> {
+        let at = At::top("tunnels");
+        let Some(items) = self.array(value, at, "an array of tables ([[tunnels]])") else {
+            return Vec::new();
+        };
+        let mut out: Vec<TunnelSpec> = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            let prefix = format!("tunnels[{index}]");
+            let Some(table) = self.table(item, At::top(&prefix)) else {
+                continue;
+            };
+            self.unknown_keys(table, &TUNNEL_KEYS, At::top(&prefix));
+            if index >= abi::MAX_TUNNEL_INTERFACES as usize {
+                self.report(
+                    item.span(),
+                    At::top(&prefix),
+                    format!(
+                        "at most {} interfaces decapsulate",
+                        abi::MAX_TUNNEL_INTERFACES
+                    ),
+                );
+            }
+            let iface_path = format!("{prefix}.interface");
+            let interface = match table.get(TUNNEL_INTERFACE.name) {
+                Some(v) => self.string(v, At::top(&iface_path)).and_then(|name| {
+                    if let Err(why) = check_interface_name(name) {
+                        self.report(v.span(), At::top(&iface_path), why);
+                        None
+                    } else if out.iter().any(|t| t.interface == name) {
+                        self.report(
+                            v.span(),
+                            At::top(&iface_path),
+                            format!("interface \"{name}\" has a [[tunnels]] entry already"),
+                        );
+                        None
+                    } else {
+                        Some(name.to_string())
+                    }
+                }),
+                None => {
+                    self.report(item.span(), At::top(&iface_path), "interface is required");
+                    None
+                }
+            };
+            let list_path = format!("{prefix}.decapsulate");
+            let decapsulate = match table.get(TUNNEL_DECAPSULATE.name) {
+                Some(v) => self.encapsulations(v, &list_path),
+                None => {
+                    self.report(item.span(), At::top(&list_path), "decapsulate is required");
+                    None
+                }
+            };
+            if let (Some(interface), Some(decapsulate)) = (interface, decapsulate) {
+                out.push(TunnelSpec {
+                    interface,
+                    decapsulate,
+                });
+            }
+        }
+        out
+    }
+
+    fn encapsulations(&mut self, value: &Value<'_>, path: &str) -> Option<Vec<Encapsulation>> {
+        let at = At::top(path);
+        let items = self.non_empty_array(
+            value,
+            at,
+            "an array of encapsulations",
+            "decapsulate",
+            "encapsulation",
+        )?;
+        let mut out: Vec<Encapsulation> = Vec::new();
+        let mut valid = true;
+        for (i, item) in items.iter().enumerate() {
+            let item_path = format!("{path}[{i}]");
+            let Some(word) = self.string(item, at.field(&item_path)) else {
+                valid = false;
+                continue;
+            };
+            match Encapsulation::parse(word) {
+                Ok(e)
+                    if out.contains(&e)
+                        || e.udp_port()
+                            .is_some_and(|p| out.iter().any(|o| o.udp_port() == Some(p))) =>
+                {
+                    self.report(
+                        item.span(),
+                        at.field(&item_path),
+                        format!("\"{word}\" is listed twice"),
+                    );
+                    valid = false;
+                }
+                Ok(e) => out.push(e),
+                Err(why) => {
+                    self.report(item.span(), at.field(&item_path), why);
+                    valid = false;
+                }
+            }
+        }
+        let ports = out.iter().filter(|e| e.udp_port().is_some()).count();
+        if ports > abi::MAX_TUNNEL_UDP_PORTS {
+            self.report(
+                value.span(),
+                at,
+                format!(
+                    "at most {} UDP ports (fou, gue) an interface, found {ports}",
+                    abi::MAX_TUNNEL_UDP_PORTS
+                ),
+            );
+            valid = false;
+        }
+        valid.then_some(out)
     }
 
     fn rules(&mut self, value: &Value<'_>) -> Vec<RuleSpec> {

@@ -64,6 +64,8 @@ section! {
             Integer { min: 1, max: u32::MAX as u64 },
             "hosts sharing a quota while bootstrapping (quota / fleet_size)";
         RULES = "rules", Unset("no rules"), Tables(&RULE_KEYS), "the rules, in file order";
+        TUNNELS = "tunnels", Unset("no interface decapsulates"), Tables(&TUNNEL_KEYS),
+            "interfaces whose tunnelled frames are classified by their inner header";
         FLEET = "fleet", Unset("standalone"), Table(&FLEET_KEYS), "the allocator to report to";
         NEXT_PROGRAM = "next_program", Unset("passed frames go to the stack"),
             Other("PIN or PIN:INDEX"), "the program passed frames are handed to";
@@ -105,6 +107,17 @@ section! {
             "the group's name (its replicas' [election] name)";
         GROUP_ALLOCATOR = "allocator", Required, Other("address:port, or a list of them"),
             "the group's replicas' gRPC addresses, tried in order";
+    }
+}
+
+section! {
+    /// One `[[tunnels]]` entry: what one interface decapsulates.
+    TUNNEL_KEYS = "[[tunnels]]" {
+        TUNNEL_INTERFACE = "interface", Required, Kind::String,
+            "the interface (one entry each)";
+        TUNNEL_DECAPSULATE = "decapsulate", Required,
+            Other("an array of \"ipip\", \"6in4\", \"gre\", \"fou:PORT\", \"gue:PORT\""),
+            "the encapsulations classified by their inner header";
     }
 }
 

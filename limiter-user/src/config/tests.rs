@@ -1076,7 +1076,7 @@ fn values_next_to_the_refused_ones_are_accepted() {
 
 /// Every section of the schema, with a minimal valid file around a key of it: the key's
 /// line goes where `{}` is.
-fn sections() -> [(&'static limiter_config::Section, &'static str, &'static str); 4] {
+fn sections() -> [(&'static limiter_config::Section, &'static str, &'static str); 5] {
     [
         (&schema::TOP_KEYS, "{}\n", ""),
         (
@@ -1094,7 +1094,77 @@ fn sections() -> [(&'static limiter_config::Section, &'static str, &'static str)
             "[[rules]]\nname = \"r\"\ndst = \"198.18.0.0/15\"\n[rules.per_source]\nrate = 1\nburst = 1\n{}\n",
             "rules[0].per_source.",
         ),
+        (
+            &schema::TUNNEL_KEYS,
+            "[[tunnels]]\ninterface = \"eth1\"\ndecapsulate = [\"ipip\"]\n{}\n",
+            "tunnels[0].",
+        ),
     ]
+}
+
+#[test]
+fn tunnels_are_read_and_checked() {
+    let c = parse(
+        "[[tunnels]]\ninterface = \"eth1\"\ndecapsulate = [\"ipip\", \"6in4\", \"gre\", \"fou:5555\", \"gue:6080\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.tunnels.len(), 1);
+    let t = c.tunnels[0].to_abi();
+    assert_eq!(
+        t.flags,
+        abi::TUNNEL_IPIP | abi::TUNNEL_IP6 | abi::TUNNEL_GRE
+    );
+    assert_eq!(t.udp_ports, [5555, 6080, 0, 0]);
+    assert_eq!(t.gue_ports, 0b10);
+    assert!(parse("").unwrap().tunnels.is_empty(), "off by default");
+
+    let bad = [
+        (
+            "decapsulate = [\"vxlan\"]",
+            "tunnels[0].decapsulate[0]",
+            "is not one of",
+        ),
+        (
+            "decapsulate = [\"fou:0\"]",
+            "tunnels[0].decapsulate[0]",
+            "1-65535",
+        ),
+        (
+            "decapsulate = [\"gre\", \"gre\"]",
+            "tunnels[0].decapsulate[1]",
+            "listed twice",
+        ),
+        (
+            "decapsulate = [\"fou:1\", \"gue:1\"]",
+            "tunnels[0].decapsulate[1]",
+            "listed twice",
+        ),
+        ("decapsulate = []", "tunnels[0].decapsulate", "empty list"),
+        (
+            "decapsulate = [\"fou:1\", \"fou:2\", \"fou:3\", \"fou:4\", \"gue:5\"]",
+            "tunnels[0].decapsulate",
+            "at most 4 UDP ports",
+        ),
+    ];
+    for (line, field, message) in bad {
+        let err = parse(&format!("[[tunnels]]\ninterface = \"eth1\"\n{line}\n")).unwrap_err();
+        assert!(
+            err.problems()
+                .iter()
+                .any(|p| p.field == field && p.message.contains(message)),
+            "{line}: {err}"
+        );
+    }
+    let err = parse(
+        "[[tunnels]]\ninterface = \"eth1\"\ndecapsulate = [\"ipip\"]\n[[tunnels]]\ninterface = \"eth1\"\ndecapsulate = [\"gre\"]\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.problems()
+            .iter()
+            .any(|p| p.field == "tunnels[1].interface" && p.message.contains("already")),
+        "{err}"
+    );
 }
 
 /// Each row of the schema is read: a value of the wrong type at any key is refused on

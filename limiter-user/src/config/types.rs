@@ -38,6 +38,101 @@ pub struct Config {
     /// `next_program` / `join_program_array`: where frames the limiter passes go next;
     /// `None`: to the stack, as without a handoff.
     pub handoff: Option<HandoffSpec>,
+    /// `[[tunnels]]`: interfaces whose tunnelled frames are classified by the inner
+    /// header; none by default.
+    pub tunnels: Vec<TunnelSpec>,
+}
+
+/// One `[[tunnels]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelSpec {
+    pub interface: String,
+    pub decapsulate: Vec<Encapsulation>,
+}
+
+/// An encapsulation the program can see through (`decapsulate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encapsulation {
+    /// IPv4 in IPv4 or IPv6 (IP protocol 4).
+    Ipip,
+    /// IPv6 in IPv4 (6in4, sit) or IPv6 (IP protocol 41).
+    SixInFour,
+    /// GRE carrying IPv4 or IPv6 (IP protocol 47).
+    Gre,
+    /// Foo-over-UDP to this port: the inner IP header right after the UDP header.
+    Fou(u16),
+    /// Generic UDP Encapsulation (GUE, version 0 or 1) to this port.
+    Gue(u16),
+}
+
+impl Encapsulation {
+    /// What `decapsulate` accepts, for messages.
+    pub const SPELLINGS: &'static str = "\"ipip\", \"6in4\", \"gre\", \"fou:PORT\" or \"gue:PORT\"";
+
+    /// Reads one item of `decapsulate`.
+    pub fn parse(word: &str) -> Result<Encapsulation, String> {
+        let port = |p: &str| match p.parse::<u16>() {
+            Ok(0) | Err(_) => Err(format!("\"{word}\": the port must be 1-65535")),
+            Ok(port) => Ok(port),
+        };
+        match word.split_once(':') {
+            None => match word {
+                "ipip" => Ok(Encapsulation::Ipip),
+                "6in4" => Ok(Encapsulation::SixInFour),
+                "gre" => Ok(Encapsulation::Gre),
+                _ => Err(format!("\"{word}\" is not one of {}", Self::SPELLINGS)),
+            },
+            Some(("fou", p)) => port(p).map(Encapsulation::Fou),
+            Some(("gue", p)) => port(p).map(Encapsulation::Gue),
+            Some(_) => Err(format!("\"{word}\" is not one of {}", Self::SPELLINGS)),
+        }
+    }
+
+    /// The UDP port it takes, if any.
+    pub fn udp_port(self) -> Option<u16> {
+        match self {
+            Encapsulation::Fou(p) | Encapsulation::Gue(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Encapsulation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Encapsulation::Ipip => f.write_str("ipip"),
+            Encapsulation::SixInFour => f.write_str("6in4"),
+            Encapsulation::Gre => f.write_str("gre"),
+            Encapsulation::Fou(p) => write!(f, "fou:{p}"),
+            Encapsulation::Gue(p) => write!(f, "gue:{p}"),
+        }
+    }
+}
+
+impl TunnelSpec {
+    /// The program's entry for this interface (`TUNNELS`). The checker has held the UDP
+    /// ports to `abi::MAX_TUNNEL_UDP_PORTS`.
+    pub fn to_abi(&self) -> abi::TunnelConfig {
+        let mut config = abi::TunnelConfig::default();
+        let mut ports = 0;
+        for e in &self.decapsulate {
+            match e {
+                Encapsulation::Ipip => config.flags |= abi::TUNNEL_IPIP,
+                Encapsulation::SixInFour => config.flags |= abi::TUNNEL_IP6,
+                Encapsulation::Gre => config.flags |= abi::TUNNEL_GRE,
+                Encapsulation::Fou(port) | Encapsulation::Gue(port) => {
+                    if ports < abi::MAX_TUNNEL_UDP_PORTS {
+                        config.udp_ports[ports] = *port;
+                        if matches!(e, Encapsulation::Gue(_)) {
+                            config.gue_ports |= 1 << ports;
+                        }
+                        ports += 1;
+                    }
+                }
+            }
+        }
+        config
+    }
 }
 
 // A config's plain keys are its own fields to every reader: the split into a generated

@@ -1,0 +1,262 @@
+//! Tunnelled traffic end to end: a real `ipip` device on the host end of a veth pair
+//! terminates the tunnel, the program on that veth end (native XDP, and the TC build)
+//! decapsulates it (`[[tunnels]]`), and a rule on the VIP behind the tunnel meters by the
+//! inner header. The peer sends IPIP frames to the host end's address carrying UDP to the
+//! VIP; what the host's tunnel device decapsulates and delivers is counted at a UDP
+//! socket bound to the VIP.
+//!
+//! This machine's kernel has no tunnel drivers (CONFIG_NET_IPIP is not set): the tests
+//! are `#[ignore]`d on the host, with the reason, and run in the guests of `cargo xtask
+//! test --kernel` (Debian's kernels build `ipip` as a module), which pass
+//! `--include-ignored`.
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+use std::{
+    net::{Ipv4Addr, UdpSocket},
+    path::Path,
+    process::Command,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use limiter_tests::{
+    frame::{self, FrameBuilder},
+    netns::{ifindex, ip, spawn_in_netns, VethPair},
+    scenario::PinDir,
+    traffic::{send, PacketSocket, SendPlan},
+};
+use limiter_user::{
+    config::{Config, XdpMode},
+    daemon::{apply_rules, apply_tunnels},
+    program::{LoadOptions, Program},
+};
+
+const RATE: u64 = 100;
+const BURST: u64 = 20;
+const VIP_PORT: u16 = 7000;
+const SENT: u64 = 3000;
+const SEND_RATE: u64 = 1000;
+
+/// Addresses of one run, in 198.19.N.0/24 with N from the process id: other tests put
+/// addresses on host ends in the root namespace at the same time.
+struct Addrs {
+    /// Outer: the peer (tunnel ingress) and the host end (tunnel egress).
+    peer: Ipv4Addr,
+    host: Ipv4Addr,
+    /// Inner: the VIP (on the tunnel device) and the client behind the ingress.
+    vip: Ipv4Addr,
+    client: Ipv4Addr,
+}
+
+fn addrs() -> Addrs {
+    let n = 20 + (std::process::id() % 200) as u8;
+    Addrs {
+        peer: Ipv4Addr::new(198, 19, n, 1),
+        host: Ipv4Addr::new(198, 19, n, 2),
+        vip: Ipv4Addr::new(198, 19, n, 10),
+        client: Ipv4Addr::new(198, 19, n, 20),
+    }
+}
+
+/// The host's `ipip` device, removed on drop.
+struct IpipDevice {
+    name: String,
+}
+
+impl Drop for IpipDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.name])
+            .output();
+    }
+}
+
+/// Sends `SENT` IPIP frames (UDP to the VIP inside) from the peer; returns (rule
+/// passed, rule dropped, frames decapsulated by the program, datagrams delivered to the
+/// VIP's socket, what the rule admits over the sending time).
+fn run(mode: XdpMode, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
+    let a = addrs();
+    let pair = VethPair::new(1).expect("creating the veth pair");
+    let tunnel = IpipDevice {
+        name: format!("ti{}", &pair.host[2..]),
+    };
+    ip(&["addr", "add", &format!("{}/32", a.host), "dev", &pair.host]).unwrap();
+    ip(&["route", "add", &format!("{}/32", a.peer), "dev", &pair.host]).unwrap();
+    let made = ip(&[
+        "link",
+        "add",
+        &tunnel.name,
+        "type",
+        "ipip",
+        "local",
+        &a.host.to_string(),
+        "remote",
+        &a.peer.to_string(),
+        "dev",
+        &pair.host,
+    ]);
+    if let Err(e) = made {
+        panic!(
+            "creating the host's ipip device: {e:#}: this kernel has no ipip driver \
+             (CONFIG_NET_IPIP); run in a guest: cargo xtask test --kernel 6.1 tunnels"
+        );
+    }
+    ip(&["link", "set", &tunnel.name, "up"]).unwrap();
+    ip(&["addr", "add", &format!("{}/32", a.vip), "dev", &tunnel.name]).unwrap();
+    // The reverse-path check finds the client behind the tunnel.
+    ip(&[
+        "route",
+        "add",
+        &format!("{}/32", a.client),
+        "dev",
+        &tunnel.name,
+    ])
+    .unwrap();
+
+    let pins = PinDir::new();
+    let tunnels = if decapsulate {
+        format!(
+            "[[tunnels]]\ninterface = \"{}\"\ndecapsulate = [\"ipip\"]\n",
+            pair.host
+        )
+    } else {
+        String::new()
+    };
+    let config = Config::parse(
+        &format!(
+            "[[rules]]\nname = \"vip\"\ndst = \"{}/32\"\ndst_port = {VIP_PORT}\nproto = \"udp\"\n\
+             rate = {RATE}\nburst = {BURST}\n{tunnels}",
+            a.vip
+        ),
+        Path::new("<tunnels>"),
+    )
+    .unwrap();
+    let mut program = Program::load(&LoadOptions {
+        pin_dir: Some(pins.path.clone()),
+        max_sources: 1024,
+        handoff_array: None,
+    })
+    .expect("loading the program");
+    let mut maps = program.maps().unwrap();
+    let table = apply_rules(&mut maps, &config).unwrap();
+    apply_tunnels(&mut maps, &config).unwrap();
+    let slot = table.slots["vip"];
+    let attachment = program.attach(&pair.host, mode).expect("attaching");
+
+    let socket = UdpSocket::bind((a.vip, VIP_PORT)).expect("binding the VIP's socket");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let receiver = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            let mut got = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if socket.recv(&mut buf).is_ok() {
+                    got += 1;
+                }
+            }
+            while socket.recv(&mut buf).is_ok() {
+                got += 1;
+            }
+            got
+        })
+    };
+
+    let inner = FrameBuilder::ipv4(a.client, a.vip)
+        .udp(40000, VIP_PORT)
+        .payload_len(64)
+        .build();
+    let outer = FrameBuilder::ipv4(a.peer, a.host)
+        .macs(pair.peer_mac, pair.host_mac)
+        .proto(4)
+        .payload(frame::ip_datagram(&inner))
+        .build();
+    let peer = pair.peer.clone();
+    let sender = spawn_in_netns(&pair.ns, move || {
+        let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+        send(
+            &socket,
+            &SendPlan {
+                frames: vec![outer],
+                rate: Some(SEND_RATE),
+                count: SENT,
+                duration: Duration::from_secs(10),
+                cpu: None,
+            },
+        )
+    })
+    .unwrap();
+    let sent = sender.join().unwrap().unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let delivered = receiver.join().unwrap();
+    let c = maps.rule_counters(slot).unwrap();
+    let decapsulated = maps.tunnel_counters().unwrap().decapsulated;
+    program.detach(attachment).unwrap();
+    assert_eq!(sent.sent, SENT, "not every frame was sent");
+    let admits = RATE as f64 * sent.span.as_secs_f64() + BURST as f64;
+    eprintln!(
+        "{mode:?}, decapsulate {decapsulate}: {SENT} IPIP frames in {:.2}s; rule passed {}, \
+         dropped {}; decapsulated {decapsulated}; delivered {delivered}; the rule admits \
+         {admits:.0}",
+        sent.span.as_secs_f64(),
+        c.passed_packets,
+        c.dropped_packets
+    );
+    (
+        c.passed_packets,
+        c.dropped_packets,
+        decapsulated,
+        delivered,
+        admits,
+    )
+}
+
+fn inner_header_is_metered(mode: XdpMode) {
+    let (passed, dropped, decapsulated, delivered, admits) = run(mode, true);
+    assert_eq!(
+        decapsulated, SENT,
+        "{mode:?}: every IPIP frame is classified by its inner header"
+    );
+    assert_eq!(
+        passed + dropped,
+        SENT,
+        "{mode:?}: the VIP's rule meters every frame"
+    );
+    assert!(
+        passed as f64 <= admits + 1.0 && passed as f64 >= 0.8 * admits,
+        "{mode:?}: the rule passed {passed}, it admits {admits:.0}"
+    );
+    // What passed is what the tunnel device decapsulated and delivered.
+    assert!(
+        delivered.abs_diff(passed) <= 1,
+        "{mode:?}: delivered {delivered} to the VIP, the rule passed {passed}"
+    );
+}
+
+/// Without `[[tunnels]]` for the interface, the outer header (to the host's own address)
+/// matches no rule: the whole flood reaches the VIP.
+fn without_decapsulation_the_flood_passes(mode: XdpMode) {
+    let (passed, dropped, decapsulated, delivered, _) = run(mode, false);
+    assert_eq!((passed, dropped, decapsulated), (0, 0, 0), "{mode:?}");
+    assert!(
+        delivered + 5 >= SENT,
+        "{mode:?}: only {delivered} of {SENT} delivered (the host's tunnel works?)"
+    );
+}
+
+limiter_tests::test_rows! {
+    #[ignore = "needs the ipip driver, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
+    native_ipip_to_a_vip_is_metered_by_the_inner_header => inner_header_is_metered(XdpMode::Native);
+    #[ignore = "needs the ipip driver, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
+    tc_ipip_to_a_vip_is_metered_by_the_inner_header => inner_header_is_metered(XdpMode::Tc);
+    #[ignore = "needs the ipip driver, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
+    native_ipip_without_decapsulation_passes_unmetered =>
+        without_decapsulation_the_flood_passes(XdpMode::Native);
+}

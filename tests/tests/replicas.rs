@@ -44,6 +44,22 @@ fn scrape_replica(port: u16) -> BTreeMap<String, f64> {
     scrape(port)
 }
 
+/// Every port the harness hands out for a listener (replicas' gRPC and metrics, daemons'
+/// metrics) is a different one: the kernel hands a port just closed out again (146 of
+/// 2,000 in a row here), and a replica given its metrics port as its gRPC port served
+/// gRPC where the test read metrics.
+#[test]
+fn the_harness_never_hands_out_a_port_twice() {
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..2000 {
+        let port = free_port();
+        assert!(
+            seen.insert(port),
+            "port {port} handed out again at call {i}"
+        );
+    }
+}
+
 /// Dropped in this order: the replicas, then etcd (which they would log losing).
 struct Group {
     replicas: Vec<Allocator>,

@@ -5,12 +5,13 @@ pub mod fleet;
 pub mod pki;
 
 use std::{
+    collections::BTreeSet,
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Output},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, Mutex,
     },
     time::{Duration, Instant},
 };
@@ -37,12 +38,25 @@ pub struct Lab {
     pub settings: String,
 }
 
-/// A loopback TCP port nobody listens on now.
+/// A loopback TCP port nobody listens on now, and one this test process has not handed
+/// out before: a port is only taken when the process it is for starts, so two calls in a
+/// row could get the same one (a replica's metrics port came back as its gRPC port: its
+/// metrics could not listen and the test read gRPC as metrics).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 impl Lab {
@@ -374,11 +388,6 @@ impl Sender {
     pub fn stop(mut self) -> SendReport {
         self.stop.store(true, Ordering::Relaxed);
         join(self.handle.take().expect("a sender is joined once"))
-    }
-
-    /// Whether the plan has run out.
-    pub fn is_finished(&self) -> bool {
-        self.handle.as_ref().is_none_or(|h| h.is_finished())
     }
 }
 

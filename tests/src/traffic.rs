@@ -168,6 +168,21 @@ pub fn send(socket: &PacketSocket, plan: &SendPlan) -> Result<SendReport> {
 pub fn send_observed(
     socket: &PacketSocket,
     plan: &SendPlan,
+    on_batch: impl FnMut(Instant, u64, usize),
+) -> Result<SendReport> {
+    send_paced(socket, plan, None, on_batch)
+}
+
+/// [`send`] until `stop` is set or the plan runs out, whichever comes first: a test ends
+/// traffic it no longer measures instead of waiting for the rest of the plan.
+pub fn send_until(socket: &PacketSocket, plan: &SendPlan, stop: &AtomicBool) -> Result<SendReport> {
+    send_paced(socket, plan, Some(stop), |_, _, _| {})
+}
+
+fn send_paced(
+    socket: &PacketSocket,
+    plan: &SendPlan,
+    stop: Option<&AtomicBool>,
     mut on_batch: impl FnMut(Instant, u64, usize),
 ) -> Result<SendReport> {
     if plan.frames.is_empty() {
@@ -182,7 +197,8 @@ pub fn send_observed(
     let mut sent = 0u64;
     let mut next = 0usize;
     let mut batch: Vec<&[u8]> = Vec::with_capacity(BATCH);
-    while sent < plan.count && start.elapsed() < plan.duration {
+    let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
+    while sent < plan.count && start.elapsed() < plan.duration && !stopped() {
         let want = (plan.count - sent).min(BATCH as u64) as usize;
         batch.clear();
         for i in 0..want {
@@ -224,6 +240,25 @@ pub fn send_poisson(
     duration: Duration,
     seed: u64,
 ) -> Result<SendReport> {
+    send_poisson_until(
+        socket,
+        frames,
+        rate,
+        duration,
+        seed,
+        &AtomicBool::new(false),
+    )
+}
+
+/// [`send_poisson`] until `stop` is set or `duration` has passed, whichever comes first.
+pub fn send_poisson_until(
+    socket: &PacketSocket,
+    frames: &[Vec<u8>],
+    rate: f64,
+    duration: Duration,
+    seed: u64,
+    stop: &AtomicBool,
+) -> Result<SendReport> {
     if frames.is_empty() || !rate.is_finite() || rate <= 0.0 {
         bail!("nothing to send: {} frames at {rate}/s", frames.len());
     }
@@ -235,7 +270,7 @@ pub fn send_poisson(
     let mut last = start;
     loop {
         due += gaps.next_gap();
-        if due >= duration.as_secs_f64() {
+        if due >= duration.as_secs_f64() || stop.load(Ordering::Relaxed) {
             break;
         }
         let at = start + Duration::from_secs_f64(due);

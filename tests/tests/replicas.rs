@@ -21,9 +21,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{fleet::*, join, pki::Pki, Daemon, Lab};
+use common::{fleet::*, pki::Pki, start_all, wait_for, Daemon, Lab, Sender};
 use limiter_proto::pb::{allocator_client::AllocatorClient, ReportRequest};
-use limiter_tests::{etcd::Etcd, traffic::SendReport};
+use limiter_tests::etcd::Etcd;
 use tonic::transport::{Channel, Endpoint};
 
 const LEASE: u64 = 3000;
@@ -31,6 +31,34 @@ const REPORT: u64 = 500;
 const ELECTION_TTL: u64 = 2000;
 /// Per rule and host: 2 × 2,000/s offered against a 3,000/s quota.
 const OFFERED: u64 = 2000;
+
+/// The metrics of the replica whose endpoint is on `port`, once it listens: a started
+/// replica listens for hosts first (what `Allocator::start` waits for) and opens its
+/// metrics a moment later, longer on a loaded machine.
+fn scrape_replica(port: u16) -> BTreeMap<String, f64> {
+    wait_for(
+        &format!("a replica's metrics endpoint on 127.0.0.1:{port} to listen"),
+        Duration::from_secs(10),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string()),
+    );
+    scrape(port)
+}
+
+/// Every port the harness hands out for a listener (replicas' gRPC and metrics, daemons'
+/// metrics) is a different one: the kernel hands a port just closed out again (146 of
+/// 2,000 in a row here), and a replica given its metrics port as its gRPC port served
+/// gRPC where the test read metrics.
+#[test]
+fn the_harness_never_hands_out_a_port_twice() {
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..2000 {
+        let port = free_port();
+        assert!(
+            seen.insert(port),
+            "port {port} handed out again at call {i}"
+        );
+    }
+}
 
 /// Dropped in this order: the replicas, then etcd (which they would log losing).
 struct Group {
@@ -84,7 +112,7 @@ impl Group {
             .zip(&self.metrics)
             .map(|(r, &m)| {
                 r.child.as_ref()?;
-                let s = scrape(m);
+                let s = scrape_replica(m);
                 Some((
                     s["limiter_allocator_leader"] == 1.0,
                     s["limiter_allocator_term"] as u64,
@@ -218,24 +246,25 @@ fn hold_leased_and_one_leader(g: &Group, labs: &[&Lab], span: Duration, what: &s
 /// The three daemons running, each with traffic for `secs` seconds, all `leased`.
 struct Traffic {
     daemons: Vec<Daemon>,
-    senders: Vec<std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>>>,
+    senders: Vec<Sender>,
 }
 
 impl Traffic {
     fn start(labs: &[Lab], secs: u64) -> Traffic {
-        let daemons = labs.iter().map(Lab::start).collect();
+        let daemons = start_all(labs);
         let senders = labs
             .iter()
-            .map(|lab| lab.send_in_background(traffic(lab, OFFERED, Duration::from_secs(secs))))
+            .map(|lab| lab.send_stoppable(traffic(lab, OFFERED, Duration::from_secs(secs))))
             .collect();
         let all: Vec<&Lab> = labs.iter().collect();
         wait_state(&all, "web", "leased", Duration::from_secs(10));
         Traffic { daemons, senders }
     }
 
+    /// Ends the traffic (what a test measured is behind it) and the daemons.
     fn stop(self) {
         for s in self.senders {
-            join(s);
+            s.stop();
         }
         for d in self.daemons {
             d.stop();
@@ -371,7 +400,7 @@ fn a_connection_flood_from_many_addresses_keeps_no_host_from_the_new_leader() {
     while !g
         .metrics
         .iter()
-        .all(|&m| scrape(m)["limiter_allocator_connections"] == MAX as f64)
+        .all(|&m| scrape_replica(m)["limiter_allocator_connections"] == MAX as f64)
     {
         assert!(
             start.elapsed() < Duration::from_secs(10),
@@ -391,7 +420,7 @@ fn a_connection_flood_from_many_addresses_keeps_no_host_from_the_new_leader() {
         "flooded, after the leader was killed",
     );
     let (next, _) = g.wait_leader(Duration::from_secs(1));
-    let m = scrape(g.metrics[next]);
+    let m = scrape_replica(g.metrics[next]);
     let evicted = m["limiter_allocator_connections_evicted_total"];
     let refused = m["limiter_allocator_connections_refused_total{limit=\"max_connections\"}"];
     eprintln!(
@@ -752,7 +781,7 @@ fn quota_changes_need_etcd_and_survive_its_restart() {
     g.replicas[follower].start();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let m = scrape(g.metrics[follower]);
+        let m = scrape_replica(g.metrics[follower]);
         if m.get("limiter_allocator_quota_per_second{rule=\"web\"}") == Some(&2000.0) {
             break;
         }
@@ -768,7 +797,7 @@ fn quota_changes_need_etcd_and_survive_its_restart() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     for i in 0..3 {
-        let m = scrape(g.metrics[i]);
+        let m = scrape_replica(g.metrics[i]);
         assert_eq!(
             m["limiter_allocator_quota_per_second{rule=\"web\"}"], 2000.0,
             "replica {i}"
@@ -1009,7 +1038,7 @@ struct Members {
 
 impl Members {
     fn scrape(&self, i: usize) -> BTreeMap<String, f64> {
-        scrape(self.metrics[i])
+        scrape_replica(self.metrics[i])
     }
 
     fn leaders(&self) -> Vec<usize> {

@@ -338,11 +338,32 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
     if no_run {
         return Ok(());
     }
-    // Unit and property tests of pure logic first: they fail fast and run in parallel.
-    run_cmd(cargo().args(["test", "--release", "--lib", "--bins"]))?;
-    run_cmd(cargo().args(["test", "--release", "--doc"]))?;
-    // Kernel tests one at a time: they time real traffic on a 2-CPU machine.
-    run_cmd(cargo().args(["test", "--release", "--test", "*", "--", "--test-threads=1"]))
+    // `--no-fail-fast` and every step run even after a failure: cargo stops at the first
+    // failing test executable, and a CI run should report every failure, not the first.
+    let steps: [&[&str]; 3] = [
+        // Unit and property tests of pure logic first: they run in parallel.
+        &["test", "--release", "--no-fail-fast", "--lib", "--bins"],
+        &["test", "--release", "--no-fail-fast", "--doc"],
+        // Kernel tests one at a time: they time real traffic on a 2-CPU machine.
+        &[
+            "test",
+            "--release",
+            "--no-fail-fast",
+            "--test",
+            "*",
+            "--",
+            "--test-threads=1",
+        ],
+    ];
+    let failed: Vec<String> = steps
+        .iter()
+        .filter_map(|args| run_cmd(cargo().args(*args)).err())
+        .map(|e| format!("{e:#}"))
+        .collect();
+    if !failed.is_empty() {
+        bail!("host tests failed:\n  {}", failed.join("\n  "));
+    }
+    Ok(())
 }
 
 unsafe extern "C" {

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::{Ipv4Addr, TcpListener, TcpStream},
+    net::{Ipv4Addr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command},
     time::{Duration, Instant},
@@ -20,12 +20,9 @@ pub const LEASE_MS: u64 = 1500;
 pub const REPORT_MS: u64 = 300;
 pub const STICKY_S: u64 = 3;
 
+/// [`super::free_port`]: never the same port twice in one test process.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    super::free_port()
 }
 
 pub struct Allocator {

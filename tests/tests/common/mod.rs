@@ -5,9 +5,14 @@ pub mod fleet;
 pub mod pki;
 
 use std::{
+    collections::BTreeSet,
     net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Output},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -15,7 +20,7 @@ pub use limiter_tests::binaries::LIMITER;
 use limiter_tests::{
     netns::{ifindex, spawn_in_netns, VethPair},
     scenario::{send_timed, PinDir, TimedReport},
-    traffic::{send, PacketSocket, SendPlan, SendReport},
+    traffic::{send, send_until, PacketSocket, SendPlan, SendReport},
 };
 use serde_json::Value;
 
@@ -33,12 +38,25 @@ pub struct Lab {
     pub settings: String,
 }
 
-/// A loopback TCP port nobody listens on now.
+/// A loopback TCP port nobody listens on now, and one this test process has not handed
+/// out before: a port is only taken when the process it is for starts, so two calls in a
+/// row could get the same one (a replica's metrics port came back as its gRPC port: its
+/// metrics could not listen and the test read gRPC as metrics).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 impl Lab {
@@ -90,14 +108,19 @@ impl Lab {
     }
 
     pub fn start(&self) -> Daemon {
+        let daemon = self.spawn();
+        self.wait_ready();
+        daemon
+    }
+
+    /// `limiter run` on this lab's config, without waiting for it to answer.
+    fn spawn(&self) -> Daemon {
         let child = Command::new(LIMITER)
             .args(["run", "--config"])
             .arg(&self.config)
             .spawn()
             .expect("starting limiter run");
-        let daemon = Daemon(child);
-        self.wait_ready();
-        daemon
+        Daemon(child)
     }
 
     /// Waits until the daemon answers on its socket.
@@ -202,6 +225,31 @@ impl Lab {
         .expect("starting the sender")
     }
 
+    /// [`Lab::send_in_background`] that the test can end before the plan runs out
+    /// ([`Sender::stop`]), so that it does not wait for traffic it no longer measures.
+    pub fn send_stoppable(&self, plan: SendPlan) -> Sender {
+        let peer = self.pair.peer.clone();
+        Sender::spawn(&self.pair.ns, move |stop| {
+            let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+            send_until(&socket, &plan, stop)
+        })
+    }
+
+    /// [`Lab::send_poisson_in_background`] that the test can end early ([`Sender::stop`]).
+    pub fn send_poisson_stoppable(
+        &self,
+        frames: Vec<Vec<u8>>,
+        rate: f64,
+        duration: Duration,
+        seed: u64,
+    ) -> Sender {
+        let peer = self.pair.peer.clone();
+        Sender::spawn(&self.pair.ns, move |stop| {
+            let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
+            limiter_tests::traffic::send_poisson_until(&socket, &frames, rate, duration, seed, stop)
+        })
+    }
+
     /// `frames` from the peer as a Poisson process ([`limiter_tests::traffic::send_poisson`]).
     pub fn send_poisson_in_background(
         &self,
@@ -248,6 +296,37 @@ impl Drop for Lab {
     }
 }
 
+/// Polls `probe` every 20 ms until it returns `Ok`, and returns that; fails after
+/// `within`, naming `what` was waited for and the probe's last `Err` (what it saw).
+pub fn wait_for<T>(
+    what: &str,
+    within: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(seen) => assert!(
+                start.elapsed() < within,
+                "waited {within:?} for {what}; last seen: {seen}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A daemon on each of `labs`, started together, once every one answers: their starts
+/// (seconds each, mostly the verifier's) overlap instead of adding up.
+pub fn start_all<'a>(labs: impl IntoIterator<Item = &'a Lab>) -> Vec<Daemon> {
+    let labs: Vec<&Lab> = labs.into_iter().collect();
+    let daemons: Vec<Daemon> = labs.iter().map(|lab| lab.spawn()).collect();
+    for lab in &labs {
+        lab.wait_ready();
+    }
+    daemons
+}
+
 /// `rate` frames/s for `duration`, alternating UDP to port 9 (the `web` rule of the
 /// sharing tests) and UDP to `other_port` (another program's rule).
 pub fn two_ports(pair: &VethPair, other_port: u16, rate: u64, duration: Duration) -> SendPlan {
@@ -282,6 +361,40 @@ pub fn join_timed(
         .expect("sender thread")
         .expect("sender in netns")
         .expect("sending")
+}
+
+/// Traffic from a lab's peer on a thread of its own, ended by [`Sender::stop`] (or when
+/// dropped, e.g. by a failing test) or when its plan runs out.
+pub struct Sender {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<anyhow::Result<anyhow::Result<SendReport>>>>,
+}
+
+impl Sender {
+    fn spawn(
+        ns: &str,
+        send: impl FnOnce(&AtomicBool) -> anyhow::Result<SendReport> + Send + 'static,
+    ) -> Sender {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let handle = spawn_in_netns(ns, move || send(&flag)).expect("starting the sender");
+        Sender {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Ends the traffic now; what was sent until then (a sender that failed fails the test).
+    pub fn stop(mut self) -> SendReport {
+        self.stop.store(true, Ordering::Relaxed);
+        join(self.handle.take().expect("a sender is joined once"))
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// A `limiter run` process; killed if a test fails before stopping it.

@@ -1170,54 +1170,14 @@ impl Daemon {
             tracing::warn!("{warning}");
         }
         let old = &old_config;
-        let mut needs_restart = Vec::new();
         if handoff_live {
             if new.handoff != old.handoff {
                 self.apply_handoff(new.handoff.clone())?;
                 tracing::info!(handoff = ?new.handoff.as_ref().map(ToString::to_string), "reload: handoff changed");
             }
             self.config.handoff = new.handoff.clone();
-        } else {
-            needs_restart.push(
-                new.handoff
-                    .as_ref()
-                    .or(old.handoff.as_ref())
-                    .map_or("next_program", crate::config::HandoffSpec::key),
-            );
         }
-        if new.pin_dir != old.pin_dir {
-            needs_restart.push("pin_dir");
-        }
-        if new.max_sources != old.max_sources {
-            needs_restart.push("max_sources");
-        }
-        if new.interfaces != old.interfaces {
-            needs_restart.push("interfaces");
-        }
-        if new.xdp_share != old.xdp_share {
-            needs_restart.push("xdp_share");
-        }
-        if new.xdp_priority != old.xdp_priority {
-            needs_restart.push("xdp_priority");
-        }
-        if new.xdp_share_fallback != old.xdp_share_fallback {
-            needs_restart.push("xdp_share_fallback");
-        }
-        if new.xdp_mode != old.xdp_mode {
-            needs_restart.push("xdp_mode");
-        }
-        if new.control_socket != old.control_socket {
-            needs_restart.push("control_socket");
-        }
-        if new.metrics != old.metrics {
-            needs_restart.push("metrics");
-        }
-        if new.fleet != old.fleet {
-            needs_restart.push("fleet");
-        }
-        if new.fleet_size != old.fleet_size {
-            needs_restart.push("fleet_size");
-        }
+        let needs_restart = crate::reload_keys::restart_keys(old, &new);
         tracing::info!(rules = self.table.rules.len(), "config reloaded");
         Ok(ReloadReport {
             rules: self.table.rules.len(),

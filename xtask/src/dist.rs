@@ -211,12 +211,20 @@ fn stage_package(root: &Path, package: &Package, binary: &Path, stage: &Path) ->
         fs::remove_dir_all(&man_raw)?;
     }
     output(Command::new(binary).arg("man-pages").arg(&man_raw))?;
-    // Section 8 (limiter_service::cli_docs::MAN_SECTION): the pages say which.
-    let man8 = stage.join("usr/share/man/man8");
+    // Each page into the section its name ends in: 8 for the commands
+    // (limiter_service::cli_docs::MAN_SECTION), 5 for the config file
+    // (limiter_config::reference::MAN_SECTION).
     for entry in fs::read_dir(&man_raw)? {
         let page = entry?.path();
         let file = page.file_name().context("man page without a name")?;
-        let dest = man8.join(format!("{}.gz", file.to_string_lossy()));
+        let section = page
+            .extension()
+            .and_then(|e| e.to_str())
+            .filter(|e| ["5", "8"].contains(e))
+            .with_context(|| format!("man page {} in no section", page.display()))?;
+        let dest = stage
+            .join(format!("usr/share/man/man{section}"))
+            .join(format!("{}.gz", file.to_string_lossy()));
         gzip(&page, &dest)?;
     }
     for (shell, path) in [

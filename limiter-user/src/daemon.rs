@@ -622,7 +622,7 @@ impl Daemon {
         if daemon.maps.control()?.flags & CONTROL_BYPASS != 0 {
             tracing::warn!(
                 "CONTROL bypass is set: every frame passes unclassified, unmetered and \
-                 uncounted until it is cleared (README, \"Inspecting with bpftool\")"
+                 uncounted until it is cleared (docs/operations.md, \"Inspecting with bpftool\")"
             );
         }
         Ok(daemon)

@@ -32,16 +32,20 @@ use std::{
 use anyhow::{bail, Result};
 use limiter_common::gcra::{Granularity, Limit, LimitError};
 use limiter_config::{
+    schema::TLS_FILE,
     section,
     toml::de::{DeTable, DeValue},
     Absent::{Int, Required, Str, Unset},
+    Applies::Restart,
     At, Checker, ConfigError,
     Kind::{self, Integer, SocketAddr as Address, Table, Tables},
     Value,
 };
 use limiter_fleet::{
     alloc::DEFAULT_CREDIT_PCT,
-    share::{DEFAULT_FLEET_SIZE, DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS},
+    share::{
+        DEFAULT_FLEET_SIZE, DEFAULT_LEASE_TTL_MS, DEFAULT_REPORT_INTERVAL_MS, MAX_FLEET_TIMING_MS,
+    },
 };
 use limiter_proto::MIN_REPORT_SPACING_MS;
 use serde::Deserialize;
@@ -67,21 +71,36 @@ const COUNT: Kind = Integer {
     max: u64::MAX,
 };
 
+/// The reference of the allocator's file (docs/config.md, `limiter-allocator.toml(5)`).
+pub const REFERENCE: limiter_config::reference::Reference = limiter_config::reference::Reference {
+    binary: "limiter-allocator",
+    page: "limiter-allocator.toml",
+    path: "/etc/limiter/allocator.toml",
+    about: "configuration of the fleet's quota allocator: its listener, quotas and replicas",
+    schema: &TOP_KEYS,
+    see_also: &[
+        "limiter-allocator(8)",
+        "limiter-allocator-run(8)",
+        "limiter-allocator-check(8)",
+        "limiter.toml(5)",
+    ],
+};
+
 section! {
     /// The top level of the allocator's file.
-    TOP_KEYS = "" {
+    TOP_KEYS = "", Restart {
         LISTEN = "listen", Required, Address, "the gRPC address (mutual TLS)";
         METRICS = "metrics", Str(DEFAULT_METRICS), Address, "Prometheus listen address; \"\" disables";
         CONTROL_SOCKET = "control_socket", Str(DEFAULT_CONTROL_SOCKET), Kind::Path, "the control socket";
-        LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS), Integer { min: 1, max: u64::MAX }, "how long a grant is valid";
-        REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS), Integer { min: 1, max: u64::MAX }, "how often hosts report";
+        LEASE_TTL_MS = "lease_ttl_ms", Int(DEFAULT_LEASE_TTL_MS), Integer { min: 1, max: MAX_FLEET_TIMING_MS }, "how long a grant is valid";
+        REPORT_INTERVAL_MS = "report_interval_ms", Int(DEFAULT_REPORT_INTERVAL_MS), Integer { min: 1, max: MAX_FLEET_TIMING_MS }, "how often hosts report";
         FLEET_SIZE = "fleet_size", Unset("each host's own, from its reports"), Integer { min: 1, max: u32::MAX as u64 }, "while a rule learns, a host that holds nothing gets quota / fleet_size at once; unset, the fleet_size each host reports (at least the hosts heard from); set, this one for all, and hosts whose own differs are told";
         CREDIT_PCT = "credit_pct", Int(DEFAULT_CREDIT_PCT), Integer { min: 0, max: 100 }, "each rule's credit cap, in % of what its quota admits in one report interval: quota the fleet left unused, lent to hosts that refused frames; 0: no credit";
         MAX_HOSTS = "max_hosts", Int(DEFAULT_MAX_HOSTS), Integer { min: 1, max: MAX_COUNT }, "hosts known at once";
         MAX_CONNECTIONS = "max_connections", Unset("2 × max_hosts"), Integer { min: 1, max: MAX_COUNT }, "open gRPC connections";
         MAX_CONNECTIONS_PER_IP = "max_connections_per_ip", Int(16), Integer { min: 1, max: MAX_COUNT }, "open connections from one address";
         HANDSHAKE_TIMEOUT_MS = "handshake_timeout_ms", Int(2000), Integer { min: 1, max: 60_000 }, "TLS and the first report within this";
-        MAX_REPORTS_PER_S = "max_reports_per_s", Unset("2 × a daemon's most"), COUNT, "reports per second per host and per connection";
+        MAX_REPORTS_PER_S = "max_reports_per_s", Unset("2 × a daemon's most"), COUNT, "reports per second per host and per connection: at least what a healthy daemon sends at report_interval_ms";
         TLS = "tls", Required, Table(&TLS_KEYS), "the allocator's certificate and the CA of the hosts'";
         QUOTAS = "quotas", Unset("no quotas"), Tables(&QUOTA_KEYS), "global quotas by rule name";
         ELECTION = "election", Unset("one allocator, no etcd"), Table(&ELECTION_KEYS), "replicas: the etcd cluster they elect a leader in";
@@ -90,7 +109,7 @@ section! {
 
 section! {
     /// `[election]`: replicas elect their leader in etcd and keep the quotas there.
-    ELECTION_KEYS = "[election]" {
+    ELECTION_KEYS = "[election]", Restart {
         ELECTION_ETCD = "etcd", Required, Kind::Other("a list of \"host:port\", \"http://host:port\" or \"https://host:port\""), "the etcd cluster's client endpoints";
         ELECTION_ADVERTISE = "advertise", Unset("listen, unless it is a wildcard"), Address, "the address hosts reach this replica at (followers name it in redirects)";
         ELECTION_NAME = "name", Str(DEFAULT_ELECTION_NAME), Kind::String, "the allocator group: its election and its keys in etcd";
@@ -104,19 +123,19 @@ section! {
 
 section! {
     /// `[tls]`.
-    TLS_KEYS = "[tls]" => #[derive(Clone, Debug, PartialEq, Eq)] struct TlsConfig {
-        TLS_CA = "ca" => ca: PathBuf, Required, Kind::Path, "signs the hosts' client certificates";
-        TLS_CERT = "cert" => cert: PathBuf, Required, Kind::Path, "the allocator's certificate";
-        TLS_KEY = "key" => key: PathBuf, Required, Kind::Path, "its key";
+    TLS_KEYS = "[tls]", Restart => #[derive(Clone, Debug, PartialEq, Eq)] struct TlsConfig {
+        TLS_CA = "ca" => ca: PathBuf, Required, Kind::Path, "signs the hosts' client certificates", TLS_FILE;
+        TLS_CERT = "cert" => cert: PathBuf, Required, Kind::Path, "the allocator's certificate", TLS_FILE;
+        TLS_KEY = "key" => key: PathBuf, Required, Kind::Path, "its key", TLS_FILE;
     }
 }
 
 section! {
     /// One `[[quotas]]` entry.
-    QUOTA_KEYS = "[[quotas]]" {
+    QUOTA_KEYS = "[[quotas]]", Restart {
         QUOTA_RULE = "rule", Required, Kind::String, "the rule name in the daemons' configs";
-        QUOTA_RATE = "rate", Required, COUNT, "global quota per second, in the rule's unit";
-        QUOTA_BURST = "burst", Required, COUNT, "global burst";
+        QUOTA_RATE = "rate", Required, COUNT, "global quota per second, in the rule's unit: 1 to 10^12";
+        QUOTA_BURST = "burst", Required, COUNT, "global burst: at least 1, refilled within a year at rate";
     }
 }
 
@@ -928,7 +947,20 @@ mod tests {
                 "zero ttl",
                 "lease_ttl_ms = 0\n",
                 "lease_ttl_ms",
-                "must be at least 1, got 0",
+                "must be between 1 and 3600000, got 0",
+            ),
+            // The daemon's bounds: a timing one binary accepts, the other does too.
+            (
+                "ttl past an hour",
+                "lease_ttl_ms = 3600001\n",
+                "lease_ttl_ms",
+                "must be between 1 and 3600000, got 3600001",
+            ),
+            (
+                "interval past an hour",
+                "report_interval_ms = 3600001\n",
+                "report_interval_ms",
+                "must be between 1 and 3600000, got 3600001",
             ),
             (
                 "max_connections zero",

@@ -129,6 +129,10 @@ fn main() -> std::process::ExitCode {
             Ok(())
         }
         Command::ManPages(args) => cli_docs::write_man_pages(Cli::command(), &args.dir)
+            .and_then(|()| {
+                limiter_allocator::config::REFERENCE
+                    .write_man_page(env!("CARGO_PKG_VERSION"), &args.dir)
+            })
             .with_context(|| format!("writing man pages into {}", args.dir.display())),
         Command::Quota(QuotaCommand::List { socket }) => {
             control_call(&socket, &ControlRequest::List).map(|v| println!("{v}"))

@@ -376,7 +376,7 @@ mod tests {
     use crate::schema::{Absent, Kind};
 
     crate::section! {
-        SECTION = "" {
+        SECTION = "", crate::Applies::Restart {
             COUNT = "count", Absent::Int(7), Kind::Integer { min: 1, max: 10 }, "a count";
             LABEL = "label", Absent::Str("x"), Kind::String, "a label";
         }

@@ -21,6 +21,7 @@
 pub mod cases;
 mod checker;
 mod problem;
+pub mod reference;
 mod row;
 pub mod schema;
 mod word;
@@ -28,6 +29,6 @@ mod word;
 pub use checker::{At, Checker, Value};
 pub use problem::{read_file, ConfigError, LineIndex, Problem, MAX_CONFIG_BYTES, MAX_PROBLEMS};
 pub use row::{field_path, FromRow};
-pub use schema::{Absent, Key, Kind, Section};
+pub use schema::{Absent, Applies, Key, Kind, Section};
 pub use toml;
 pub use word::{unknown_value, ConfigWord};

@@ -40,6 +40,17 @@ pub enum Kind {
     Other(&'static str),
 }
 
+/// When a changed value takes effect: the "live or restart" column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applies {
+    /// At a reload (`limiter reload`, SIGHUP): the running program takes it.
+    Reload,
+    /// At the next start; a reload leaves the running value (and says it waits).
+    Restart,
+    /// Some changes at a reload, others at the next start: the text says which.
+    Partly(&'static str),
+}
+
 /// One key of a table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Key {
@@ -47,6 +58,7 @@ pub struct Key {
     pub absent: Absent,
     pub kind: Kind,
     pub help: &'static str,
+    pub applies: Applies,
 }
 
 impl Key {
@@ -70,6 +82,20 @@ pub struct Section {
     /// How the docs name the table: `""` for the top level, `[fleet]`, `[[rules]]`.
     pub name: &'static str,
     pub keys: &'static [Key],
+}
+
+/// A certificate or key file's row: the path is read at start, the file itself again for
+/// every new TLS handshake (so renewed certificates need no restart).
+pub const TLS_FILE: Applies =
+    Applies::Partly("restart: the path; the file, renewed: at the next TLS handshake");
+
+/// A row's own [`Applies`] if it gives one, else its section's (for [`section!`]).
+#[doc(hidden)]
+pub const fn applies_of(row: &[Applies], section: Applies) -> Applies {
+    match row {
+        [own] => *own,
+        _ => section,
+    }
 }
 
 impl Section {
@@ -142,7 +168,9 @@ pub fn required_message(section: &Section, key: &Key) -> String {
 }
 
 /// Defines a [`Section`] and a named [`Key`] constant for each of its rows, so that a
-/// key is one row: `CONST = "name", absent, kind, "help";`.
+/// key is one row: `CONST = "name", absent, kind, "help";`. The title is followed by
+/// when a change of the section's keys takes effect (`SECTION = "[t]", Applies::Reload
+/// ...`); a row that differs says so after its help (`"help", Applies::Restart;`).
 ///
 /// With `=> struct NAME` after the title, a row may also name the field it fills,
 /// `CONST = "name" => field: Type, absent, kind, "help";`: the macro then defines the
@@ -151,13 +179,13 @@ pub fn required_message(section: &Section, key: &Key) -> String {
 /// then its row alone; rows without a field are read by hand.
 #[macro_export]
 macro_rules! section {
-    ($(#[$meta:meta])* $section:ident = $title:literal => $(#[$smeta:meta])* struct $strukt:ident {
+    ($(#[$meta:meta])* $section:ident = $title:literal, $applies:path => $(#[$smeta:meta])* struct $strukt:ident {
         $($(#[$kmeta:meta])* $konst:ident = $name:literal $(=> $field:ident : $ty:ty)?,
-            $absent:expr, $kind:expr, $help:literal;)+
+            $absent:expr, $kind:expr, $help:literal $(, $row_applies:expr)?;)+
     }) => {
         $crate::section! {
-            $(#[$meta])* $section = $title {
-                $($(#[$kmeta])* $konst = $name, $absent, $kind, $help;)+
+            $(#[$meta])* $section = $title, $applies {
+                $($(#[$kmeta])* $konst = $name, $absent, $kind, $help $(, $row_applies)?;)+
             }
         }
 
@@ -226,8 +254,8 @@ macro_rules! section {
             }
         }
     };
-    ($(#[$meta:meta])* $section:ident = $title:literal {
-        $($(#[$kmeta:meta])* $konst:ident = $name:literal, $absent:expr, $kind:expr, $help:literal;)+
+    ($(#[$meta:meta])* $section:ident = $title:literal, $applies:path {
+        $($(#[$kmeta:meta])* $konst:ident = $name:literal, $absent:expr, $kind:expr, $help:literal $(, $row_applies:expr)?;)+
     }) => {
         $($(#[$kmeta])*
         pub const $konst: $crate::Key = $crate::Key {
@@ -235,6 +263,7 @@ macro_rules! section {
             absent: $absent,
             kind: $kind,
             help: $help,
+            applies: $crate::schema::applies_of(&[$($row_applies)?], $applies),
         };)+
         $(#[$meta])*
         pub const $section: $crate::Section = $crate::Section {
@@ -251,15 +280,15 @@ mod tests {
     use super::*;
 
     crate::section! {
-        INNER = "[inner]" {
+        INNER = "[inner]", Applies::Reload {
             INNER_N = "n", Absent::Int(3), Kind::Integer { min: 0, max: 9 }, "a number";
         }
     }
     crate::section! {
-        OUTER = "" {
+        OUTER = "", Applies::Restart {
             MODE = "mode", Absent::Str("fast"), Kind::Word(&["fast", "slow"]), "how";
             NAME = "name", Absent::Required, Kind::String, "who";
-            TABLE = "inner", Absent::Unset("none"), Kind::Table(&INNER), "more";
+            TABLE = "inner", Absent::Unset("none"), Kind::Table(&INNER), "more", Applies::Reload;
         }
     }
 
@@ -271,7 +300,7 @@ mod tests {
     );
 
     crate::section! {
-        PLAIN = "[plain]" => #[derive(Debug, PartialEq)] struct Plain {
+        PLAIN = "[plain]", Applies::Restart => #[derive(Debug, PartialEq)] struct Plain {
             PLAIN_SPEED = "speed" => speed: Speed, Absent::Str("fast"), Kind::Word(Speed::SPELLINGS), "how fast";
             PLAIN_COUNT = "count" => count: u8, Absent::Int(3), Kind::Integer { min: 1, max: 9 }, "how many";
             PLAIN_OTHER = "other", Absent::Unset("none"), Kind::Other("by hand"), "read by hand";
@@ -370,5 +399,10 @@ mod tests {
         assert_eq!(OUTER.names().collect::<Vec<_>>(), ["mode", "name", "inner"]);
         assert_eq!(OUTER.key("inner").map(|k| k.required()), Some(false));
         assert!(NAME.required());
+        // The section's timing, unless the row gives its own.
+        assert_eq!(
+            [MODE.applies, TABLE.applies, INNER_N.applies],
+            [Applies::Restart, Applies::Reload, Applies::Reload]
+        );
     }
 }

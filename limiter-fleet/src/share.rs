@@ -43,6 +43,10 @@ pub const DEFAULT_STICKY_MAX_S: u64 = 300;
 /// `report_interval_ms` unless the config says otherwise (daemon and allocator): how
 /// often a host reports, and so renews its leases.
 pub const DEFAULT_REPORT_INTERVAL_MS: u64 = 1_000;
+/// The largest `lease_ttl_ms` and `report_interval_ms` either binary's config accepts (an
+/// hour): the daemon and the allocator read the same timings, so a value one accepts the
+/// other must too.
+pub const MAX_FLEET_TIMING_MS: u64 = 3_600_000;
 
 /// How soon a daemon with a share in FAIL_OPEN retries a failed report (ms), instead of a
 /// report interval later: a FAIL_OPEN share passes everything until a report reaches an

@@ -18,10 +18,11 @@ pub struct CompletionsArgs {
     pub shell: Shell,
 }
 
-/// `man-pages DIR` (hidden): one roff page per command and subcommand into `DIR`.
+/// `man-pages DIR` (hidden): one roff page per command and subcommand into `DIR`, and
+/// the config file's page in section 5 (`limiter.toml.5`).
 #[derive(Debug, clap::Args)]
 pub struct ManPagesArgs {
-    /// Directory to write `NAME.8` and `NAME-SUBCOMMAND.8` into (created if missing).
+    /// Directory to write `NAME.8`, `NAME-SUBCOMMAND.8` and `FILE.5` into (created if missing).
     pub dir: PathBuf,
 }
 

@@ -52,41 +52,6 @@ pub fn install_rules(maps: &mut Maps, rules: &[RuleSpec]) -> Result<RuleTable, E
 /// is still decided with the old table ([`grace`]), its slot is cleared and the whole
 /// table goes live. Cleared any earlier, the removed rule's last frames would meet a
 /// fresh bucket and be counted as the new rule's.
-/// The keys that differ between `old` and `new` and take effect only at the next start
-/// (every key but the rules, and the handoff when it can change live).
-fn needs_restart(old: &Config, new: &Config, handoff_live: bool) -> Vec<&'static str> {
-    let mut keys = Vec::new();
-    if !handoff_live {
-        keys.push(
-            new.handoff
-                .as_ref()
-                .or(old.handoff.as_ref())
-                .map_or("next_program", crate::config::HandoffSpec::key),
-        );
-    }
-    for (key, differs) in [
-        ("pin_dir", new.pin_dir != old.pin_dir),
-        ("max_sources", new.max_sources != old.max_sources),
-        ("interfaces", new.interfaces != old.interfaces),
-        ("xdp_share", new.xdp_share != old.xdp_share),
-        ("xdp_priority", new.xdp_priority != old.xdp_priority),
-        (
-            "xdp_share_fallback",
-            new.xdp_share_fallback != old.xdp_share_fallback,
-        ),
-        ("xdp_mode", new.xdp_mode != old.xdp_mode),
-        ("control_socket", new.control_socket != old.control_socket),
-        ("metrics", new.metrics != old.metrics),
-        ("fleet", new.fleet != old.fleet),
-        ("fleet_size", new.fleet_size != old.fleet_size),
-    ] {
-        if differs {
-            keys.push(key);
-        }
-    }
-    keys
-}
-
 fn install_annotated(
     maps: &mut Maps,
     rules: &[RuleSpec],
@@ -1276,6 +1241,7 @@ impl Daemon {
         for warning in self.config.tc_burst_warnings() {
             tracing::warn!("{warning}");
         }
+        let old = &old_config;
         if handoff_live {
             if new.handoff != old_config.handoff {
                 self.apply_handoff(new.handoff.clone())?;
@@ -1283,7 +1249,7 @@ impl Daemon {
             }
             self.config.handoff = new.handoff.clone();
         }
-        let needs_restart = needs_restart(&old_config, &new, handoff_live);
+        let needs_restart = crate::reload_keys::restart_keys(old, &new);
         if let Some(problem) = self.handoff.joined_slot().and_then(|s| s.problem()) {
             // The operator's way to put the limiter back where another tool wrote.
             let fd = self.program.program_fd(Variant::Linear)?;
@@ -1413,7 +1379,7 @@ impl Daemon {
         let plan = self.plan_for(&new)?;
         Ok(ReloadReport {
             rules: new.rules.len(),
-            needs_restart: needs_restart(&self.config, &new, handoff_live),
+            needs_restart: crate::reload_keys::restart_keys(&self.config, &new),
             plan,
         })
     }

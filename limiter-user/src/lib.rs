@@ -16,7 +16,8 @@
 //! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`,
 //!    `top` (its rates and screen pure); and `relink` (pure), when to attach again to
 //!    an interface created again under its name.
-//! 4. The daemon, synchronous: `daemon`.
+//! 4. The daemon, synchronous: `daemon`; and `reload_keys` (pure), which changed keys
+//!    a reload leaves for the next start.
 //! 5. The service loops on the async runtime: `control`, `metrics`, `reporter`,
 //!    `service`.
 
@@ -39,6 +40,7 @@ pub mod pins;
 pub mod privilege;
 pub mod program;
 pub mod relink;
+pub mod reload_keys;
 pub mod reload_plan;
 pub mod reporter;
 pub mod ruleset;

@@ -413,7 +413,7 @@ fn change(
                      owns the hook, hand frames to it with next_program or join_program_array; \
                      if it is a libxdp user's single program (libxdp's choice where the kernel \
                      refuses freplace), xdp_share_fallback = \"tail-call\" lets the limiter \
-                     take its place and tail-call it (README, \"Sharing the XDP hook\"); if \
+                     take its place and tail-call it (docs/sharing.md, \"Sharing the XDP hook\"); if \
                      it is the limiter's own link from xdp_share = \"exclusive\", run \
                      `limiter detach` first",
                     mode.as_str()
@@ -671,7 +671,7 @@ fn freplace_refused(e: &aya::programs::ProgramError) -> String {
              dispatcher can run here (xdp-loader falls back to a single program on such a \
              kernel too). Use the tail-call handoff instead: xdp_share_fallback = \
              \"tail-call\" (the limiter takes the hook and tail-calls what held it), or \
-             next_program / join_program_array (README, \"Sharing the XDP hook\")"
+             next_program / join_program_array (docs/sharing.md, \"Sharing the XDP hook\")"
         )
     } else {
         text

@@ -1291,7 +1291,7 @@ fn refuse_taken_hook(iface: &str) -> Result<(), Error> {
             "the XDP hook runs program {program_id} ({name}), and xdp_share = \"exclusive\" \
              needs it free. If that program owns the hook (a load balancer), run the limiter \
              in front of it with next_program or join_program_array; if it is a libxdp \
-             user's, use xdp_share = \"libxdp\" (README, \"Sharing the XDP hook\")"
+             user's, use xdp_share = \"libxdp\" (docs/sharing.md, \"Sharing the XDP hook\")"
         ),
     };
     Err(Error::Sharing {

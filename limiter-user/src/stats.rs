@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::{error::Error, maps::Maps};
 
-/// `limiter stats --json`: the shape is part of the user contract (the README, "limiter stats").
+/// `limiter stats --json`: the shape is part of the user contract (docs/operations.md, "CLI").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct StatsReport {
     pub rules: Vec<RuleStats>,
@@ -287,16 +287,16 @@ mod json_tests {
 
     use super::*;
 
-    /// `stats --json` is a user contract: the shape the README shows is the shape
+    /// `stats --json` is a user contract: the shape docs/operations.md shows is the shape
     /// printed, key for key and in order (the kernel's counter structs flattened into
     /// `global`).
     #[test]
-    fn stats_json_is_the_readme_example() {
-        let readme = include_str!("../../README.md");
-        let start = readme
+    fn stats_json_is_the_documented_example() {
+        let doc = include_str!("../../docs/operations.md");
+        let start = doc
             .find("`stats --json` prints:\n\n```json\n")
-            .expect("README: the stats --json example");
-        let block = &readme[start..];
+            .expect("docs/operations.md: the stats --json example");
+        let block = &doc[start..];
         let block = &block[block.find("{").unwrap()..block.find("\n```\n").unwrap()];
         let shown: String = block.split_whitespace().collect();
         let report = StatsReport {

@@ -2,6 +2,8 @@
 //! benchmark and lab (the limiter-bench crate).
 
 pub mod binaries;
+#[cfg(test)]
+mod docs;
 pub mod etcd;
 pub mod evasion;
 pub mod fixture;

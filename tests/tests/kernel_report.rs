@@ -1,6 +1,6 @@
 //! What this kernel makes of the program: each build loaded on its own (verifier
 //! instructions processed, load time), then attached in each mode to a veth end. Every
-//! build must load and every mode must attach; the table it writes is the README's
+//! build must load and every mode must attach; the table it writes is docs/testing.md's
 //! kernel × build × mode table (`cargo xtask test --kernel all` fills it for each kernel).
 //! Every build, the libxdp component included, must also stay within the verifier budget
 //! (`limiter_user::verifier::BUDGET_INSNS`) on every kernel this runs on.

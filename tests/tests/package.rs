@@ -293,6 +293,46 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
         )));
         let readme = format!("/usr/share/doc/{package}/README.md");
         assert!(Path::new(&readme).is_file(), "{readme}");
+        // The pages the README links to, beside it as in the repository: every docs/*.md.
+        let mut pages = 0;
+        for entry in fs::read_dir(root().join("docs")).unwrap() {
+            let page = entry.unwrap().path();
+            if page.extension().is_none_or(|e| e != "md") {
+                continue;
+            }
+            let name = page.file_name().unwrap().to_string_lossy().into_owned();
+            let shipped = format!("/usr/share/doc/{package}/docs/{name}");
+            assert_eq!(
+                fs::read_to_string(&shipped).ok(),
+                Some(fs::read_to_string(&page).unwrap()),
+                "{shipped} is not docs/{name}"
+            );
+            pages += 1;
+        }
+        assert!(pages > 1, "docs/ holds {pages} pages");
+
+        // The config file's page, in section 5, rendered without a groff warning.
+        let config_page = run_ok(Command::new("man").args(["-w", &format!("{package}.toml")]));
+        assert_eq!(
+            config_page.trim(),
+            format!("/usr/share/man/man5/{package}.toml.5.gz")
+        );
+        let rendered = run(Command::new("man")
+            .args(["--warnings", "-l"])
+            .arg(config_page.trim())
+            .env("MANWIDTH", "80")
+            .env_remove("MAN_KEEP_FORMATTING"));
+        let text = String::from_utf8_lossy(&rendered.stdout);
+        let warnings = String::from_utf8_lossy(&rendered.stderr);
+        assert!(
+            rendered.status.success() && warnings.trim().is_empty(),
+            "man -l {}: {warnings}",
+            config_page.trim()
+        );
+        assert!(
+            text.contains("lease_ttl_ms") && text.contains("applies at: restart"),
+            "{text}"
+        );
     }
 
     // An operator's edit survives reinstalling (what an upgrade does to a conffile the

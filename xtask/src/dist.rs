@@ -55,6 +55,23 @@ pub const PACKAGES: [Package; 2] = [
 
 const MAINTAINER: &str = "limiter maintainers <maintainers@users.noreply.a-seed-e7a26cef.example>";
 const HOMEPAGE_DOC: &str = "README.md";
+/// The pages the README links to, installed beside it under the same name.
+const DOCS_DIR: &str = "docs";
+
+/// Every docs/*.md, sorted.
+fn doc_pages(root: &Path) -> Result<Vec<PathBuf>> {
+    let dir = root.join(DOCS_DIR);
+    let mut pages = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    pages.sort();
+    ensure!(!pages.is_empty(), "{} holds no page", dir.display());
+    Ok(pages)
+}
 
 /// Builds both packages from the release binaries in target/release (the caller built
 /// them) into target/dist/; returns the .deb files.
@@ -211,12 +228,20 @@ fn stage_package(root: &Path, package: &Package, binary: &Path, stage: &Path) ->
         fs::remove_dir_all(&man_raw)?;
     }
     output(Command::new(binary).arg("man-pages").arg(&man_raw))?;
-    // Section 8 (limiter_service::cli_docs::MAN_SECTION): the pages say which.
-    let man8 = stage.join("usr/share/man/man8");
+    // Each page into the section its name ends in: 8 for the commands
+    // (limiter_service::cli_docs::MAN_SECTION), 5 for the config file
+    // (limiter_config::reference::MAN_SECTION).
     for entry in fs::read_dir(&man_raw)? {
         let page = entry?.path();
         let file = page.file_name().context("man page without a name")?;
-        let dest = man8.join(format!("{}.gz", file.to_string_lossy()));
+        let section = page
+            .extension()
+            .and_then(|e| e.to_str())
+            .filter(|e| ["5", "8"].contains(e))
+            .with_context(|| format!("man page {} in no section", page.display()))?;
+        let dest = stage
+            .join(format!("usr/share/man/man{section}"))
+            .join(format!("{}.gz", file.to_string_lossy()));
         gzip(&page, &dest)?;
     }
     for (shell, path) in [
@@ -234,9 +259,14 @@ fn stage_package(root: &Path, package: &Package, binary: &Path, stage: &Path) ->
         write(&stage.join(path), script.as_bytes(), 0o644)?;
     }
 
-    // Each package carries the README: its unit's Documentation= names it, and either
-    // package installs alone.
+    // Each package carries the README and the pages it links to, docs/*.md kept under
+    // docs/ so that the README's relative links resolve where they are installed: its
+    // unit's Documentation= names the README, and either package installs alone.
     copy(&root.join(HOMEPAGE_DOC), &doc.join("README.md"), 0o644)?;
+    for page in doc_pages(root)? {
+        let file = page.file_name().context("a doc page without a name")?;
+        copy(&page, &doc.join(DOCS_DIR).join(file), 0o644)?;
+    }
     copy(
         &root.join("dist/debian/copyright"),
         &doc.join("copyright"),

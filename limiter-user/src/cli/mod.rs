@@ -111,6 +111,10 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::ManPages(args) => cli_docs::write_man_pages(Cli::command(), &args.dir)
+            .and_then(|()| {
+                limiter_user::config::schema::REFERENCE
+                    .write_man_page(env!("CARGO_PKG_VERSION"), &args.dir)
+            })
             .with_context(|| format!("writing man pages into {}", args.dir.display())),
     }
 }

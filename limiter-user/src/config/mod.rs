@@ -1,4 +1,4 @@
-//! The TOML configuration file (the README's "Configuration"; key names are a contract).
+//! The TOML configuration file (docs/configuration.md; key names are a contract).
 //!
 //! - `words`: the enums keys are spelled as and the named defaults;
 //! - [`schema`]: every key once, as rows (name, required or default, parser, help); a

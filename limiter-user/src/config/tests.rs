@@ -1016,7 +1016,7 @@ fn a_failing_case_names_itself() {
     );
 }
 
-/// The exact rendering of the README's example: file, line, column, field, rule.
+/// The exact rendering of docs/configuration.md's example: file, line, column, field, rule.
 #[test]
 fn the_readme_example_renders_exactly() {
     let err = parse(&rule("dst = \"203.0.113.10\"\nrate = 10")).unwrap_err();
@@ -1201,12 +1201,19 @@ fn every_row_of_the_schema_is_read() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
-/// The README's configuration sections and `limiter.example.toml` show every key of the
-/// schema, each with its default where it has one.
+/// The annotated examples, docs/configuration.md's with docs/fleet.md's `[fleet]`, and
+/// `limiter.example.toml` show every key of the schema, each with its default where it
+/// has one.
 #[test]
-fn the_readme_and_the_example_show_every_key_with_its_default() {
+fn the_configuration_docs_and_the_example_show_every_key_with_its_default() {
     for (name, doc) in [
-        ("README.md", include_str!("../../../README.md")),
+        (
+            "docs/configuration.md and docs/fleet.md",
+            concat!(
+                include_str!("../../../docs/configuration.md"),
+                include_str!("../../../docs/fleet.md")
+            ),
+        ),
         (
             "limiter.example.toml",
             include_str!("../../../limiter.example.toml"),

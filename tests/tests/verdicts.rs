@@ -1328,11 +1328,13 @@ fn tunnel_rows(decapsulating: bool) -> Vec<Row> {
             .refused_early(1),
         );
     } else {
-        for builder in [&first, &cut_inner_ip, &cut_inner_tcp, &cut_gre] {
+        // Each its own datagram (identification): under one, the first record wins and
+        // the next first fragment, with other headers, would be refused as overlapping.
+        for (id, builder) in (0x2000u16..).zip([&first, &cut_inner_ip, &cut_inner_tcp, &cut_gre]) {
             rows.push(
                 row(
                     "tunnel in an outer first fragment, not decapsulated: outer header",
-                    builder.build(),
+                    builder.clone().ip_id(id).build(),
                     XDP_PASS,
                     fleet,
                 )

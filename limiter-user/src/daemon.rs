@@ -1250,11 +1250,22 @@ impl Daemon {
             self.config.handoff = new.handoff.clone();
         }
         let needs_restart = crate::reload_keys::restart_keys(old, &new);
-        if let Some(problem) = self.handoff.joined_slot().and_then(|s| s.problem()) {
-            // The operator's way to put the limiter back where another tool wrote.
-            let fd = self.program.program_fd(Variant::Linear)?;
-            self.handoff.join(fd)?;
-            tracing::warn!("reload: the limiter written back into its slot ({problem})");
+        if let Some(slot @ (JoinedSlot::Empty { .. } | JoinedSlot::Other { .. })) =
+            self.handoff.joined_slot()
+        {
+            // The operator's way to put the limiter back where another tool wrote. The
+            // rules are installed by now: a failure here is logged, not the reload's.
+            let problem = slot.problem().unwrap_or_default();
+            let rejoined = self
+                .program
+                .program_fd(Variant::Linear)
+                .and_then(|fd| self.handoff.join(fd));
+            match rejoined {
+                Ok(()) => {
+                    tracing::warn!("reload: the limiter written back into its slot ({problem})")
+                }
+                Err(e) => tracing::error!("reload: writing the limiter back into its slot: {e}"),
+            }
             self.watch_joined();
         }
         self.config.keys.bypass = new.bypass;

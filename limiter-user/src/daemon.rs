@@ -11,10 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_common::{
-    abi::{Control, CONTROL_BYPASS},
-    gcra,
-};
+use limiter_common::{abi::CONTROL_BYPASS, gcra};
 use limiter_fleet::{clock::monotonic_ns, share::ShareState};
 use limiter_instance::Instance;
 use limiter_proto::pb::{ReportReply, ReportRequest};
@@ -1305,16 +1302,7 @@ impl Daemon {
     /// `by` (who asked). Every interface and hook of this daemon's program reads it at
     /// the next frame.
     pub fn set_bypass(&mut self, on: bool, by: &str) -> Result<BypassReport, Error> {
-        let control = self.maps.control()?;
-        let flags = if on {
-            control.flags | CONTROL_BYPASS
-        } else {
-            control.flags & !CONTROL_BYPASS
-        };
-        let changed = flags != control.flags;
-        if changed {
-            self.maps.set_control(Control { flags, ..control })?;
-        }
+        let changed = self.maps.set_bypass(on)?;
         self.bypass_seen = on;
         let config_on = self.config.bypass == Bypass::On;
         match (on, changed) {

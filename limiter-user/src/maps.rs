@@ -20,8 +20,8 @@ use limiter_common::{
         map_name, rule_index, AggBucket, Bucket, Control, FragmentKey, FragmentRecord,
         GlobalCounters, Handoff, HandoffCounters, HeaderCounters, HostEntry, PrefixRules,
         RuleConfig, RuleCounters, RuleCpuState, SourceKey, SynCounters, TunnelConfig,
-        TunnelCounters, AGG_BUCKET_CREDIT_OFFSET, AGG_BUCKET_TAT_OFFSET, CONTROL_TUNNELS,
-        HOST_SLOTS, MAX_RULES, RULE_HAS_PER_SOURCE, RULE_IN_USE,
+        TunnelCounters, AGG_BUCKET_CREDIT_OFFSET, AGG_BUCKET_TAT_OFFSET, CONTROL_BYPASS,
+        CONTROL_TUNNELS, HOST_SLOTS, MAX_RULES, RULE_HAS_PER_SOURCE, RULE_IN_USE,
     },
     gcra::Limit,
     sketch::{self, SketchCounters, SketchMeta},
@@ -241,6 +241,22 @@ impl Maps {
         self.control
             .set(0, control, 0)
             .map_err(map_err("writing CONTROL"))
+    }
+
+    /// Sets or clears the `CONTROL` bypass bit, keeping the generation; returns whether
+    /// it changed.
+    pub fn set_bypass(&mut self, on: bool) -> Result<bool, Error> {
+        let control = self.control()?;
+        let flags = if on {
+            control.flags | CONTROL_BYPASS
+        } else {
+            control.flags & !CONTROL_BYPASS
+        };
+        if flags == control.flags {
+            return Ok(false);
+        }
+        self.set_control(Control { flags, ..control })?;
+        Ok(true)
     }
 
     /// The rules of the live generation, by slot.

@@ -2,7 +2,7 @@
 //! serialises the write with its own installs and logs it); without one, straight into
 //! the pinned `CONTROL` map, which the program reads at every frame.
 
-use limiter_common::abi::{Control, CONTROL_BYPASS};
+use limiter_common::abi::CONTROL_BYPASS;
 use limiter_user::{
     control::{call, ControlError, Request},
     maps::Maps,
@@ -52,14 +52,7 @@ pub fn execute(args: BypassArgs) -> anyhow::Result<()> {
         }
         // No daemon: the pins are the switch (the program keeps running on its links).
         Err(ControlError::NotRunning { .. }) => {
-            let mut maps = Maps::from_pins(&args.pin_dir.pin_dir)?;
-            let control = maps.control()?;
-            let flags = if on {
-                control.flags | CONTROL_BYPASS
-            } else {
-                control.flags & !CONTROL_BYPASS
-            };
-            maps.set_control(Control { flags, ..control })?;
+            Maps::from_pins(&args.pin_dir.pin_dir)?.set_bypass(on)?;
             println!(
                 "{} (no daemon answers: written to {})",
                 describe(on),

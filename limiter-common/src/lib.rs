@@ -6,12 +6,14 @@
 //! host tests call the same functions. `dispatcher` is libxdp's multi-program dispatcher
 //! configuration, shared by the limiter's dispatcher program and the daemon. `sketch` holds
 //! the per-source cells (layout, hash, the cell step). `share` holds a rule's fleet share
-//! state, whose values its map entry carries.
+//! state, whose values its map entry carries. `drop` holds the reasons a frame is refused
+//! and the sampled drop event.
 #![cfg_attr(not(test), no_std)]
 
 pub mod abi;
 pub mod clock;
 pub mod dispatcher;
+pub mod drop;
 pub mod gcra;
 pub mod share;
 pub mod sketch;

@@ -456,7 +456,7 @@ fn unpack(package: &str) -> Result<Kernel> {
 
 /// Test executables of `runs`, built here (release), by file.
 /// (package directory, test target name, executable) of every test target.
-type TestExe = (PathBuf, String, PathBuf);
+pub type TestExe = (PathBuf, String, PathBuf);
 
 fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
     // The binaries the suites run (`limiter`, `limiter-lab`, `limiter-allocator`), found in
@@ -464,8 +464,23 @@ fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
     // builds them: the same features, so the same artifacts (a narrower `-p` selection
     // would unify features differently and rebuild half the dependency tree).
     let out = crate::build_with_tests(&["--test", "*"], true)?;
+    let found = test_executables(&out);
+    let dir = tests_package_dir()?;
+    for s in runs {
+        if !found.iter().any(|(d, n, _)| *d == dir && *n == s.file) {
+            bail!(
+                "cargo built no test executable for {TESTS_PACKAGE}'s tests/{}.rs",
+                s.file
+            );
+        }
+    }
+    Ok(found)
+}
+
+/// Every test target's executable in the JSON messages of a cargo build.
+pub fn test_executables(cargo_json: &str) -> Vec<TestExe> {
     let mut found = Vec::new();
-    for line in out.lines() {
+    for line in cargo_json.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
@@ -485,16 +500,7 @@ fn build_tests(runs: &[Run]) -> Result<Vec<TestExe>> {
             found.push((dir, name.to_string(), PathBuf::from(exe)));
         }
     }
-    let dir = tests_package_dir()?;
-    for s in runs {
-        if !found.iter().any(|(d, n, _)| *d == dir && *n == s.file) {
-            bail!(
-                "cargo built no test executable for {TESTS_PACKAGE}'s tests/{}.rs",
-                s.file
-            );
-        }
-    }
-    Ok(found)
+    found
 }
 
 /// The package of every end-to-end test file.
@@ -511,7 +517,8 @@ fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
     let mut s = String::from(
         "#!/bin/sh\n# Written by `cargo xtask test --kernel`; runs inside the guest.\n",
     );
-    s.push_str("failed=0\nexport RUST_BACKTRACE=0 LIMITER_IN_GUEST=1\n");
+    // RUSTC_BOOTSTRAP: each test's time (crate::timed_tests).
+    s.push_str("failed=0\nexport RUST_BACKTRACE=0 LIMITER_IN_GUEST=1 RUSTC_BOOTSTRAP=1\n");
     s.push_str(&format!(
         "export LIMITER_GUEST_OUT={}\n",
         sh_quote(&out.display().to_string())
@@ -531,6 +538,7 @@ fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
         // the host and run here.
         let args: Vec<String> = ["--test-threads=1", "--include-ignored"]
             .into_iter()
+            .chain(crate::timed_tests::REPORT_TIME)
             .chain(run.filters.iter().map(String::as_str))
             .map(sh_quote)
             .collect();

@@ -6,6 +6,7 @@ mod dist;
 mod guest;
 mod setup;
 mod sim;
+mod timed_tests;
 
 use std::{
     path::{Path, PathBuf},
@@ -323,43 +324,54 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
         guest::test_file(file)?;
         // The binaries the end-to-end tests run (`limiter`, `limiter-lab`,
         // `limiter-allocator`) and this file's executable.
-        build_with_tests(&["--test", file], false)?;
+        let exes = guest::test_executables(&build_with_tests(&["--test", file], true)?);
         if no_run {
             return Ok(());
         }
-        return run_cmd(
-            cargo()
-                .args(["test", "--release", "--test", file, "--"])
-                .arg("--test-threads=1")
-                .args(filters),
-        );
+        let (dir, _, exe) = exes
+            .iter()
+            .find(|(_, name, _)| name == file)
+            .with_context(|| format!("cargo built no test executable named {file}"))?;
+        let (passed, timings) = timed_tests::run(exe, file, dir, filters)?;
+        println!("\n{}", timed_tests::table(&timings, 10));
+        if !passed {
+            bail!("test target {file} failed");
+        }
+        return Ok(());
     }
     build_with_tests(&["--tests"], false)?;
     if no_run {
         return Ok(());
     }
-    // `--no-fail-fast` and every step run even after a failure: cargo stops at the first
-    // failing test executable, and a CI run should report every failure, not the first.
-    let steps: [&[&str]; 3] = [
+    // Every step runs even after a failure (`--no-fail-fast`, and each kernel test
+    // executable in turn): a CI run should report every failure, not the first.
+    let steps: [&[&str]; 2] = [
         // Unit and property tests of pure logic first: they run in parallel.
         &["test", "--release", "--no-fail-fast", "--lib", "--bins"],
         &["test", "--release", "--no-fail-fast", "--doc"],
-        // Kernel tests one at a time: they time real traffic on a 2-CPU machine.
-        &[
-            "test",
-            "--release",
-            "--no-fail-fast",
-            "--test",
-            "*",
-            "--",
-            "--test-threads=1",
-        ],
     ];
-    let failed: Vec<String> = steps
+    let mut failed: Vec<String> = steps
         .iter()
         .filter_map(|args| run_cmd(cargo().args(*args)).err())
         .map(|e| format!("{e:#}"))
         .collect();
+    // Kernel tests one at a time (they time real traffic on a 2-CPU machine), each
+    // test's time kept for the table at the end.
+    let mut exes = guest::test_executables(&build_with_tests(&["--test", "*"], true)?);
+    exes.sort();
+    let mut timings = Vec::new();
+    for (dir, file, exe) in &exes {
+        match timed_tests::run(exe, file, dir, &[]) {
+            Ok((passed, t)) => {
+                timings.extend(t);
+                if !passed {
+                    failed.push(format!("test target {file} failed"));
+                }
+            }
+            Err(e) => failed.push(format!("{e:#}")),
+        }
+    }
+    println!("\n{}", timed_tests::table(&timings, 25));
     if !failed.is_empty() {
         bail!("host tests failed:\n  {}", failed.join("\n  "));
     }

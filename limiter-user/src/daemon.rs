@@ -1390,14 +1390,16 @@ impl Daemon {
         let slots = ruleset::assign_slots(&self.maps.live_slots()?, &new.rules)?;
         let table = ruleset::compile(&new.rules, &slots)?;
         let (regions, per_source) = crate::maps::region_plan(&self.maps.live_rules()?, &table);
-        Ok(crate::reload_plan::plan(
+        let mut plan = crate::reload_plan::plan(
             &live,
             &new.rules,
             &self.overrides,
             &slots,
             &regions,
             per_source,
-        ))
+        );
+        plan.settings = crate::reload_plan::setting_changes(&self.config, new);
+        Ok(plan)
     }
 
     /// Points the handoff at `spec` (same arrays: [`crate::handoff::live_change`]). The

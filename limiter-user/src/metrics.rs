@@ -262,6 +262,16 @@ pub fn render(s: &Snapshot) -> String {
             g.headers.deep_vlan_stacks,
         ),
         (
+            "limiter_tunnel_decapsulated_total",
+            "Frames of a tunnel their interface decapsulates, classified by their inner header.",
+            g.tunnels.decapsulated,
+        ),
+        (
+            "limiter_tunnel_unreadable_total",
+            "Frames of a decapsulated tunnel whose outer first fragment does not hold the inner headers (dropped).",
+            g.tunnels.unreadable,
+        ),
+        (
             "limiter_handoff_missing_total",
             "Frames the limiter passed whose next program (next_program, join_program_array) was missing: passed to the stack (fail open).",
             g.handoff_missing,
@@ -547,7 +557,7 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters};
+    use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters, TunnelCounters};
 
     use super::*;
     use crate::stats::{GlobalStats, RuleStats};
@@ -591,6 +601,10 @@ mod tests {
                         overlapping_fragments: 9,
                         long_header_chains: 10,
                         deep_vlan_stacks: 11,
+                    },
+                    tunnels: TunnelCounters {
+                        decapsulated: 15,
+                        unreadable: 16,
                     },
                     handoff_missing: 12,
                     new_sources: 13,

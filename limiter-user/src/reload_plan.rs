@@ -9,7 +9,7 @@ use limiter_config::ConfigWord as _;
 use serde::Serialize;
 
 use crate::{
-    config::{FailModeWord, RateSpec, RuleSpec},
+    config::{Config, FailModeWord, RateSpec, RuleSpec},
     sketch_regions::RegionPlan,
 };
 
@@ -30,6 +30,18 @@ pub struct ReloadPlan {
     /// Rules whose `limiter quota set` override the reload drops (the file's rate and
     /// burst apply again).
     pub quota_overrides_dropped: Vec<String>,
+    /// Settings other than rules that the reload changes (`tunnels.IFACE`, `bypass`),
+    /// as the file spells them.
+    pub settings: Vec<SettingChange>,
+}
+
+/// A setting's value before and after, as the config file spells it (`-`: not set).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SettingChange {
+    /// `tunnels.IFACE` or `bypass`.
+    pub setting: String,
+    pub from: String,
+    pub to: String,
 }
 
 /// One rule's changed keys.
@@ -114,6 +126,49 @@ fn changed_keys(before: &RuleSpec, after: &RuleSpec) -> Vec<KeyChange> {
         .filter(|((_, from), (_, to))| from != to)
         .map(|((key, from), (_, to))| KeyChange { key, from, to })
         .collect()
+}
+
+/// The settings other than rules that differ between the running config and the next
+/// one and that a reload applies: each interface's `[[tunnels]]` (`-`: none), and
+/// `bypass`.
+pub fn setting_changes(running: &Config, next: &Config) -> Vec<SettingChange> {
+    let tunnels = |c: &Config| -> BTreeMap<String, String> {
+        c.tunnels
+            .iter()
+            .map(|t| {
+                let list: Vec<String> = t.decapsulate.iter().map(|e| format!("\"{e}\"")).collect();
+                (
+                    format!("tunnels.{}", t.interface),
+                    format!("[{}]", list.join(", ")),
+                )
+            })
+            .collect()
+    };
+    let (before, after) = (tunnels(running), tunnels(next));
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    let unset = "-".to_string();
+    let mut changes: Vec<SettingChange> = keys
+        .into_iter()
+        .filter_map(|key| {
+            let from = before.get(key).unwrap_or(&unset);
+            let to = after.get(key).unwrap_or(&unset);
+            (from != to).then(|| SettingChange {
+                setting: key.clone(),
+                from: from.clone(),
+                to: to.clone(),
+            })
+        })
+        .collect();
+    if running.bypass != next.bypass {
+        changes.push(SettingChange {
+            setting: "bypass".to_string(),
+            from: running.bypass.as_str().to_string(),
+            to: next.bypass.as_str().to_string(),
+        });
+    }
+    changes
 }
 
 /// What a reload from the running rules (`live`, the quota overrides applied) to `next`
@@ -316,5 +371,31 @@ burst = 50
             p.restarts[0].why,
             "the sketch is cut anew for 1 per-source rules (was 2)"
         );
+    }
+
+    #[test]
+    fn tunnel_and_bypass_changes_are_listed_as_the_file_spells_them() {
+        let config = |toml: &str| Config::parse(toml, std::path::Path::new("test.toml")).unwrap();
+        let base = "interfaces = [\"eth1\", \"eth2\"]\n";
+        let before = config(&format!(
+            "{base}[[tunnels]]\ninterface = \"eth1\"\ndecapsulate = [\"ipip\"]\n"
+        ));
+        let after = config(&format!(
+            "{base}bypass = \"on\"\n[[tunnels]]\ninterface = \"eth2\"\ndecapsulate = [\"gre\", \"fou:5555\"]\n"
+        ));
+        let changes = setting_changes(&before, &after);
+        let shown: Vec<String> = changes
+            .iter()
+            .map(|c| format!("{}: {} -> {}", c.setting, c.from, c.to))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "tunnels.eth1: [\"ipip\"] -> -",
+                "tunnels.eth2: - -> [\"gre\", \"fou:5555\"]",
+                "bypass: off -> on",
+            ]
+        );
+        assert!(setting_changes(&after, &after).is_empty());
     }
 }

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use limiter_common::{
     abi::{
-        GlobalCounters, HeaderCounters, RuleConfig, RuleCounters, CONTROL_BYPASS, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, RULE_SOURCES_ASIDE,
+        GlobalCounters, HeaderCounters, RuleConfig, RuleCounters, TunnelCounters, CONTROL_BYPASS,
+        RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, RULE_SOURCES_ASIDE,
         RULE_SOURCES_SATURATED,
     },
     share::ShareState,
@@ -57,6 +57,9 @@ pub struct GlobalStats {
     /// Fragments and header evasions ([`HeaderCounters`]).
     #[serde(flatten)]
     pub headers: HeaderCounters,
+    /// Frames of configured tunnels ([`TunnelCounters`]): classified by their inner
+    /// header, or dropped because the outer first fragment does not hold it.
+    pub tunnels: TunnelCounters,
     /// Frames the limiter passed whose next program (`next_program`,
     /// `join_program_array`) was missing: passed to the stack instead (fail open).
     pub handoff_missing: u64,
@@ -162,6 +165,7 @@ pub fn collect_for(maps: &Maps, rules: &BTreeMap<u32, RuleConfig>) -> Result<Sta
         global: GlobalStats {
             counters: g,
             headers: h,
+            tunnels: maps.tunnel_counters()?,
             handoff_missing: maps.handoff_counters()?.missing,
             new_sources: sketch.new_sources,
             source_refusals: sketch.refused,
@@ -223,6 +227,7 @@ pub fn render_table(report: &StatsReport) -> String {
     let g = &report.global;
     out.push_str(&line("global", &g.counters.named()));
     out.push_str(&line("headers", &g.headers.named()));
+    out.push_str(&line("tunnels", &g.tunnels.named()));
     out.push_str(&format!(
         "handoff: next program missing {}\n",
         g.handoff_missing
@@ -323,6 +328,7 @@ mod json_tests {
             global: GlobalStats {
                 counters: GlobalCounters::default(),
                 headers: HeaderCounters::default(),
+                tunnels: TunnelCounters::default(),
                 handoff_missing: 0,
                 new_sources: 0,
                 source_refusals: 0,

@@ -96,6 +96,15 @@ fn render(r: &Value, dry_run: bool) -> String {
             restart["why"].as_str().unwrap_or("?")
         );
     }
+    for setting in plan["settings"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  ~ {}: {} -> {}",
+            setting["setting"].as_str().unwrap_or("?"),
+            setting["from"].as_str().unwrap_or("?"),
+            setting["to"].as_str().unwrap_or("?")
+        );
+    }
     let dropped = strings(&plan["quota_overrides_dropped"]);
     if !dropped.is_empty() {
         let _ = writeln!(
@@ -140,7 +149,8 @@ mod tests {
                     {"rule": "api", "state": "aggregate", "why": "new rule"},
                     {"rule": "web", "state": "per_source", "why": "per-source limit changed"}
                 ],
-                "quota_overrides_dropped": ["dns"]
+                "quota_overrides_dropped": ["dns"],
+                "settings": [{"setting": "tunnels.eth1", "from": "-", "to": "[\"ipip\"]"}]
             }
         });
         let text = render(&r, true);
@@ -149,7 +159,7 @@ mod tests {
             "would reload: 3 rules (1 added, 1 removed, 1 changed, 1 unchanged)\n  + api\n  - old\n  \
              ~ web: rate 1000 -> 2000\n  api: aggregate bucket and counters start over: new rule\n  \
              web: per-source buckets start over (each source's burst once): per-source limit \
-             changed\nquota set overrides would be dropped: dns (the file's rate applies)\n\
+             changed\n  ~ tunnels.eth1: - -> [\"ipip\"]\nquota set overrides would be dropped: dns (the file's rate applies)\n\
              changed, takes effect at the next start: metrics\n"
         );
         assert!(render(&r, false).starts_with("reloaded: 3 rules"));

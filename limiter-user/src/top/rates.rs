@@ -320,6 +320,7 @@ mod tests {
                 ..GlobalCounters::default()
             },
             headers: HeaderCounters::default(),
+            tunnels: Default::default(),
             handoff_missing: 0,
             new_sources,
             source_refusals: 0,

@@ -340,6 +340,7 @@ mod tests {
                 ..GlobalCounters::default()
             },
             headers: HeaderCounters::default(),
+            tunnels: Default::default(),
             handoff_missing: 0,
             new_sources: 0,
             source_refusals: 0,

@@ -92,8 +92,24 @@ const LABEL_LISTS: &[&str] = &[
     "group_right",
 ];
 
-/// The metric names `expr` selects. The rule: an identifier (`[A-Za-z_:][A-Za-z0-9_:]*`)
-/// is a metric name unless it is
+/// One vector selector of a query: the metric and its label matchers (label, operator,
+/// value as written).
+#[derive(Debug, PartialEq)]
+struct Selector {
+    metric: String,
+    matchers: Vec<(String, String, String)>,
+}
+
+/// The metric names `expr` selects: [`promql_selectors`]'s.
+fn promql_metric_names(expr: &str) -> BTreeSet<String> {
+    promql_selectors(expr)
+        .into_iter()
+        .map(|s| s.metric)
+        .collect()
+}
+
+/// The selectors of `expr`. The rule: an identifier (`[A-Za-z_:][A-Za-z0-9_:]*`) is a
+/// metric name unless it is
 /// - followed by `(` (a function or an aggregation: `rate`, `sum`, `vector`), or an
 ///   aggregation ([`AGGREGATIONS`]) followed by `by` or `without`,
 /// - a keyword ([`KEYWORDS`]), or inside the label list after `by`, `without`, `on`,
@@ -101,16 +117,26 @@ const LABEL_LISTS: &[&str] = &[
 /// - inside `{…}` (label matchers), `[…]` (ranges, subqueries) or a string literal,
 /// - a Grafana variable (`$rule`, `${DS_PROMETHEUS}`, `$__rate_interval`),
 /// - part of a number or a duration (`1e6`, `5m`: a token that starts with a digit).
-fn promql_metric_names(expr: &str) -> BTreeSet<String> {
+///
+/// A `{…}` right after a metric name holds that selector's matchers.
+fn promql_selectors(expr: &str) -> Vec<Selector> {
     let chars: Vec<char> = expr.chars().collect();
     let ident_start = |c: char| c.is_ascii_alphabetic() || c == '_' || c == ':';
     let ident_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
-    let mut names = BTreeSet::new();
+    let mut selectors: Vec<Selector> = Vec::new();
     let mut i = 0;
     // Set after a LABEL_LISTS keyword: the next `(…)` holds label names.
     let mut label_list_next = false;
+    // Set right after a metric name: a `{` next holds its matchers.
+    let mut after_metric = false;
     while i < chars.len() {
         let c = chars[i];
+        if c.is_whitespace() {
+            i += 1;
+            continue;
+        }
+        let named = after_metric;
+        after_metric = false;
         if c == '"' || c == '\'' || c == '`' {
             i += 1;
             while i < chars.len() && chars[i] != c {
@@ -119,6 +145,7 @@ fn promql_metric_names(expr: &str) -> BTreeSet<String> {
             i += 1;
         } else if c == '{' || c == '[' {
             let close = if c == '{' { '}' } else { ']' };
+            let start = i + 1;
             while i < chars.len() && chars[i] != close {
                 // Strings inside matchers may hold a closing brace.
                 if chars[i] == '"' {
@@ -128,6 +155,12 @@ fn promql_metric_names(expr: &str) -> BTreeSet<String> {
                     }
                 }
                 i += 1;
+            }
+            if c == '{' && named {
+                let inner: String = chars[start..i.min(chars.len())].iter().collect();
+                if let Some(last) = selectors.last_mut() {
+                    last.matchers = label_matchers(&inner);
+                }
             }
             i += 1;
         } else if c == '(' && label_list_next {
@@ -167,29 +200,81 @@ fn promql_metric_names(expr: &str) -> BTreeSet<String> {
             if LABEL_LISTS.contains(&word.as_str()) {
                 label_list_next = called;
             } else if !called && !KEYWORDS.contains(&word.as_str()) {
-                names.insert(word);
+                selectors.push(Selector {
+                    metric: word,
+                    matchers: Vec::new(),
+                });
+                after_metric = true;
             }
         } else {
             i += 1;
         }
     }
-    names
+    selectors
+}
+
+/// `label op "value", …` (the inside of a selector's braces).
+fn label_matchers(inner: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut rest = inner.trim();
+    while !rest.is_empty() {
+        let label_end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        let label = rest[..label_end].to_string();
+        rest = rest[label_end..].trim_start();
+        let op = ["=~", "!~", "!=", "="]
+            .into_iter()
+            .find(|op| rest.starts_with(op))
+            .unwrap_or_else(|| panic!("no matcher operator in {{{inner}}}"));
+        rest = rest[op.len()..].trim_start();
+        let quote = rest.chars().next().expect("a matcher without a value");
+        let mut value = String::new();
+        let mut chars = rest[1..].char_indices();
+        let mut end = rest.len();
+        while let Some((k, ch)) = chars.next() {
+            if ch == '\\' {
+                if let Some((_, escaped)) = chars.next() {
+                    value.push(escaped);
+                }
+            } else if ch == quote {
+                end = k + 2;
+                break;
+            } else {
+                value.push(ch);
+            }
+        }
+        out.push((label, op.to_string(), value));
+        rest = rest[end..]
+            .trim_start()
+            .trim_start_matches(',')
+            .trim_start();
+    }
+    out
 }
 
 /// The metric names a templating variable's query selects: Grafana's
 /// `label_values(QUERY, LABEL)` names a label after the query, which PromQL would read
 /// as a metric, so only QUERY is read.
 fn variable_query_metric_names(query: &str) -> BTreeSet<String> {
+    variable_query_selectors(query)
+        .into_iter()
+        .map(|s| s.metric)
+        .collect()
+}
+
+/// [`variable_query_metric_names`]'s selectors.
+fn variable_query_selectors(query: &str) -> Vec<Selector> {
     let query = query.trim();
     match query
         .strip_prefix("label_values(")
         .and_then(|q| q.strip_suffix(')'))
     {
         Some(args) => match args.rsplit_once(',') {
-            Some((selector, _label)) => promql_metric_names(selector),
-            None => BTreeSet::new(), // label_values(LABEL): every series, no metric.
+            Some((selector, _label)) => promql_selectors(selector),
+            None => Vec::new(), // label_values(LABEL): every series, no metric.
         },
-        None => promql_metric_names(query),
+        None => promql_selectors(query),
     }
 }
 
@@ -215,6 +300,27 @@ fn promql_metric_names_skip_functions_labels_keywords_and_variables() {
             "label_values(limiter_rule_passed_packets_total{instance=~\"$instance\"}, rule)"
         ),
         BTreeSet::from(["limiter_rule_passed_packets_total".to_string()])
+    );
+    // Matchers belong to the selector they follow, values unquoted and unescaped.
+    let m = |l: &str, op: &str, v: &str| (l.to_string(), op.to_string(), v.to_string());
+    assert_eq!(
+        promql_selectors(
+            "rate(a{x=\"1\", y=~\"p|q\",z!=\"a\\\"}\"}[5m]) / b {w!~'v'} + c offset 1d"
+        ),
+        vec![
+            Selector {
+                metric: "a".into(),
+                matchers: vec![m("x", "=", "1"), m("y", "=~", "p|q"), m("z", "!=", "a\"}")],
+            },
+            Selector {
+                metric: "b".into(),
+                matchers: vec![m("w", "!~", "v")],
+            },
+            Selector {
+                metric: "c".into(),
+                matchers: vec![],
+            },
+        ]
     );
 }
 
@@ -643,28 +749,26 @@ fn every_alert_says_what_and_links_its_runbook_section() {
 // ---------------------------------------------------------------------------------------
 // Every name queried is served.
 
-/// Every metric name the dashboard queries, with where (panel or variable), and the
-/// rules' (recording rules' names resolved to what they query).
-fn queried_metrics() -> BTreeMap<String, BTreeSet<String>> {
+/// Every selector the dashboard's panels and variables and the rules query, with where
+/// (recording rules' names resolved to what they query).
+fn queried_selectors() -> Vec<(Selector, String)> {
     let d = dashboard();
-    let mut wanted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut out = Vec::new();
     for (title, exprs) in panel_queries(&d) {
         for e in exprs {
-            for name in promql_metric_names(&e) {
-                wanted
-                    .entry(name)
-                    .or_default()
-                    .insert(format!("panel {title:?}"));
-            }
+            out.extend(
+                promql_selectors(&e)
+                    .into_iter()
+                    .map(|s| (s, format!("panel {title:?}"))),
+            );
         }
     }
     for (var, query) in variables(&d) {
-        for name in variable_query_metric_names(&query) {
-            wanted
-                .entry(name)
-                .or_default()
-                .insert(format!("variable ${var}"));
-        }
+        out.extend(
+            variable_query_selectors(&query)
+                .into_iter()
+                .map(|s| (s, format!("variable ${var}"))),
+        );
     }
     let rules = rules();
     let recorded: BTreeSet<String> = rules.iter().filter_map(|r| r.record.clone()).collect();
@@ -674,19 +778,78 @@ fn queried_metrics() -> BTreeMap<String, BTreeSet<String>> {
             |a| format!("alert {a}"),
         );
         assert!(!rule.expr.trim().is_empty(), "{by} has no expr");
-        for name in promql_metric_names(&rule.expr) {
-            if recorded.contains(&name) {
-                continue;
-            }
-            wanted.entry(name).or_default().insert(by.clone());
-        }
+        out.extend(
+            promql_selectors(&rule.expr)
+                .into_iter()
+                .filter(|s| !recorded.contains(&s.metric))
+                .map(|s| (s, by.clone())),
+        );
+    }
+    out
+}
+
+/// Every metric name queried, with where.
+fn queried_metrics() -> BTreeMap<String, BTreeSet<String>> {
+    let mut wanted: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (selector, by) in queried_selectors() {
+        wanted.entry(selector.metric).or_default().insert(by);
     }
     wanted
 }
 
-/// The sample names of one scrape.
-fn served(text: &str) -> BTreeSet<String> {
-    samples(text).into_iter().map(|(name, _, _)| name).collect()
+/// Labels a series gets from Prometheus's scrape, not from the endpoint: `instance` and
+/// `job` always, `group` where the operator labels sharded allocators' targets.
+const TARGET_LABELS: &[&str] = &["instance", "job", "group"];
+
+/// What one scrape serves: each sample name with its series' labels.
+type Served = BTreeMap<String, Vec<BTreeMap<String, String>>>;
+
+fn served(text: &str, into: &mut Served) {
+    for (name, labels, _) in samples(text) {
+        let labels = label_matchers(&labels)
+            .into_iter()
+            .map(|(label, _, value)| (label, value))
+            .collect();
+        into.entry(name).or_default().push(labels);
+    }
+}
+
+/// What a selector asks of the served series that they do not have: a label none of
+/// its series carries, or a value none has (`label="value"`, or each word of
+/// `label=~"a|b"`). Matchers with a Grafana variable select what the user picks.
+fn unmatched(selector: &Selector, series: &[BTreeMap<String, String>]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (label, op, value) in &selector.matchers {
+        if TARGET_LABELS.contains(&label.as_str()) || value.contains('$') {
+            continue;
+        }
+        if !series.iter().any(|s| s.contains_key(label)) {
+            out.push(format!("{} has no label {label}", selector.metric));
+            continue;
+        }
+        let words: Vec<&str> = match op.as_str() {
+            "=" => vec![value.as_str()],
+            "=~" if value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '|') =>
+            {
+                value.split('|').collect()
+            }
+            _ => Vec::new(),
+        };
+        for word in words {
+            if !series
+                .iter()
+                .any(|s| s.get(label).map(String::as_str) == Some(word))
+            {
+                out.push(format!(
+                    "{} has no series with {label}=\"{word}\"",
+                    selector.metric
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Every metric the dashboard and the rules query is served by one of a fleet daemon
@@ -709,18 +872,21 @@ fn every_metric_queried_is_served_by_a_daemon_or_the_allocator() {
     // Per-rule gauges appear once a host has reported: read until every name is there
     // or the deadline passes, then name what is missing.
     let deadline = Instant::now() + Duration::from_secs(15);
+    let selectors = queried_selectors();
     let missing = loop {
-        let mut have = served(&scrape_text(fleet.metrics_port));
-        have.extend(served(&scrape_text(joined.lab.metrics_port)));
-        have.extend(served(&scrape_text(allocator_metrics)));
-        let pending_served: Vec<&&str> = PENDING.iter().filter(|p| have.contains(**p)).collect();
+        let mut have = Served::new();
+        served(&scrape_text(fleet.metrics_port), &mut have);
+        served(&scrape_text(joined.lab.metrics_port), &mut have);
+        served(&scrape_text(allocator_metrics), &mut have);
+        let pending_served: Vec<&&str> =
+            PENDING.iter().filter(|p| have.contains_key(**p)).collect();
         assert!(
             pending_served.is_empty(),
             "{pending_served:?} are served now: remove them from PENDING in tests/tests/dashboard.rs"
         );
-        let missing: Vec<String> = wanted
+        let mut missing: Vec<String> = wanted
             .iter()
-            .filter(|(name, _)| !have.contains(*name) && !PENDING.contains(&name.as_str()))
+            .filter(|(name, _)| !have.contains_key(*name) && !PENDING.contains(&name.as_str()))
             .map(|(name, by)| {
                 format!(
                     "{name} (queried by {})",
@@ -728,6 +894,17 @@ fn every_metric_queried_is_served_by_a_daemon_or_the_allocator() {
                 )
             })
             .collect();
+        for (selector, by) in &selectors {
+            if let Some(series) = have.get(&selector.metric) {
+                missing.extend(
+                    unmatched(selector, series)
+                        .into_iter()
+                        .map(|m| format!("{m} (queried by {by})")),
+                );
+            }
+        }
+        missing.sort();
+        missing.dedup();
         if missing.is_empty() || Instant::now() > deadline {
             break missing;
         }
@@ -738,7 +915,7 @@ fn every_metric_queried_is_served_by_a_daemon_or_the_allocator() {
     drop(allocator);
     assert!(
         missing.is_empty(),
-        "metrics queried that no daemon or allocator serves:\n{}",
+        "metrics, labels or values queried that no daemon or allocator serves:\n{}",
         missing.join("\n")
     );
 }

@@ -214,6 +214,37 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
         }
     }
 
+    // The operator's Grafana dashboard and Prometheus rules, as in the repository, owned
+    // by the limiter package; the rules' unit tests pass where they are installed.
+    for (repo, shipped) in [
+        (
+            "dist/grafana/limiter.json",
+            "/usr/share/limiter/grafana/limiter.json",
+        ),
+        (
+            "dist/prometheus/limiter.rules.yml",
+            "/usr/share/limiter/prometheus/limiter.rules.yml",
+        ),
+        (
+            "dist/prometheus/limiter.rules.test.yml",
+            "/usr/share/limiter/prometheus/limiter.rules.test.yml",
+        ),
+    ] {
+        assert_eq!(
+            fs::read(shipped).ok(),
+            Some(fs::read(root().join(repo)).unwrap()),
+            "{shipped} is not {repo}"
+        );
+        let owner = run_ok(Command::new("dpkg").args(["-S", shipped]));
+        assert!(owner.starts_with("limiter: "), "{shipped}: {owner}");
+    }
+    require("promtool", "prometheus");
+    run_ok(
+        Command::new("promtool")
+            .args(["test", "rules", "limiter.rules.test.yml"])
+            .current_dir("/usr/share/limiter/prometheus"),
+    );
+
     // systemd accepts the units as installed (ExecStart= binaries present), offline,
     // without a warning.
     let units: Vec<String> = PACKAGES
@@ -394,6 +425,7 @@ fn packages_install_without_enabling_verify_and_purge_cleanly() {
         "/etc/limiter",
         "/usr/share/doc/limiter",
         "/usr/share/doc/limiter-allocator",
+        "/usr/share/limiter",
     ] {
         assert!(!Path::new(dir).exists(), "purge left {dir}");
     }

@@ -11,8 +11,10 @@ use crate::run_cmd;
 /// the tests' namespaces and veth pairs, nftables for the comparison benchmark, tmux for
 /// the tests that run `limiter top` in a terminal; `cargo xtask dist` and its tests:
 /// dpkg-dev (dpkg-shlibdeps), binutils (strip), lintian, man-db (`man -l`), systemd
-/// (`systemd-analyze verify`), zsh and fish (the completions parse); prometheus for `promtool check metrics` (the tests lint
-/// both metrics endpoints).
+/// (`systemd-analyze verify`), zsh and fish (the completions parse); prometheus for
+/// promtool (the tests lint both metrics endpoints with `promtool check metrics`, and
+/// check and unit-test dist/prometheus's alert rules with `promtool check rules` and
+/// `promtool test rules`).
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",

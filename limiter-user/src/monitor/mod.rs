@@ -25,17 +25,16 @@ use std::{
 
 use aya::maps::{Array, Map, MapData, MapError, MapInfo, PerCpuArray, RingBuf};
 use limiter_common::{
-    abi::{map_name, rule_index, RuleConfig, CONTROL_BYPASS, MAX_RULES, RULE_IN_USE},
+    abi::{
+        map_name,
+        map_name::{DROP_EVENTS, MONITOR, MONITOR_COUNTS},
+        rule_index, RuleConfig, CONTROL_BYPASS, MAX_RULES, RULE_IN_USE,
+    },
     drop::{DropEvent, MonitorConfig, MonitorCounters},
 };
 
 use self::format::RuleName;
 use crate::error::Error;
-
-/// The maps of the drop sampling (the program's ELF symbols and pin names).
-pub const DROP_EVENTS: &str = "DROP_EVENTS";
-pub const MONITOR: &str = "MONITOR";
-pub const MONITOR_COUNTS: &str = "MONITOR_COUNTS";
 
 /// `--json`'s fields, in the order docs/operations.md lists them.
 pub const JSON_FIELDS: [&str; 21] = [

@@ -12,7 +12,8 @@ use crate::run_cmd;
 /// the tests that run `limiter top` in a terminal; `cargo xtask dist` and its tests:
 /// dpkg-dev (dpkg-shlibdeps), binutils (strip), lintian, man-db (`man -l`), systemd
 /// (`systemd-analyze verify`), zsh and fish (the completions parse); prometheus for `promtool check metrics` (the tests lint
-/// both metrics endpoints).
+/// both metrics endpoints); tshark and tcpdump read `limiter monitor --pcap`'s captures
+/// back.
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -28,6 +29,8 @@ const APT_PACKAGES: &[&str] = &[
     "zsh",
     "fish",
     "prometheus",
+    "tshark",
+    "tcpdump",
     // The allocator replicas: etcd-client's build runs protoc, whose well-known types
     // (google/protobuf/descriptor.proto) come in libprotobuf-dev; the replica tests and
     // the fleet lab run etcd.

@@ -81,6 +81,14 @@ fn assert_flood_event(v: &Value, lab: &Lab) {
     assert_eq!(v["family"], 4, "{v}");
 }
 
+/// The number after `after` in a monitor's exit summary.
+fn counter(stderr: &str, after: &str) -> u64 {
+    let (_, rest) = stderr
+        .split_once(after)
+        .unwrap_or_else(|| panic!("{after}: {stderr}"));
+    rest.split_whitespace().next().unwrap().parse().unwrap()
+}
+
 fn json_events(out: &Output, what: &str) -> Vec<Value> {
     stdout_ok(out, what)
         .lines()
@@ -165,6 +173,9 @@ fn monitor_shows_the_real_refusals_as_json_text_and_pcapng_with_and_without_the_
         stderr.contains("20 events shown") && stderr.contains("refusals sampled"),
         "the exit summary with the sampling counters: {stderr}"
     );
+    // The counters are the kernel's: at least the events shown were sampled since the
+    // start.
+    assert!(counter(&stderr, "since start: ") >= 20, "{stderr}");
 
     let text = stdout_ok(
         &monitor(&lab, &["--count", "3", "--duration", "20s"]),
@@ -206,6 +217,14 @@ fn monitor_shows_the_real_refusals_as_json_text_and_pcapng_with_and_without_the_
         all.extend(args);
         let out = monitor(&lab, &all);
         assert_eq!(stdout_ok(&out, what), "", "{what}: nothing shown");
+        // Two seconds of a flood five times over the budget (200 a second per CPU): the
+        // refusals went on being sampled, filtered out here, and many were not sampled.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(counter(&stderr, "since start: ") >= 200, "{what}: {stderr}");
+        assert!(
+            counter(&stderr, "refusals sampled, ") > 1000,
+            "{what}: {stderr}"
+        );
     }
     let out = monitor(
         &lab,

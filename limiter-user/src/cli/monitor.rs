@@ -144,6 +144,9 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<()> {
         }
     }
     let started = Instant::now();
+    // The ring buffer keeps what no one read (up to ~4,800 events, however old): a
+    // monitor shows what happens from its start, which its counters describe too.
+    let started_ns = monitor::monotonic_ns();
     let mut last_counts_shown = (Instant::now(), start_counts);
     let mut shown: u64 = 0;
     let stdout = std::io::stdout();
@@ -162,6 +165,9 @@ pub fn execute(args: MonitorArgs) -> anyhow::Result<()> {
         let mut batch = Vec::new();
         reader.poll(wait, |raw| batch.push(raw))?;
         for raw in batch {
+            if raw.time_ns < started_ns {
+                continue;
+            }
             let e = decode(&raw);
             let rule = reader.rule_name(e.rule_slot);
             if !filter.matches(&e, &rule) {

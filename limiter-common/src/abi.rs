@@ -56,9 +56,21 @@ pub mod map_name {
     pub const TUNNELS: &str = "TUNNELS";
     /// Tunnelled frames, per CPU ([`super::TunnelCounters`]).
     pub const TUNNEL_COUNTS: &str = "TUNNEL_COUNTS";
+    /// Refusals by rule slot and reason, per CPU ([`crate::drop::ReasonCounters`]; one
+    /// more entry, [`crate::drop::NO_RULE`], for refusals no rule decides).
+    pub const DROP_REASONS: &str = "DROP_REASONS";
+    /// Sampled refusals ([`crate::drop::DropEvent`]), a BPF ring buffer.
+    pub const DROP_EVENTS: &str = "DROP_EVENTS";
+    /// The sampling budget ([`crate::drop::MonitorConfig`]), written by the daemon.
+    pub const MONITOR: &str = "MONITOR";
+    /// Sampling counters, per CPU ([`crate::drop::MonitorCounters`]).
+    pub const MONITOR_COUNTS: &str = "MONITOR_COUNTS";
+    /// The program's own per-CPU sampling state ([`crate::drop::MonitorState`]): this
+    /// second's budget, and the refusal the current run stashed for its event.
+    pub const MONITOR_STATE: &str = "MONITOR_STATE";
 
     /// Every map the program owns, in a stable order.
-    pub const ALL: [&str; 22] = [
+    pub const ALL: [&str; 27] = [
         CONTROL,
         RULES,
         PREFIXES_V4_0,
@@ -81,6 +93,11 @@ pub mod map_name {
         HANDOFF_MULTI,
         TUNNELS,
         TUNNEL_COUNTS,
+        DROP_REASONS,
+        DROP_EVENTS,
+        MONITOR,
+        MONITOR_COUNTS,
+        MONITOR_STATE,
     ];
 }
 

@@ -120,6 +120,41 @@ impl ReasonCounters {
                 self.would_drop_packets[i].wrapping_add(other.would_drop_packets[i]);
         }
     }
+
+    /// The change since `earlier` (wrapping, as the counters).
+    pub fn since(&self, earlier: &ReasonCounters) -> ReasonCounters {
+        let mut d = ReasonCounters::default();
+        for i in 0..DROP_REASON_COUNT {
+            d.dropped_packets[i] = self.dropped_packets[i].wrapping_sub(earlier.dropped_packets[i]);
+            d.would_drop_packets[i] =
+                self.would_drop_packets[i].wrapping_sub(earlier.would_drop_packets[i]);
+        }
+        d
+    }
+
+    /// Dropped packets over every reason (a rule's `dropped_packets`, when every drop
+    /// is counted under its reason).
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped_packets
+            .iter()
+            .fold(0u64, |a, b| a.wrapping_add(*b))
+    }
+
+    /// Would-drop packets over every reason.
+    pub fn would_drop_total(&self) -> u64 {
+        self.would_drop_packets
+            .iter()
+            .fold(0u64, |a, b| a.wrapping_add(*b))
+    }
+
+    /// The reasons with a non-zero count: (reason, dropped, would-drop).
+    pub fn nonzero(&self) -> impl Iterator<Item = (DropReason, u64, u64)> + '_ {
+        DropReason::ALL.iter().filter_map(|r| {
+            let i = *r as usize;
+            let (d, w) = (self.dropped_packets[i], self.would_drop_packets[i]);
+            (d != 0 || w != 0).then_some((*r, d, w))
+        })
+    }
 }
 
 /// [`DropEvent::verdict`]: the frame was dropped.
@@ -192,6 +227,45 @@ pub struct MonitorCounters {
     pub lost_full: u64,
 }
 
+/// Bounds the daemon enforces on [`MonitorConfig::events_per_sec`] (per CPU).
+pub const MAX_EVENTS_PER_SEC: u32 = 100_000;
+
+/// Bytes of the `DROP_EVENTS` ring buffer (a power of two, a multiple of the page size):
+/// 1 MiB holds about 4,800 events (each 216 bytes and an 8-byte header), a reader that
+/// wakes every 100 ms keeps up with ≈ 48,000 events per second, and the memory is
+/// allocated once, whether anything reads or not.
+pub const DROP_EVENTS_BYTES: u32 = 1 << 20;
+
+/// [`MonitorState::pending`]: the current run refused a frame and stashed it for
+/// sampling.
+pub const PENDING_EVENT: u32 = 1;
+
+/// The program's own per-CPU sampling state (`MONITOR_STATE[0]`): the current second's
+/// budget, and the refusal this run stashed where the frame's headers were at hand (the
+/// event itself is written where the frame's context is, after the verdict).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorState {
+    /// The second (CLOCK_MONOTONIC) `used` counts in.
+    pub second: u64,
+    /// Events written in `second` on this CPU.
+    pub used: u32,
+    /// [`PENDING_EVENT`] or 0.
+    pub pending: u32,
+    /// The stashed refusal: as the [`DropEvent`] fields of the same names.
+    pub slot: u32,
+    pub generation: u32,
+    pub reason: u32,
+    pub verdict: u32,
+    pub family: u32,
+    pub proto: u32,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub _pad: u32,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: #[repr(C)], Copy, made only of integers, no padding (asserted below).
@@ -199,6 +273,7 @@ mod pod {
     unsafe impl aya::Pod for super::DropEvent {}
     unsafe impl aya::Pod for super::MonitorConfig {}
     unsafe impl aya::Pod for super::MonitorCounters {}
+    unsafe impl aya::Pod for super::MonitorState {}
 }
 
 const _: () = {
@@ -208,6 +283,8 @@ const _: () = {
     assert!(size_of::<DropEvent>().is_multiple_of(8));
     assert!(size_of::<MonitorConfig>() == 8);
     assert!(size_of::<MonitorCounters>() == 24);
+    assert!(size_of::<MonitorState>() == 8 + 4 * 8 + 16 * 2 + 2 * 2 + 4);
+    assert!(DROP_EVENTS_BYTES.is_power_of_two() && DROP_EVENTS_BYTES % 4096 == 0);
     assert!(DropReason::ALL.len() == DROP_REASON_COUNT);
 };
 

@@ -13,13 +13,18 @@
 //! refused, so it receives no more whole datagrams than the rule admits.
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_ktime_get_ns};
-use limiter_common::abi::{
-    fragment_clock, fragment_record_fresh, FragmentKey, FragmentRecord, HeaderCounters, PrefixRules,
+use limiter_common::{
+    abi::{
+        fragment_clock, fragment_record_fresh, FragmentKey, FragmentRecord, HeaderCounters,
+        PrefixRules,
+    },
+    drop::DropReason,
 };
 
 use crate::{
     classify, count_global, maps,
     meter::{self, Size},
+    monitor,
     parse::{kind, Packet},
 };
 
@@ -29,8 +34,9 @@ const BPF_ANY: u64 = 0;
 enum Action {
     /// Metered by the rule in this slot.
     Meter(u32),
-    /// Refused by the rule in this slot without metering (it could carry a datagram
-    /// past the rule).
+    /// Refused without metering (it could carry a datagram past the rule): the rule's
+    /// slot, and the reason above `REASON_SHIFT` ([`refusal`]). One word: an enum with
+    /// a second field made LLVM pack a value the verifier knows as a pointer.
     Refuse(u32),
     /// No rule: passed.
     Unmatched,
@@ -40,7 +46,10 @@ enum Action {
 pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<u32, ()> {
     let (slot, refuse) = match action(generation, pkt) {
         Action::Meter(slot) => (slot, 0),
-        Action::Refuse(slot) => (slot, meter::METER_REFUSE),
+        Action::Refuse(refusal) => (
+            refusal & SLOT_MASK,
+            meter::METER_REFUSE | (refusal >> REASON_SHIFT) << meter::METER_REASON_SHIFT,
+        ),
         Action::Unmatched => return Ok(unmatched()),
     };
     // The frame's size only now: the multi-buffer build reads it with a helper call, the
@@ -57,7 +66,34 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
         bytes: size.bytes,
         src: pkt.src,
     };
-    Ok(meter::meter(&input))
+    let result = meter::meter(&input);
+    if result & monitor::REFUSED != 0 {
+        monitor::stash(
+            generation,
+            slot,
+            result,
+            &monitor::Headers {
+                family: pkt.family,
+                proto: u32::from(pkt.proto),
+                src: &pkt.src,
+                dst: &pkt.dst,
+                dst_port: if pkt.has_ports { pkt.dst_port } else { 0 },
+            },
+        );
+    }
+    Ok(result)
+}
+
+/// Where [`Action::Refuse`] carries the reason.
+const REASON_SHIFT: u32 = 16;
+/// Its slot (at most `MAX_RULES`, below `1 << REASON_SHIFT`).
+const SLOT_MASK: u32 = (1 << REASON_SHIFT) - 1;
+const _: () = assert!(limiter_common::abi::MAX_RULES <= SLOT_MASK);
+
+/// [`Action::Refuse`] of `slot` for `reason`.
+#[inline(always)]
+fn refusal(slot: u32, reason: DropReason) -> Action {
+    Action::Refuse(slot | (reason as u32) << REASON_SHIFT)
 }
 
 /// What the rules that cover the frame's destination do with it (a first fragment's
@@ -103,7 +139,12 @@ fn partial(rules: &PrefixRules, pkt: &Packet) -> Action {
                 count_headers(|h| &mut h.overlapping_fragments);
                 let mut datagram = *pkt;
                 datagram.has_ports = false;
-                return refuse(rules, classify::first_match(rules, pkt), &datagram);
+                return refuse(
+                    rules,
+                    classify::first_match(rules, pkt),
+                    &datagram,
+                    DropReason::OverlappingFragment,
+                );
             }
             remember_first(pkt, now);
             matched(classify::first_match(rules, pkt))
@@ -113,7 +154,14 @@ fn partial(rules: &PrefixRules, pkt: &Packet) -> Action {
         // Tiny fragments and unfollowed chains: no legitimate sender needs them, and what
         // the destination would make of them cannot be known here.
         _ => match classify::first_possible(rules, pkt) {
-            Some((slot, _)) => Action::Refuse(slot),
+            Some((slot, _)) => refusal(
+                slot,
+                if pkt.kind == kind::TINY_FRAGMENT {
+                    DropReason::TinyFragment
+                } else {
+                    DropReason::LongHeaderChain
+                },
+            ),
             None => Action::Unmatched,
         },
     }
@@ -136,7 +184,7 @@ fn later_fragment(rules: &PrefixRules, pkt: &Packet) -> Action {
             Some((slot, true)) => Action::Meter(slot),
             Some((slot, false)) => {
                 count_headers(|h| &mut h.orphan_fragments);
-                Action::Refuse(slot)
+                refusal(slot, DropReason::OrphanFragment)
             }
             None => Action::Unmatched,
         };
@@ -153,16 +201,16 @@ fn later_fragment(rules: &PrefixRules, pkt: &Packet) -> Action {
         // rewritten datagram could belong to.
         count_headers(|h| &mut h.overlapping_fragments);
         datagram.has_ports = false;
-        return refuse(rules, slot, &datagram);
+        return refuse(rules, slot, &datagram, DropReason::OverlappingFragment);
     }
     matched(slot)
 }
 
 /// Refused by `slot`, or else by the most specific rule `datagram` could belong to.
 #[inline(always)]
-fn refuse(rules: &PrefixRules, slot: Option<u32>, datagram: &Packet) -> Action {
+fn refuse(rules: &PrefixRules, slot: Option<u32>, datagram: &Packet, reason: DropReason) -> Action {
     match slot.or_else(|| classify::first_possible(rules, datagram).map(|(s, _)| s)) {
-        Some(slot) => Action::Refuse(slot),
+        Some(slot) => refusal(slot, reason),
         None => Action::Unmatched,
     }
 }

@@ -12,6 +12,7 @@ mod classify;
 mod decide;
 mod maps;
 mod meter;
+mod monitor;
 mod parse;
 
 use aya_ebpf::{
@@ -20,12 +21,14 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use limiter_common::abi::{
-    GlobalCounters, TunnelCounters, CONTROL_BYPASS, CONTROL_TUNNELS, MAX_HANDOFF_SLOTS,
+use limiter_common::{
+    abi::{GlobalCounters, TunnelCounters, CONTROL_BYPASS, CONTROL_TUNNELS, MAX_HANDOFF_SLOTS},
+    drop::{DropReason, NO_RULE},
 };
 
 use crate::{
     meter::Size,
+    monitor::Frame,
     parse::{ParseError, Tunnels},
 };
 
@@ -35,16 +38,20 @@ use crate::{
 #[xdp(frags)]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    let v = verdict(try_limiter(
-        ctx.data(),
-        ctx.data_end(),
-        || Size {
-            packets: 1,
-            // SAFETY: the context pointer the kernel gave this run.
-            bytes: unsafe { bpf_xdp_get_buff_len(ctx.ctx) },
-        },
-        || xdp_ifindex(&ctx),
-    ));
+    // SAFETY: the context pointer the kernel gave this run.
+    let len = || unsafe { bpf_xdp_get_buff_len(ctx.ctx) };
+    let v = verdict(
+        try_limiter(
+            ctx.data(),
+            ctx.data_end(),
+            || Size {
+                packets: 1,
+                bytes: len(),
+            },
+            || xdp_ifindex(&ctx),
+        ),
+        || xdp_frame(&ctx, len()),
+    );
     hand_over(&ctx, v, &maps::HANDOFF_MULTI)
 }
 
@@ -56,15 +63,18 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn limiter_linear(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    let v = verdict(try_limiter(
-        data,
-        data_end,
-        || Size {
-            packets: 1,
-            bytes: (data_end - data) as u64,
-        },
-        || xdp_ifindex(&ctx),
-    ));
+    let v = verdict(
+        try_limiter(
+            data,
+            data_end,
+            || Size {
+                packets: 1,
+                bytes: (data_end - data) as u64,
+            },
+            || xdp_ifindex(&ctx),
+        ),
+        || xdp_frame(&ctx, (ctx.data_end() - ctx.data()) as u64),
+    );
     hand_over(&ctx, v, &maps::HANDOFF_LINEAR)
 }
 
@@ -77,15 +87,32 @@ pub fn limiter_linear(ctx: XdpContext) -> u32 {
 #[inline(always)]
 pub fn limiter_libxdp(ctx: XdpContext) -> u32 {
     let (data, data_end) = (ctx.data(), ctx.data_end());
-    verdict(try_limiter(
-        data,
-        data_end,
-        || Size {
-            packets: 1,
-            bytes: (data_end - data) as u64,
-        },
-        || xdp_ifindex(&ctx),
-    ))
+    verdict(
+        try_limiter(
+            data,
+            data_end,
+            || Size {
+                packets: 1,
+                bytes: (data_end - data) as u64,
+            },
+            || xdp_ifindex(&ctx),
+        ),
+        || xdp_frame(&ctx, (ctx.data_end() - ctx.data()) as u64),
+    )
+}
+
+/// An XDP frame, for its sampled event (read only for a refusal).
+#[inline(always)]
+fn xdp_frame(ctx: &XdpContext, len: u64) -> Frame {
+    Frame {
+        ifindex: xdp_ifindex(ctx),
+        // SAFETY: the context pointer the kernel gave this run.
+        rx_queue: unsafe { (*ctx.ctx).rx_queue_index },
+        len,
+        // Read again: the parser's bounds checks were on its own copies.
+        data: ctx.data(),
+        data_end: ctx.data_end(),
+    }
 }
 
 /// The interface the frame came in on (its tunnels: `TUNNELS`).
@@ -163,17 +190,36 @@ pub fn limiter_tc(ctx: TcContext) -> i32 {
     // SAFETY: the context pointer the kernel gave this run; at ingress, the device is the
     // one the frame came in on.
     let ifindex = || unsafe { (*ctx.skb.skb).ifindex };
-    match verdict(try_limiter(ctx.data(), ctx.data_end(), size, ifindex)) {
+    let frame = || Frame {
+        // SAFETY: as `ifindex`.
+        ifindex: unsafe { (*ctx.skb.skb).ifindex },
+        // SAFETY: as `ifindex`.
+        rx_queue: unsafe { (*ctx.skb.skb).queue_mapping },
+        len: u64::from(ctx.len()),
+        data: ctx.data(),
+        data_end: ctx.data_end(),
+    };
+    match verdict(
+        try_limiter(ctx.data(), ctx.data_end(), size, ifindex),
+        frame,
+    ) {
         xdp_action::XDP_DROP => TC_ACT_SHOT as i32,
         // Not ours to decide: the next program at this hook, if any, else the stack.
         _ => TC_ACT_UNSPEC,
     }
 }
 
+/// The XDP action of a run's result; a refusal (`monitor::REFUSED`) is sampled first,
+/// when sampling is on (`frame` is read only then).
 #[inline(always)]
-fn verdict(result: Result<u32, ()>) -> u32 {
+fn verdict(result: Result<u32, ()>, frame: impl FnOnce() -> Frame) -> u32 {
     match result {
-        Ok(verdict) => verdict,
+        Ok(result) => {
+            if result & monitor::REFUSED != 0 {
+                monitor::sample(frame);
+            }
+            result & monitor::ACTION_MASK
+        }
         // Only a missing map entry gets here (the maps are fixed-size arrays, so it
         // cannot happen): pass.
         Err(()) => xdp_action::XDP_PASS,
@@ -218,7 +264,7 @@ fn try_limiter(
         data_end,
         tunnels,
         #[inline(always)]
-        |pkt| decide::decide(generation, pkt, size),
+        |pkt| decide::decide(generation, pkt, &size),
     ) {
         Ok(verdict) => verdict,
         Err(ParseError::NonIp) => {
@@ -231,13 +277,39 @@ fn try_limiter(
         }
         Err(ParseError::DeepVlan) => {
             decide::count_headers(|h| &mut h.deep_vlan_stacks);
-            Ok(xdp_action::XDP_DROP)
+            Ok(refused_without_rule(generation, DropReason::DeepVlan, size))
         }
         Err(ParseError::UnreadableTunnel) => {
             count_tunnels(|t| &mut t.unreadable);
-            Ok(xdp_action::XDP_DROP)
+            Ok(refused_without_rule(
+                generation,
+                DropReason::UnreadableTunnel,
+                size,
+            ))
         }
     }
+}
+
+/// A frame dropped before any rule could see it (its destination is unread): counted
+/// under `NO_RULE`, and stashed for sampling without addresses (family 0).
+#[inline(always)]
+fn refused_without_rule(generation: u32, reason: DropReason, size: impl Fn() -> Size) -> u32 {
+    monitor::count_reason(NO_RULE, reason as u32, false, size().packets);
+    let result = monitor::refused(xdp_action::XDP_DROP, reason as u32);
+    let none = [0; 4];
+    monitor::stash(
+        generation,
+        NO_RULE,
+        result,
+        &monitor::Headers {
+            family: 0,
+            proto: 0,
+            src: &none,
+            dst: &none,
+            dst_port: 0,
+        },
+    );
+    result
 }
 
 /// Increments one tunnel counter on this CPU.

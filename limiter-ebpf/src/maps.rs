@@ -2,7 +2,7 @@
 //! pins them under pin_dir by these names (limiter_common::abi::map_name).
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
     macros::btf_map,
 };
 use limiter_common::{
@@ -11,6 +11,9 @@ use limiter_common::{
         HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
         SynCounters, TunnelConfig, TunnelCounters, DEFAULT_MAX_SOURCES, GENERATIONS, HOST_SLOTS,
         MAX_FRAGMENT_RECORDS, MAX_PREFIXES, MAX_RULES, MAX_TUNNEL_INTERFACES,
+    },
+    drop::{
+        DropEvent, MonitorConfig, MonitorCounters, MonitorState, ReasonCounters, DROP_EVENTS_BYTES,
     },
     sketch::{self, SketchCounters, SketchMeta},
 };
@@ -103,3 +106,21 @@ pub static TUNNELS: HashMap<u32, TunnelConfig, { MAX_TUNNEL_INTERFACES as usize 
 
 #[btf_map]
 pub static TUNNEL_COUNTS: PerCpuArray<TunnelCounters, 1> = PerCpuArray::new();
+
+/// Refusals by rule slot and reason; the entry after the last slot (`NO_RULE`) holds the
+/// refusals no rule decides.
+#[btf_map]
+pub static DROP_REASONS: PerCpuArray<ReasonCounters, { SLOTS + 1 }> = PerCpuArray::new();
+
+/// Sampled refusals, read by `limiter monitor`.
+#[btf_map]
+pub static DROP_EVENTS: RingBuf<DropEvent, { DROP_EVENTS_BYTES as usize }> = RingBuf::new();
+
+#[btf_map]
+pub static MONITOR: Array<MonitorConfig, 1> = Array::new();
+
+#[btf_map]
+pub static MONITOR_COUNTS: PerCpuArray<MonitorCounters, 1> = PerCpuArray::new();
+
+#[btf_map]
+pub static MONITOR_STATE: PerCpuArray<MonitorState, 1> = PerCpuArray::new();

@@ -16,11 +16,13 @@ use limiter_common::{
         RULE_TICK_CLOCK, UNIT_BYTES, UNIT_SYN,
     },
     clock::TickClock,
+    drop::DropReason,
     gcra::{self, Limit},
+    share::ShareState,
     sketch::{self, SketchCounters},
 };
 
-use crate::{count_global, maps};
+use crate::{count_global, maps, monitor};
 
 /// CAS attempts before a frame is passed unmetered (and counted as `contended`). Each
 /// failed attempt means another CPU just updated the bucket; running out takes sustained
@@ -50,7 +52,8 @@ pub struct MeterInput {
     pub generation: u32,
     pub slot: u32,
     pub family: u32,
-    /// `METER_SYN`, `METER_REFUSE`.
+    /// `METER_SYN`, `METER_REFUSE`, and with `METER_REFUSE` the reason
+    /// (`limiter_common::drop::DropReason`) shifted by `METER_REASON_SHIFT`.
     pub flags: u32,
     pub packets: u64,
     pub bytes: u64,
@@ -62,8 +65,11 @@ pub const METER_SYN: u32 = 1;
 /// Refused without metering (decide.rs: a frame that could carry a datagram past the
 /// rule).
 pub const METER_REFUSE: u32 = 2;
+/// Where `MeterInput::flags` carries a refusal's reason.
+pub const METER_REASON_SHIFT: u32 = 8;
 
-/// The verdict of the rule in `input.slot` on a frame.
+/// The verdict of the rule in `input.slot` on a frame; a refusal's carries
+/// `monitor::REFUSED` and its reason (`monitor::refused`).
 #[inline(always)]
 pub fn meter(input: &MeterInput) -> u32 {
     let size = Size {
@@ -93,7 +99,8 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
         if rule.unit != UNIT_SYN {
             refused_early(counters, size);
         }
-        return Ok(refuse(counters, size, flags));
+        let reason = (input.flags >> METER_REASON_SHIFT) & 0xff;
+        return Ok(refuse(counters, size, flags, slot, reason));
     }
     let units = match rule.unit {
         UNIT_SYN if input.flags & METER_SYN == 0 => return Ok(pass(counters, size)),
@@ -131,7 +138,13 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
     // then the aggregate (the bootstrap share) meters, as for a host joining mid-outage.
     if closed {
         if (now_ns.wrapping_sub(rule.lease_expires_ns) as i64) < 0 {
-            return Ok(refuse(counters, size, flags));
+            return Ok(refuse(
+                counters,
+                size,
+                flags,
+                slot,
+                DropReason::ShareClosed as u32,
+            ));
         }
         if precise {
             now_ns = precise_ns();
@@ -143,6 +156,7 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
     let mut charged: Charged = [core::ptr::null_mut(); sketch::ROWS as usize];
     let mut source_cost = 0;
     let mut conforms = true;
+    let mut reason = DropReason::Aggregate as u32;
     if flags & RULE_HAS_PER_SOURCE != 0 {
         let limit = &rule.per_source;
         let cost = limit.cost(units);
@@ -166,6 +180,7 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
             Outcome::Admit => source_cost = cost,
             Outcome::Reject => {
                 conforms = false;
+                reason = DropReason::PerSource as u32;
                 refused_early(counters, size);
             }
             Outcome::Unmetered => {}
@@ -187,6 +202,10 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
             let credit = unsafe { &raw mut (*bucket).credit };
             if !(leased && spend_credit(credit, units)) {
                 conforms = false;
+                // A fleet rule's aggregate is this host's share of the fleet's.
+                if rule.share_state != ShareState::Standalone as u32 {
+                    reason = DropReason::ShareSpent as u32;
+                }
                 // The source's cells paid for a frame the aggregate refused: give it
                 // back, so a source is not starved by congestion that others caused.
                 if source_cost != 0 {
@@ -199,7 +218,7 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
     if conforms {
         return Ok(pass(counters, size));
     }
-    Ok(refuse(counters, size, flags))
+    Ok(refuse(counters, size, flags, slot, reason))
 }
 
 /// One SYN offered to syn rule `slot` (this CPU's copy: a plain add, as the other
@@ -220,17 +239,21 @@ fn refused_early(counters: &mut RuleCounters, size: Size) {
     counters.refused_early_bytes = counters.refused_early_bytes.wrapping_add(size.bytes);
 }
 
-/// A frame over the rule's limits: dropped, or passed and counted in shadow mode.
+/// A frame over the rule's limits: dropped, or passed and counted in shadow mode; counted
+/// under `reason` too, in the same packets (a TC run's `gso_segs`), so a rule's reasons
+/// add up to its dropped and would-drop packets.
 #[inline(always)]
-fn refuse(counters: &mut RuleCounters, size: Size, flags: u32) -> u32 {
+fn refuse(counters: &mut RuleCounters, size: Size, flags: u32, slot: u32, reason: u32) -> u32 {
     if flags & RULE_SHADOW != 0 {
         counters.would_drop_packets = counters.would_drop_packets.wrapping_add(size.packets);
         counters.would_drop_bytes = counters.would_drop_bytes.wrapping_add(size.bytes);
-        return pass(counters, size);
+        monitor::count_reason(slot, reason, true, size.packets);
+        return monitor::refused(pass(counters, size), reason);
     }
     counters.dropped_packets = counters.dropped_packets.wrapping_add(size.packets);
     counters.dropped_bytes = counters.dropped_bytes.wrapping_add(size.bytes);
-    xdp_action::XDP_DROP
+    monitor::count_reason(slot, reason, false, size.packets);
+    monitor::refused(xdp_action::XDP_DROP, reason)
 }
 
 /// CLOCK_MONOTONIC in ns, precisely: a helper call (≈ 35 ns here).

@@ -14,7 +14,8 @@
 //!    `tc_filter`, `grace`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
 //!    `teardown`.
 //! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`,
-//!    `top` (its rates and screen pure); and `relink` (pure), when to attach again to
+//!    `top` (its rates and screen pure), `monitor` (the sampled refusals; its decoding,
+//!    formats and rankings pure); and `relink` (pure), when to attach again to
 //!    an interface created again under its name.
 //! 4. The daemon, synchronous: `daemon`; and `reload_keys` (pure), which changed keys
 //!    a reload leaves for the next start.
@@ -34,6 +35,7 @@ pub mod kernel;
 pub mod libxdp;
 pub mod maps;
 pub mod metrics;
+pub mod monitor;
 pub mod netlink;
 pub mod object;
 pub mod pins;

@@ -23,6 +23,7 @@ use limiter_common::{
         TunnelCounters, AGG_BUCKET_CREDIT_OFFSET, AGG_BUCKET_TAT_OFFSET, CONTROL_BYPASS,
         CONTROL_TUNNELS, HOST_SLOTS, MAX_RULES, RULE_HAS_PER_SOURCE, RULE_IN_USE,
     },
+    drop::{MonitorConfig, MonitorCounters, ReasonCounters},
     gcra::Limit,
     sketch::{self, SketchCounters, SketchMeta},
 };
@@ -70,6 +71,10 @@ pub struct Maps {
     /// `None` for pins of a build that predates tunnels (none decapsulated).
     tunnels: Option<HashMap<MapData, u32, TunnelConfig>>,
     tunnel_counters: Option<PerCpuArray<MapData, TunnelCounters>>,
+    /// Absent only in maps pinned by a version before drop reasons.
+    drop_reasons: Option<PerCpuArray<MapData, ReasonCounters>>,
+    monitor: Option<Array<MapData, MonitorConfig>>,
+    monitor_counts: Option<PerCpuArray<MapData, MonitorCounters>>,
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
     /// process has written the generation (pins adopted from an earlier daemon).
     hosts_used: [Option<BTreeSet<u32>>; 2],
@@ -228,6 +233,18 @@ impl Maps {
             tunnel_counters: take(map_name::TUNNEL_COUNTS)
                 .ok()
                 .map(|m| typed(m, map_name::TUNNEL_COUNTS))
+                .transpose()?,
+            drop_reasons: take(map_name::DROP_REASONS)
+                .ok()
+                .map(|m| typed(m, map_name::DROP_REASONS))
+                .transpose()?,
+            monitor: take(map_name::MONITOR)
+                .ok()
+                .map(|m| typed(m, map_name::MONITOR))
+                .transpose()?,
+            monitor_counts: take(map_name::MONITOR_COUNTS)
+                .ok()
+                .map(|m| typed(m, map_name::MONITOR_COUNTS))
                 .transpose()?,
             hosts_used: [None, None],
         })
@@ -596,6 +613,55 @@ impl Maps {
         let per_cpu = map.get(&0, 0).map_err(map_err("reading TUNNEL_COUNTS"))?;
         for c in per_cpu.iter() {
             total.accumulate(c);
+        }
+        Ok(total)
+    }
+
+    /// Refusals of rule `slot` (or of `limiter_common::drop::NO_RULE`) by reason, summed over CPUs; zero
+    /// when the maps predate drop reasons.
+    pub fn reason_counters(&self, slot: u32) -> Result<ReasonCounters, Error> {
+        let mut total = ReasonCounters::default();
+        let Some(map) = &self.drop_reasons else {
+            return Ok(total);
+        };
+        let per_cpu = map
+            .get(&slot, 0)
+            .map_err(map_err(format!("reading DROP_REASONS entry {slot}")))?;
+        for c in per_cpu.iter() {
+            total.accumulate(c);
+        }
+        Ok(total)
+    }
+
+    /// The sampling budget the program reads (`MONITOR[0]`).
+    pub fn monitor_config(&self) -> Result<MonitorConfig, Error> {
+        match &self.monitor {
+            Some(map) => map.get(&0, 0).map_err(map_err("reading MONITOR")),
+            None => Ok(MonitorConfig::default()),
+        }
+    }
+
+    /// Sets the sampling budget, live. Maps pinned by a version before sampling have no
+    /// `MONITOR`: sampling on is refused there, off is a no-op.
+    pub fn set_monitor_config(&mut self, config: MonitorConfig) -> Result<(), Error> {
+        match &mut self.monitor {
+            Some(map) => map.set(0, config, 0).map_err(map_err("writing MONITOR")),
+            None if config.events_per_sec == 0 => Ok(()),
+            None => Err(Error::MissingMap(map_name::MONITOR)),
+        }
+    }
+
+    /// Sampling counters, summed over CPUs.
+    pub fn monitor_counters(&self) -> Result<MonitorCounters, Error> {
+        let mut total = MonitorCounters::default();
+        let Some(map) = &self.monitor_counts else {
+            return Ok(total);
+        };
+        let per_cpu = map.get(&0, 0).map_err(map_err("reading MONITOR_COUNTS"))?;
+        for c in per_cpu.iter() {
+            total.sampled = total.sampled.wrapping_add(c.sampled);
+            total.skipped_budget = total.skipped_budget.wrapping_add(c.skipped_budget);
+            total.lost_full = total.lost_full.wrapping_add(c.lost_full);
         }
         Ok(total)
     }

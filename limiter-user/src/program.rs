@@ -25,6 +25,7 @@ use limiter_common::{
         SynCounters, TunnelConfig, TunnelCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS,
         MAX_PREFIXES, MAX_RULES, MAX_TUNNEL_INTERFACES, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_TC,
     },
+    drop::{MonitorConfig, MonitorCounters, MonitorState, ReasonCounters, DROP_EVENTS_BYTES},
     sketch::{self, SketchCounters, SketchMeta},
 };
 
@@ -321,7 +322,7 @@ impl Attachment {
 }
 
 /// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 22] {
+fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 27] {
     use std::mem::size_of;
     let sz = |n: usize| n as u32;
     [
@@ -430,6 +431,22 @@ fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 22] {
             sz(size_of::<TunnelCounters>()),
             1,
         ),
+        (
+            map_name::DROP_REASONS,
+            4,
+            sz(size_of::<ReasonCounters>()),
+            MAX_RULES + 1,
+        ),
+        // A ring buffer: no key, no value, its size in bytes.
+        (map_name::DROP_EVENTS, 0, 0, DROP_EVENTS_BYTES),
+        (map_name::MONITOR, 4, sz(size_of::<MonitorConfig>()), 1),
+        (
+            map_name::MONITOR_COUNTS,
+            4,
+            sz(size_of::<MonitorCounters>()),
+            1,
+        ),
+        (map_name::MONITOR_STATE, 4, sz(size_of::<MonitorState>()), 1),
         // Prog arrays: a u32 slot, a u32 program fd (an id when read back).
         (map_name::HANDOFF_LINEAR, 4, 4, 1),
         (map_name::HANDOFF_MULTI, 4, 4, 1),

@@ -5,7 +5,10 @@ use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{Context as _, Result};
 use aya::programs::{TestRun, TestRunOptions};
-use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters, TunnelCounters};
+use limiter_common::{
+    abi::{GlobalCounters, HeaderCounters, RuleCounters, TunnelCounters},
+    drop::{ReasonCounters, NO_RULE},
+};
 use limiter_user::{
     config::Config,
     daemon::{apply_rules, apply_tunnels},
@@ -90,19 +93,27 @@ pub struct Snapshot {
     pub global: GlobalCounters,
     pub headers: HeaderCounters,
     pub tunnels: TunnelCounters,
+    /// Refusals by reason, per rule (by name).
+    pub reasons: BTreeMap<String, ReasonCounters>,
+    /// Refusals no rule decides (`DROP_REASONS[NO_RULE]`).
+    pub no_rule: ReasonCounters,
 }
 
 impl Loaded {
     pub fn snapshot(&self) -> Result<Snapshot> {
         let mut rules = BTreeMap::new();
+        let mut reasons = BTreeMap::new();
         for (name, slot) in &self.table.slots {
             rules.insert(name.clone(), self.maps.rule_counters(*slot)?);
+            reasons.insert(name.clone(), self.maps.reason_counters(*slot)?);
         }
         Ok(Snapshot {
             rules,
             global: self.maps.global_counters()?,
             headers: self.maps.header_counters()?,
             tunnels: self.maps.tunnel_counters()?,
+            reasons,
+            no_rule: self.maps.reason_counters(NO_RULE)?,
         })
     }
 
@@ -160,5 +171,14 @@ pub fn delta(before: &Snapshot, after: &Snapshot) -> Snapshot {
             })
             .collect(),
         global: after.global.since(&before.global),
+        reasons: after
+            .reasons
+            .iter()
+            .map(|(name, b)| {
+                let a = before.reasons.get(name).copied().unwrap_or_default();
+                (name.clone(), b.since(&a))
+            })
+            .collect(),
+        no_rule: after.no_rule.since(&before.no_rule),
     }
 }

@@ -4,7 +4,10 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use limiter_common::abi::{GlobalCounters, HeaderCounters, RuleCounters, TunnelCounters};
+use limiter_common::{
+    abi::{GlobalCounters, HeaderCounters, RuleCounters, TunnelCounters},
+    drop::{DropReason, ReasonCounters},
+};
 use limiter_fleet::clock::monotonic_ns;
 use limiter_tests::{
     fixture::{self, delta, Loaded},
@@ -150,6 +153,10 @@ struct Row {
     early: u64,
     /// Tunnel counters the row moves; zero unless said.
     tunnels: TunnelCounters,
+    /// Why the row's refusals are refused: its rule's dropped and would-drop packets are
+    /// expected under this reason in `DROP_REASONS` (a row without a rule: under
+    /// `NO_RULE`, every run dropped). A refusing row must name it.
+    reason: Option<DropReason>,
 }
 
 fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) -> Row {
@@ -162,6 +169,7 @@ fn row(what: impl Into<String>, frame: Vec<u8>, verdict: u32, expect: Expect) ->
         headers: HeaderCounters::default(),
         early: 0,
         tunnels: TunnelCounters::default(),
+        reason: None,
     }
 }
 
@@ -177,6 +185,12 @@ impl Row {
     /// Expects the frame to be classified by its inner header.
     fn decapsulated(mut self) -> Row {
         self.tunnels.decapsulated += u64::from(self.runs);
+        self
+    }
+
+    /// Expects the row's refusals to be counted under `reason`.
+    fn because(mut self, reason: DropReason) -> Row {
+        self.reason = Some(reason);
         self
     }
 
@@ -341,6 +355,7 @@ fn parser_rows() -> Vec<Row> {
             Expect::Rule("v6-host", 0, 1, 0),
         )
         .counting(&[long_chain])
+        .because(DropReason::LongHeaderChain)
         .refused_early(1),
     );
     rows.push(row(
@@ -374,7 +389,8 @@ fn parser_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::None,
         )
-        .counting(&[deep_vlan]),
+        .counting(&[deep_vlan])
+        .because(DropReason::DeepVlan),
     );
     rows.push(row(
         "ARP",
@@ -507,7 +523,8 @@ fn metering_rows() -> Vec<Row> {
             v4(syn_host).tcp(2, 443, TCP_SYN).build(),
             XDP_DROP,
             Expect::Rule("syn-guard", 0, 1, 0),
-        ),
+        )
+        .because(DropReason::Aggregate),
         repeated(
             "SYN-ACK is not metered",
             v4(syn_host).tcp(1, 443, TCP_SYN | TCP_ACK).build(),
@@ -528,14 +545,16 @@ fn metering_rows() -> Vec<Row> {
             5,
             XDP_DROP,
             Expect::Rule("tiny", 1, 4, 0),
-        ),
+        )
+        .because(DropReason::Aggregate),
         repeated(
             "shadow: passes all, counts would-drop",
             v4([198, 18, 4, 40]).udp(1, 53).build(),
             5,
             XDP_PASS,
             Expect::Rule("tiny-shadow", 5, 0, 4),
-        ),
+        )
+        .because(DropReason::Aggregate),
         repeated(
             "per-source: source A over its limit",
             per_source([198, 19, 0, 1]),
@@ -543,7 +562,8 @@ fn metering_rows() -> Vec<Row> {
             XDP_DROP,
             Expect::Rule("per-source", 1, 2, 0),
         )
-        .refused_early(2),
+        .refused_early(2)
+        .because(DropReason::PerSource),
         row(
             "per-source: source B has its own bucket",
             per_source([198, 19, 0, 2]),
@@ -556,7 +576,8 @@ fn metering_rows() -> Vec<Row> {
             4,
             XDP_DROP,
             Expect::Rule("bytes", 3, 1, 0),
-        ),
+        )
+        .because(DropReason::Aggregate),
     ]
 }
 
@@ -612,6 +633,7 @@ fn fragment_rows() -> Vec<Row> {
             Expect::Rule("web-tcp443", 0, 1, 0),
         )
         .counting(&[fragments, overlapping])
+        .because(DropReason::OverlappingFragment)
         .refused_early(1),
         row(
             "IPv4 later fragment, first never seen, ports matter: refused (orphan)",
@@ -624,6 +646,7 @@ fn fragment_rows() -> Vec<Row> {
             Expect::Rule("web-tcp443", 0, 1, 0),
         )
         .counting(&[fragments, orphan])
+        .because(DropReason::OrphanFragment)
         .refused_early(1),
         row(
             "IPv4 first fragment of an unmatched port: passes, leaves a record",
@@ -714,6 +737,7 @@ fn fragment_rows() -> Vec<Row> {
             Expect::Rule("v6-dns", 0, 1, 0),
         )
         .counting(&[fragments, orphan])
+        .because(DropReason::OrphanFragment)
         .refused_early(1),
         row(
             "IPv6 first fragment to a bytes rule's port",
@@ -750,6 +774,7 @@ fn fragment_rows() -> Vec<Row> {
                 Expect::Rule("v6-bytes443", 0, 1, 0),
             )
             .counting(&[fragments, orphan])
+        .because(DropReason::OrphanFragment)
             .refused_early(1),
         );
     }
@@ -793,6 +818,7 @@ fn fragment_rows() -> Vec<Row> {
             Expect::Rule("host-any", 0, 1, 0),
         )
         .counting(&[fragments, overlapping])
+        .because(DropReason::OverlappingFragment)
         .refused_early(1),
         row(
             "IPv4 later fragment after the decoy: the first fragment's rule",
@@ -832,6 +858,7 @@ fn fragment_rows() -> Vec<Row> {
             Expect::Rule("v6-icmp", 0, 1, 0),
         )
         .counting(&[fragments, overlapping])
+        .because(DropReason::OverlappingFragment)
         .refused_early(1),
         row(
             "IPv6 later fragment after the decoy: the first fragment's rule",
@@ -865,6 +892,7 @@ fn fragment_rows() -> Vec<Row> {
                 Expect::Rule("web-tcp443", 0, 1, 0),
             )
             .counting(&[fragments, tiny])
+            .because(DropReason::TinyFragment)
             .refused_early(1),
         );
     }
@@ -912,6 +940,7 @@ fn fragment_rows() -> Vec<Row> {
             Expect::Rule("v6-dns", 0, 1, 0),
         )
         .counting(&[fragments, tiny])
+        .because(DropReason::TinyFragment)
         .refused_early(1),
     );
     rows
@@ -977,11 +1006,69 @@ fn check(loaded: &Loaded, row: &Row) -> Result<(), String> {
             problems.push(format!("rule {name}: {counters:?}, expected {want:?}"));
         }
     }
+    problems.extend(reason_problems(row, &d));
     if problems.is_empty() {
         Ok(())
     } else {
         Err(format!("{}: {}", row.what, problems.join("; ")))
     }
+}
+
+/// What the row's reason counters should have done, and the invariant every row keeps:
+/// a rule's reasons add up to its dropped and would-drop packets.
+fn reason_problems(row: &Row, d: &fixture::Snapshot) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut want_rule: Option<(&str, ReasonCounters)> = None;
+    let mut want_no_rule = ReasonCounters::default();
+    match (row.expect, row.reason) {
+        (Expect::Rule(name, _, dropped, would_drop), Some(reason)) => {
+            let mut want = ReasonCounters::default();
+            want.dropped_packets[reason as usize] = dropped;
+            want.would_drop_packets[reason as usize] = would_drop;
+            want_rule = Some((name, want));
+        }
+        (Expect::Rule(_, _, dropped, would_drop), None) if dropped + would_drop > 0 => {
+            problems.push("the row refuses but names no reason".to_string());
+        }
+        (_, Some(reason)) => {
+            want_no_rule.dropped_packets[reason as usize] = u64::from(row.runs);
+        }
+        _ => {}
+    }
+    for (name, reasons) in &d.reasons {
+        let want = match want_rule {
+            Some((n, c)) if n == name => c,
+            _ => ReasonCounters::default(),
+        };
+        if *reasons != want {
+            problems.push(format!(
+                "rule {name} reasons: {:?}, expected {:?}",
+                reasons.nonzero().collect::<Vec<_>>(),
+                want.nonzero().collect::<Vec<_>>()
+            ));
+        }
+        let counters = d.rules.get(name).copied().unwrap_or_default();
+        if reasons.dropped_total() != counters.dropped_packets
+            || reasons.would_drop_total() != counters.would_drop_packets
+        {
+            problems.push(format!(
+                "rule {name}: reasons add up to {} dropped / {} would-drop, the rule counted \
+                 {} / {}",
+                reasons.dropped_total(),
+                reasons.would_drop_total(),
+                counters.dropped_packets,
+                counters.would_drop_packets
+            ));
+        }
+    }
+    if d.no_rule != want_no_rule {
+        problems.push(format!(
+            "no-rule reasons: {:?}, expected {:?}",
+            d.no_rule.nonzero().collect::<Vec<_>>(),
+            want_no_rule.nonzero().collect::<Vec<_>>()
+        ));
+    }
+    problems
 }
 
 /// Longest frame BPF_PROG_TEST_RUN hands the linear build (one 4 KiB page less XDP
@@ -1283,6 +1370,7 @@ fn tunnel_rows(decapsulating: bool) -> Vec<Row> {
             )
             .decapsulated();
             r.tunnels.unreadable += 1;
+            r.reason = Some(DropReason::UnreadableTunnel);
             rows.push(r);
         }
         let mut r = row(
@@ -1292,6 +1380,7 @@ fn tunnel_rows(decapsulating: bool) -> Vec<Row> {
             Expect::None,
         );
         r.tunnels.unreadable += 1;
+        r.reason = Some(DropReason::UnreadableTunnel);
         rows.push(r);
         // A whole outer datagram whose inner one runs past it: the host drops it too.
         let mut cut = web.clone();
@@ -1325,6 +1414,7 @@ fn tunnel_rows(decapsulating: bool) -> Vec<Row> {
             )
             .decapsulated()
             .counting(&[fragments, tiny])
+            .because(DropReason::TinyFragment)
             .refused_early(1),
         );
     } else {

@@ -14,7 +14,8 @@ use crate::run_cmd;
 /// (`systemd-analyze verify`), zsh and fish (the completions parse); prometheus for
 /// promtool (the tests lint both metrics endpoints with `promtool check metrics`, and
 /// check and unit-test dist/prometheus's alert rules with `promtool check rules` and
-/// `promtool test rules`).
+/// `promtool test rules`); tshark and tcpdump read `limiter monitor --pcap`'s captures
+/// back.
 const APT_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -30,6 +31,8 @@ const APT_PACKAGES: &[&str] = &[
     "zsh",
     "fish",
     "prometheus",
+    "tshark",
+    "tcpdump",
     // The allocator replicas: etcd-client's build runs protoc, whose well-known types
     // (google/protobuf/descriptor.proto) come in libprotobuf-dev; the replica tests and
     // the fleet lab run etcd.

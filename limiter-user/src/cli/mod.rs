@@ -1,11 +1,12 @@
 //! Command-line interface: one module per subcommand. `run` is the daemon; the others
-//! ask it over the control socket, except `stats`, which reads the pinned maps directly
-//! (it works even when the daemon is down).
+//! ask it over the control socket, except `stats`, `top` and `monitor`, which read the
+//! pinned maps directly (they work even when the daemon is down).
 
 mod bypass;
 mod check;
 mod detach;
 mod explain;
+mod monitor;
 mod quota;
 mod reload;
 mod run;
@@ -54,6 +55,9 @@ enum Command {
     /// A live view of the pinned maps: per rule, passed/dropped/would-drop per second,
     /// the rate in force and the share state; `t` shows totals, `q` quits.
     Top(top::TopArgs),
+    /// The sampled refusals as they happen, one line each (or `--json`, `--pcap`): what
+    /// is dropped, by which rule and why. Reads the pinned maps; no daemon needed.
+    Monitor(monitor::MonitorArgs),
     /// List or change rule quotas at runtime.
     #[command(subcommand)]
     Quota(quota::QuotaCommand),
@@ -100,6 +104,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Status(args) => status::execute(args),
         Command::Stats(args) => stats::execute(args),
         Command::Top(args) => top::execute(args),
+        Command::Monitor(args) => monitor::execute(args),
         Command::Quota(cmd) => quota::execute(cmd),
         Command::Reload(args) => reload::execute(args),
         Command::Explain(args) => explain::execute(args),

@@ -28,6 +28,24 @@ pub struct TopArgs {
     /// Seconds between readings (0.1 to 60; decimals allowed).
     #[arg(long, default_value = "1", value_parser = top::parse_interval)]
     interval: Duration,
+    /// Instead of the rules: the top throttled sources and source prefixes (/24, /64)
+    /// among the sampled refusals of the last `--window` seconds, each with its share
+    /// and that share's standard error. Reads the `DROP_EVENTS` ring buffer, as
+    /// `limiter monitor` does (the two at once split the events).
+    #[arg(long)]
+    sources: bool,
+    /// With `--sources`: the window, in seconds (1 to 3600).
+    #[arg(long, default_value = "10", requires = "sources", value_parser = parse_window)]
+    window: u64,
+}
+
+fn parse_window(text: &str) -> Result<u64, String> {
+    match text.trim().parse::<u64>() {
+        Ok(s) if (1..=3600).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "expected whole seconds from 1 to 3600, got {text:?}"
+        )),
+    }
 }
 
 /// Set by SIGTERM, SIGINT and SIGHUP: leave the screen as it was found, then exit.
@@ -93,6 +111,9 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
         );
     }
     let pin_dir = args.pin_dir.pin_dir.as_path();
+    if args.sources {
+        return sources(pin_dir, args.interval, args.window);
+    }
     let start = Instant::now();
     // Nothing pinned at start is an error, as for `stats`; later the view waits.
     let first = top::read(pin_dir, since_start(start))?;
@@ -190,6 +211,86 @@ fn run(
         // A slow reading or a suspended process: never a burst of catch-up readings.
         if next_reading <= Instant::now() {
             next_reading = Instant::now() + interval;
+        }
+    }
+}
+
+/// How many sources and prefixes the `--sources` screen ranks.
+const TOP_SOURCES: usize = 20;
+
+/// `limiter top --sources`: reads the ring buffer continuously, ranks each `interval`.
+fn sources(pin_dir: &Path, interval: Duration, window_s: u64) -> anyhow::Result<()> {
+    use limiter_user::monitor::{self, event::decode, sources::Window, ReaderClaim};
+    use ratatui::{text::Line, widgets::Paragraph};
+
+    let mut reader = monitor::Reader::open(pin_dir)?;
+    let claim = ReaderClaim::claim(pin_dir);
+    let config = reader.config()?;
+    let start_counts = reader.counters()?;
+    // SAFETY: installing handlers that only store to an atomic.
+    unsafe {
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::signal(sig, on_signal as *const () as libc::sighandler_t);
+        }
+    }
+    let mut terminal = TerminalGuard::enter()?;
+    let mut window = Window::new(window_s * 1_000_000_000);
+    let mut next_draw = Instant::now();
+    loop {
+        if STOP.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        reader.poll(Duration::ZERO, |raw| {
+            if let Some(src) = decode(&raw).src {
+                window.push(raw.time_ns, src);
+            }
+        })?;
+        if Instant::now() >= next_draw {
+            window.expire(monitor::monotonic_ns());
+            let mut notes = vec![monitor::describe_counters(
+                &reader.counters()?,
+                &start_counts,
+                &config,
+            )];
+            if let Err(warning) = &claim {
+                notes.push(format!("warning: {warning}"));
+            }
+            if reader.bypass()? {
+                notes.push("bypass is on: nothing is dropped or sampled".to_string());
+            }
+            if config.events_per_sec == 0 {
+                notes.push("sampling is off (a budget of 0 events/s)".to_string());
+            }
+            let mut lines = monitor::sources::render(
+                &window.top(TOP_SOURCES),
+                window_s as f64,
+                Some(&notes.join("; ")),
+            );
+            lines.push(format!("{}; q quits", time_of_day()));
+            let text: Vec<Line> = lines.into_iter().map(Line::from).collect();
+            terminal
+                .0
+                .draw(|frame| frame.render_widget(Paragraph::new(text), frame.area()))
+                .context("drawing the screen")?;
+            next_draw = Instant::now() + interval;
+        }
+        let key_waiting = match event::poll(SIGNAL_POLL) {
+            Ok(waiting) => waiting,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).context("reading keys"),
+        };
+        if key_waiting {
+            match event::read().context("reading keys")? {
+                Event::Key(key) if key.kind != KeyEventKind::Release => match key.code {
+                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                    KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => {
+                        return Ok(())
+                    }
+                    _ => {}
+                },
+                Event::Resize(..) => next_draw = Instant::now(),
+                _ => {}
+            }
         }
     }
 }

@@ -580,6 +580,9 @@ impl Daemon {
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
         apply_tunnels(&mut daemon.maps, &daemon.config)?;
+        daemon
+            .maps
+            .set_monitor_config(daemon.config.monitor.to_abi())?;
         // The config's kill switch before the program runs anywhere new.
         daemon.bypass_seen = daemon.maps.control()?.flags & CONTROL_BYPASS != 0;
         if daemon.config.bypass == Bypass::On && !daemon.bypass_seen {
@@ -1283,6 +1286,16 @@ impl Daemon {
             self.config.tunnels = new.tunnels.clone();
             tracing::info!(tunnels = new.tunnels.len(), "reload: tunnels changed");
         }
+        if new.monitor != old_config.monitor {
+            // Live: the next refusal reads the new budget.
+            self.maps.set_monitor_config(new.monitor.to_abi())?;
+            self.config.monitor = new.monitor;
+            tracing::info!(
+                events_per_sec = new.monitor.events_per_sec,
+                snap_len = new.monitor.snap_len,
+                "reload: monitor changed"
+            );
+        }
         tracing::info!(
             rules = self.table.rules.len(),
             added = plan.added.len(),
@@ -1390,14 +1403,16 @@ impl Daemon {
         let slots = ruleset::assign_slots(&self.maps.live_slots()?, &new.rules)?;
         let table = ruleset::compile(&new.rules, &slots)?;
         let (regions, per_source) = crate::maps::region_plan(&self.maps.live_rules()?, &table);
-        Ok(crate::reload_plan::plan(
+        let mut plan = crate::reload_plan::plan(
             &live,
             &new.rules,
             &self.overrides,
             &slots,
             &regions,
             per_source,
-        ))
+        );
+        plan.monitor = crate::reload_plan::monitor_changes(&self.config.monitor, &new.monitor);
+        Ok(plan)
     }
 
     /// Points the handoff at `spec` (same arrays: [`crate::handoff::live_change`]). The

@@ -9,7 +9,7 @@ use limiter_config::ConfigWord as _;
 use serde::Serialize;
 
 use crate::{
-    config::{FailModeWord, RateSpec, RuleSpec},
+    config::{FailModeWord, MonitorKeys, RateSpec, RuleSpec},
     sketch_regions::RegionPlan,
 };
 
@@ -30,6 +30,31 @@ pub struct ReloadPlan {
     /// Rules whose `limiter quota set` override the reload drops (the file's rate and
     /// burst apply again).
     pub quota_overrides_dropped: Vec<String>,
+    /// `[monitor]` keys that change, live (`monitor.events_per_sec`, `monitor.snap_len`).
+    pub monitor: Vec<KeyChange>,
+}
+
+/// The `[monitor]` keys a reload changes: written to the program's `MONITOR` at once,
+/// nothing starts over.
+pub fn monitor_changes(before: &MonitorKeys, after: &MonitorKeys) -> Vec<KeyChange> {
+    let mut changes = Vec::new();
+    for (key, from, to) in [
+        (
+            "monitor.events_per_sec",
+            before.events_per_sec,
+            after.events_per_sec,
+        ),
+        ("monitor.snap_len", before.snap_len, after.snap_len),
+    ] {
+        if from != to {
+            changes.push(KeyChange {
+                key,
+                from: from.to_string(),
+                to: to.to_string(),
+            });
+        }
+    }
+    changes
 }
 
 /// One rule's changed keys.

@@ -96,6 +96,15 @@ fn render(r: &Value, dry_run: bool) -> String {
             restart["why"].as_str().unwrap_or("?")
         );
     }
+    for change in plan["monitor"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "  {} {} -> {} (live)",
+            change["key"].as_str().unwrap_or("?"),
+            change["from"].as_str().unwrap_or("?"),
+            change["to"].as_str().unwrap_or("?")
+        );
+    }
     let dropped = strings(&plan["quota_overrides_dropped"]);
     if !dropped.is_empty() {
         let _ = writeln!(

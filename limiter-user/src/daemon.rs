@@ -580,6 +580,9 @@ impl Daemon {
         // Rules first, so no frame meets the program without them.
         daemon.reinstall()?;
         apply_tunnels(&mut daemon.maps, &daemon.config)?;
+        daemon
+            .maps
+            .set_monitor_config(daemon.config.monitor.to_abi())?;
         // The config's kill switch before the program runs anywhere new.
         daemon.bypass_seen = daemon.maps.control()?.flags & CONTROL_BYPASS != 0;
         if daemon.config.bypass == Bypass::On && !daemon.bypass_seen {
@@ -1282,6 +1285,16 @@ impl Daemon {
             apply_tunnels(&mut self.maps, &new)?;
             self.config.tunnels = new.tunnels.clone();
             tracing::info!(tunnels = new.tunnels.len(), "reload: tunnels changed");
+        }
+        if new.monitor != old_config.monitor {
+            // Live: the next refusal reads the new budget.
+            self.maps.set_monitor_config(new.monitor.to_abi())?;
+            self.config.monitor = new.monitor;
+            tracing::info!(
+                events_per_sec = new.monitor.events_per_sec,
+                snap_len = new.monitor.snap_len,
+                "reload: monitor changed"
+            );
         }
         tracing::info!(
             rules = self.table.rules.len(),

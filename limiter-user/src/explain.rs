@@ -10,7 +10,9 @@ use limiter_common::{
         RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, RULE_SOURCES_ASIDE,
         RULE_SOURCES_SATURATED, UNIT_BYTES, UNIT_SYN,
     },
+    drop::DropReason,
     gcra::{self, Limit},
+    share::ShareState,
     sketch,
 };
 use serde::{Deserialize, Serialize};
@@ -83,6 +85,11 @@ pub struct Explanation {
     /// "pass" or "drop": what happens to such a frame sent now.
     pub verdict: String,
     pub reason: String,
+    /// The reason the program would count a refusal of such a frame under
+    /// (`DropReason::label`, as `stats --json`'s `reasons` and the metrics' `reason`);
+    /// null when it would pass unrefused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_reason: Option<String>,
     /// What runs at each interface's hook around the limiter: where a frame it passes
     /// goes next (filled in by the daemon).
     #[serde(default)]
@@ -249,6 +256,7 @@ fn explain_metered(
         dropped_last_60s: 0,
         verdict: "pass".into(),
         reason: "no rule matches this destination: the frame passes unmetered".into(),
+        drop_reason: None,
         hooks: Vec::new(),
         then: Vec::new(),
     };
@@ -432,6 +440,21 @@ fn explain_metered(
         ),
         (false, false) => reason,
     };
+    // As the kernel (meter.rs): the per-source limit refuses first; the aggregate's
+    // refusal is a closed share's, a fleet share's, or a standalone rule's own.
+    out.drop_reason = match refused_by.first() {
+        _ if on_credit => None,
+        None => None,
+        Some(&"per-source") => Some(DropReason::PerSource),
+        Some(_) if out.aggregate.as_ref().is_some_and(|b| b.closed) => {
+            Some(DropReason::ShareClosed)
+        }
+        Some(_) if rule.share_state != ShareState::Standalone as u32 => {
+            Some(DropReason::ShareSpent)
+        }
+        Some(_) => Some(DropReason::Aggregate),
+    }
+    .map(|r| r.label().to_string());
     out.verdict = verdict.into();
     out.reason = reason;
     Ok(out)
@@ -496,7 +519,20 @@ fn render_verdict(e: &Explanation) -> String {
         "drops: {} in the last 10 s, {} in the last 60 s, {} in total\n",
         e.dropped_last_10s, e.dropped_last_60s, e.dropped_total
     );
-    out + &format!("verdict now: {} ({})\n", e.verdict, e.reason)
+    let refusal = e
+        .drop_reason
+        .as_deref()
+        .and_then(|label| DropReason::ALL.into_iter().find(|r| r.label() == label))
+        .map(|r| {
+            let refuse = if e.verdict == "drop" {
+                "refuses"
+            } else {
+                "would refuse"
+            };
+            format!("{refuse}: {}\n", r.describe())
+        })
+        .unwrap_or_default();
+    out + &refusal + &format!("verdict now: {} ({})\n", e.verdict, e.reason)
 }
 
 /// Of a source's sketch cells (index, TAT), the one that decides its next frame: the
@@ -604,6 +640,7 @@ mod tests {
             dropped_last_60s: 0,
             verdict: "drop".into(),
             reason: "over the aggregate limit".into(),
+            drop_reason: Some("share_closed".into()),
             hooks: Vec::new(),
             then: vec!["eth0: tail call to program 7 (lb)".into()],
         };
@@ -613,6 +650,7 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("full again"), "{text}");
+        assert!(text.contains("refuses: fleet share closed\n"), "{text}");
         assert!(!text.contains("fleet credit"), "{text}");
         let credited = Explanation {
             credit: 12,

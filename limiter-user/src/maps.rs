@@ -75,6 +75,8 @@ pub struct Maps {
     drop_reasons: Option<PerCpuArray<MapData, ReasonCounters>>,
     monitor: Option<Array<MapData, MonitorConfig>>,
     monitor_counts: Option<PerCpuArray<MapData, MonitorCounters>>,
+    /// The sampled drop events, for whoever reads them ([`Maps::take_drop_events`]).
+    drop_events: Option<aya::maps::RingBuf<MapData>>,
     /// Per generation, the `HOSTS` slots that may hold an entry; `None` until this
     /// process has written the generation (pins adopted from an earlier daemon).
     hosts_used: [Option<BTreeSet<u32>>; 2],
@@ -245,6 +247,10 @@ impl Maps {
             monitor_counts: take(map_name::MONITOR_COUNTS)
                 .ok()
                 .map(|m| typed(m, map_name::MONITOR_COUNTS))
+                .transpose()?,
+            drop_events: take(map_name::DROP_EVENTS)
+                .ok()
+                .map(|m| typed(m, map_name::DROP_EVENTS))
                 .transpose()?,
             hosts_used: [None, None],
         })
@@ -649,6 +655,12 @@ impl Maps {
             None if config.events_per_sec == 0 => Ok(()),
             None => Err(Error::MissingMap(map_name::MONITOR)),
         }
+    }
+
+    /// The `DROP_EVENTS` ring buffer, to read the sampled events (once: a ring buffer
+    /// has one consumer position).
+    pub fn take_drop_events(&mut self) -> Option<aya::maps::RingBuf<MapData>> {
+        self.drop_events.take()
     }
 
     /// Sampling counters, summed over CPUs.

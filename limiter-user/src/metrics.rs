@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use limiter_common::{abi::RuleConfig, share::ShareState};
+use limiter_common::{abi::RuleConfig, drop::DropReason, share::ShareState};
 use tokio::sync::broadcast;
 
 use crate::{
@@ -25,7 +25,7 @@ use crate::{
     maps::Maps,
     object::Variant,
     shutdown::Shutdown,
-    stats::StatsReport,
+    stats::{ReasonCount, StatsReport},
 };
 
 /// Everything one scrape shows.
@@ -68,11 +68,109 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// A rule's dropped and would-drop packets by reason. Every rule has its `aggregate`
+/// series (0 until it refuses), and a series for each other reason that has refused;
+/// packets counted before the program counted reasons (maps pinned by an earlier
+/// version) are `unattributed`, so the series of a rule always add up to its packets.
+fn render_reasons(out: &mut String, s: &Snapshot) {
+    type Field = fn(&ReasonCount) -> u64;
+    type Total = fn(&crate::stats::RuleStats) -> u64;
+    let families: [(&str, &str, Field, Total); 2] = [
+        (
+            "limiter_rule_dropped_packets_total",
+            "Frames the rule dropped (enforce mode), by reason.",
+            |c| c.dropped_packets,
+            |r| r.counters.dropped_packets,
+        ),
+        (
+            "limiter_rule_would_drop_packets_total",
+            "Frames a shadow-mode rule (or the rule outside its canary) would have dropped, \
+             by reason.",
+            |c| c.would_drop_packets,
+            |r| r.counters.would_drop_packets,
+        ),
+    ];
+    for (name, help, field, total) in families {
+        family(out, name, "counter", help);
+        for r in &s.stats.rules {
+            let rule = label(&r.name);
+            let mut counted = 0u64;
+            let aggregate = DropReason::Aggregate.label();
+            let _ = writeln!(
+                out,
+                "{name}{{rule=\"{rule}\",reason=\"{aggregate}\"}} {}",
+                r.reasons.get(aggregate).map_or(0, field)
+            );
+            for (reason, count) in &r.reasons {
+                counted = counted.wrapping_add(field(count));
+                if *reason != aggregate && field(count) != 0 {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{rule=\"{rule}\",reason=\"{reason}\"}} {}",
+                        field(count)
+                    );
+                }
+            }
+            let unattributed = total(r).saturating_sub(counted);
+            if unattributed != 0 {
+                let _ = writeln!(
+                    out,
+                    "{name}{{rule=\"{rule}\",reason=\"unattributed\"}} {unattributed}"
+                );
+            }
+        }
+    }
+    family(
+        out,
+        "limiter_dropped_packets_total",
+        "counter",
+        "Frames dropped before any rule could see them, by reason.",
+    );
+    for reason in [DropReason::DeepVlan, DropReason::UnreadableTunnel] {
+        let count = s
+            .stats
+            .global
+            .no_rule_reasons
+            .get(reason.label())
+            .map_or(0, |c| c.dropped_packets);
+        let _ = writeln!(
+            out,
+            "limiter_dropped_packets_total{{reason=\"{}\"}} {count}",
+            reason.label()
+        );
+    }
+    let m = &s.stats.global.monitor;
+    family(
+        out,
+        "limiter_monitor_sampled_events_total",
+        "counter",
+        "Sampled drop events written for limiter monitor ([monitor]).",
+    );
+    let _ = writeln!(out, "limiter_monitor_sampled_events_total {}", m.sampled);
+    family(
+        out,
+        "limiter_monitor_lost_events_total",
+        "counter",
+        "Refusals not sampled: cause=\"budget\" (the CPU's events_per_sec spent), \
+         cause=\"full\" (the ring buffer full: nothing reads it, or too slowly).",
+    );
+    let _ = writeln!(
+        out,
+        "limiter_monitor_lost_events_total{{cause=\"budget\"}} {}",
+        m.skipped_budget
+    );
+    let _ = writeln!(
+        out,
+        "limiter_monitor_lost_events_total{{cause=\"full\"}} {}",
+        m.lost_full
+    );
+}
+
 /// Renders `s` in the Prometheus text format (version 0.0.4).
 pub fn render(s: &Snapshot) -> String {
     let mut out = String::new();
     type Field = fn(&crate::stats::RuleStats) -> u64;
-    let counters: [(&str, &str, Field); 6] = [
+    let counters: [(&str, &str, Field); 4] = [
         (
             "limiter_rule_passed_packets_total",
             "Frames the rule passed.",
@@ -84,19 +182,9 @@ pub fn render(s: &Snapshot) -> String {
             |r| r.counters.passed_bytes,
         ),
         (
-            "limiter_rule_dropped_packets_total",
-            "Frames the rule dropped (enforce mode).",
-            |r| r.counters.dropped_packets,
-        ),
-        (
             "limiter_rule_dropped_bytes_total",
             "Bytes of the frames the rule dropped.",
             |r| r.counters.dropped_bytes,
-        ),
-        (
-            "limiter_rule_would_drop_packets_total",
-            "Frames a shadow-mode rule would have dropped.",
-            |r| r.counters.would_drop_packets,
         ),
         (
             "limiter_rule_would_drop_bytes_total",
@@ -110,6 +198,7 @@ pub fn render(s: &Snapshot) -> String {
             let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", label(&r.name), field(r));
         }
     }
+    render_reasons(&mut out, s);
     // One series a unit: a rate in packets/s and one in bytes/s never share a name.
     for &unit in Unit::ALL {
         let (suffix, counts) = unit_names(unit);
@@ -585,6 +674,15 @@ mod tests {
                     sources_saturated: Some(true),
                     sources_aside: true,
                     sources_false_limit_ppm: Some(250_000),
+                    // One of the 3 drops predates reason counting.
+                    reasons: [(
+                        DropReason::PerSource.label(),
+                        ReasonCount {
+                            dropped_packets: 2,
+                            would_drop_packets: 0,
+                        },
+                    )]
+                    .into(),
                 }],
                 global: GlobalStats {
                     counters: GlobalCounters {
@@ -610,6 +708,19 @@ mod tests {
                     new_sources: 13,
                     source_refusals: 14,
                     sketch_busy_ppm: 250_000,
+                    no_rule_reasons: [(
+                        DropReason::DeepVlan.label(),
+                        ReasonCount {
+                            dropped_packets: 11,
+                            would_drop_packets: 0,
+                        },
+                    )]
+                    .into(),
+                    monitor: limiter_common::drop::MonitorCounters {
+                        sampled: 15,
+                        skipped_budget: 16,
+                        lost_full: 17,
+                    },
                 },
                 bypass: true,
             },
@@ -670,6 +781,23 @@ mod tests {
         assert!(text.contains("limiter_interface_reattaches_total{interface=\"eth1\"} 2\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
+        for line in [
+            "limiter_rule_dropped_packets_total{rule=\"we\\\"b\",reason=\"aggregate\"} 0\n",
+            "limiter_rule_dropped_packets_total{rule=\"we\\\"b\",reason=\"per_source\"} 2\n",
+            "limiter_rule_dropped_packets_total{rule=\"we\\\"b\",reason=\"unattributed\"} 1\n",
+            "limiter_rule_would_drop_packets_total{rule=\"we\\\"b\",reason=\"aggregate\"} 0\n",
+            "limiter_dropped_packets_total{reason=\"deep_vlan\"} 11\n",
+            "limiter_dropped_packets_total{reason=\"unreadable_tunnel\"} 0\n",
+            "limiter_monitor_sampled_events_total 15\n",
+            "limiter_monitor_lost_events_total{cause=\"budget\"} 16\n",
+            "limiter_monitor_lost_events_total{cause=\"full\"} 17\n",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("limiter_rule_dropped_packets_total{rule=\"we\\\"b\"}"),
+            "a dropped series without its reason"
+        );
         assert!(text.contains("limiter_rule_rate_packets_per_second{rule=\"we\\\"b\"} 10\n"));
         assert!(text.contains("limiter_rule_burst_packets{rule=\"we\\\"b\"} 5\n"));
         assert!(text.contains("limiter_rule_rate_bytes_per_second{rule=\"bulk\"} 1000000\n"));

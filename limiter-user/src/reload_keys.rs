@@ -101,6 +101,11 @@ mod tests {
                 String::new(),
                 "[[tunnels]]\ninterface = \"eth1\"\ndecapsulate = [\"ipip\"]\n".into(),
             ),
+            (
+                "monitor",
+                String::new(),
+                "[monitor]\nevents_per_sec = 100\n".into(),
+            ),
             ("rules", String::new(), RULE.into()),
             ("fleet", RULE.into(), format!("{RULE}{FLEET}")),
             (

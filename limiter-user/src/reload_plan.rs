@@ -9,7 +9,7 @@ use limiter_config::ConfigWord as _;
 use serde::Serialize;
 
 use crate::{
-    config::{Config, FailModeWord, RateSpec, RuleSpec},
+    config::{Config, FailModeWord, MonitorKeys, RateSpec, RuleSpec},
     sketch_regions::RegionPlan,
 };
 
@@ -30,18 +30,41 @@ pub struct ReloadPlan {
     /// Rules whose `limiter quota set` override the reload drops (the file's rate and
     /// burst apply again).
     pub quota_overrides_dropped: Vec<String>,
-    /// Settings other than rules that the reload changes (`tunnels.IFACE`, `bypass`),
-    /// as the file spells them.
+    /// Settings other than rules that the reload changes (`tunnels.IFACE`, `bypass`,
+    /// `monitor.*`), as the file spells them.
     pub settings: Vec<SettingChange>,
 }
 
 /// A setting's value before and after, as the config file spells it (`-`: not set).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct SettingChange {
-    /// `tunnels.IFACE` or `bypass`.
+    /// `tunnels.IFACE`, `bypass` or `monitor.KEY`.
     pub setting: String,
     pub from: String,
     pub to: String,
+}
+
+/// The `[monitor]` keys a reload changes: written to the program's `MONITOR` at once,
+/// nothing starts over.
+fn monitor_changes(before: &MonitorKeys, after: &MonitorKeys) -> Vec<SettingChange> {
+    let mut changes = Vec::new();
+    for (setting, from, to) in [
+        (
+            "monitor.events_per_sec",
+            before.events_per_sec,
+            after.events_per_sec,
+        ),
+        ("monitor.snap_len", before.snap_len, after.snap_len),
+    ] {
+        if from != to {
+            changes.push(SettingChange {
+                setting: setting.to_string(),
+                from: from.to_string(),
+                to: to.to_string(),
+            });
+        }
+    }
+    changes
 }
 
 /// One rule's changed keys.
@@ -129,8 +152,8 @@ fn changed_keys(before: &RuleSpec, after: &RuleSpec) -> Vec<KeyChange> {
 }
 
 /// The settings other than rules that differ between the running config and the next
-/// one and that a reload applies: each interface's `[[tunnels]]` (`-`: none), and
-/// `bypass`.
+/// one and that a reload applies: each interface's `[[tunnels]]` (`-`: none), `bypass`,
+/// and the `[monitor]` keys.
 pub fn setting_changes(running: &Config, next: &Config) -> Vec<SettingChange> {
     let tunnels = |c: &Config| -> BTreeMap<String, String> {
         c.tunnels
@@ -168,6 +191,7 @@ pub fn setting_changes(running: &Config, next: &Config) -> Vec<SettingChange> {
             to: next.bypass.as_str().to_string(),
         });
     }
+    changes.extend(monitor_changes(&running.monitor, &next.monitor));
     changes
 }
 

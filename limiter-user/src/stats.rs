@@ -8,6 +8,7 @@ use limiter_common::{
         RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, RULE_SOURCES_ASIDE,
         RULE_SOURCES_SATURATED,
     },
+    drop::{MonitorCounters, ReasonCounters, NO_RULE},
     share::ShareState,
 };
 use serde::Serialize;
@@ -46,6 +47,32 @@ pub struct RuleStats {
     /// Estimated share of fresh sources under their limit that the rule's cells refuse
     /// now, in parts per million (a sample of its cells); null without a per-source limit.
     pub sources_false_limit_ppm: Option<u64>,
+    /// Why the rule refused: per reason (`DropReason::label`), its dropped and
+    /// would-drop packets; only the reasons that refused anything.
+    pub reasons: BTreeMap<&'static str, ReasonCount>,
+}
+
+/// One reason's refusals.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct ReasonCount {
+    pub dropped_packets: u64,
+    pub would_drop_packets: u64,
+}
+
+/// The non-zero reasons of `counters`, by label.
+pub fn reason_map(counters: &ReasonCounters) -> BTreeMap<&'static str, ReasonCount> {
+    counters
+        .nonzero()
+        .map(|(reason, dropped_packets, would_drop_packets)| {
+            (
+                reason.label(),
+                ReasonCount {
+                    dropped_packets,
+                    would_drop_packets,
+                },
+            )
+        })
+        .collect()
 }
 
 /// `stats --json`'s `global`: one flat object. The kernel's counter structs are
@@ -72,6 +99,12 @@ pub struct GlobalStats {
     /// Estimated share of the sketch's cells holding state now, in parts per million
     /// (a sample of 4096 cells).
     pub sketch_busy_ppm: u64,
+    /// Frames dropped before any rule could see them (deep VLAN stacks, unreadable
+    /// tunnels), by reason; only the reasons that dropped anything.
+    pub no_rule_reasons: BTreeMap<&'static str, ReasonCount>,
+    /// Sampled drop events (`[monitor]`): written, skipped (this CPU's budget for the
+    /// second spent), lost (the ring buffer full).
+    pub monitor: MonitorCounters,
 }
 
 /// The share state as of `now_ns`: the entry's state advanced by its own deadlines, so a
@@ -132,6 +165,7 @@ fn rule_stats(
         sources_saturated: per_source.then_some(rule.flags & RULE_SOURCES_SATURATED != 0),
         sources_aside: per_source && rule.flags & RULE_SOURCES_ASIDE != 0,
         sources_false_limit_ppm: false_limits,
+        reasons: reason_map(&maps.reason_counters(slot)?),
     })
 }
 
@@ -170,6 +204,8 @@ pub fn collect_for(maps: &Maps, rules: &BTreeMap<u32, RuleConfig>) -> Result<Sta
             new_sources: sketch.new_sources,
             source_refusals: sketch.refused,
             sketch_busy_ppm: (fill.ratio() * 1e6).round() as u64,
+            no_rule_reasons: reason_map(&maps.reason_counters(NO_RULE)?),
+            monitor: maps.monitor_counters()?,
         },
     })
 }
@@ -225,6 +261,12 @@ pub fn render_table(report: &StatsReport) -> String {
         out.push_str("bypass: off\n");
     }
     let g = &report.global;
+    for r in report.rules.iter().filter(|r| !r.reasons.is_empty()) {
+        out.push_str(&reasons_line(&format!("reasons {}", r.name), &r.reasons));
+    }
+    if !g.no_rule_reasons.is_empty() {
+        out.push_str(&reasons_line("reasons (no rule)", &g.no_rule_reasons));
+    }
     out.push_str(&line("global", &g.counters.named()));
     out.push_str(&line("headers", &g.headers.named()));
     out.push_str(&line("tunnels", &g.tunnels.named()));
@@ -238,7 +280,20 @@ pub fn render_table(report: &StatsReport) -> String {
         g.source_refusals,
         g.sketch_busy_ppm as f64 / 1e4
     ));
+    out.push_str(&format!(
+        "monitor: sampled {} skipped (budget) {} lost (buffer full) {}\n",
+        g.monitor.sampled, g.monitor.skipped_budget, g.monitor.lost_full
+    ));
     out
+}
+
+/// `title (dropped/would-drop): reason d/w …`, a line.
+fn reasons_line(title: &str, reasons: &BTreeMap<&'static str, ReasonCount>) -> String {
+    let pairs: Vec<String> = reasons
+        .iter()
+        .map(|(r, c)| format!("{r} {}/{}", c.dropped_packets, c.would_drop_packets))
+        .collect();
+    format!("{title} (dropped/would-drop): {}\n", pairs.join(" "))
 }
 
 #[cfg(test)]
@@ -324,6 +379,13 @@ mod json_tests {
                 sources_saturated: Some(false),
                 sources_aside: false,
                 sources_false_limit_ppm: Some(0),
+                reasons: BTreeMap::from([(
+                    "aggregate",
+                    ReasonCount {
+                        dropped_packets: 0,
+                        would_drop_packets: 0,
+                    },
+                )]),
             }],
             global: GlobalStats {
                 counters: GlobalCounters::default(),
@@ -333,6 +395,8 @@ mod json_tests {
                 new_sources: 0,
                 source_refusals: 0,
                 sketch_busy_ppm: 0,
+                no_rule_reasons: BTreeMap::new(),
+                monitor: MonitorCounters::default(),
             },
             bypass: false,
         };

@@ -2046,3 +2046,118 @@ fn explain_agrees_with_the_program_about_the_credit() {
     assert_eq!(explain(&loaded).0, "drop");
     assert_eq!(loaded.run(&frame).unwrap(), XDP_DROP);
 }
+
+/// Sampling under a flood of refusals writes at most its budget (`events_per_sec` per CPU
+/// per second: BPF_PROG_TEST_RUN runs every repetition on one CPU), counts the rest as
+/// skipped, and each event says what the program refused: the reason, the rule's slot
+/// and generation, the addresses and ports, and the frame's first bytes. With sampling
+/// off, nothing is written or counted. Every build.
+#[test]
+fn sampling_writes_at_most_its_budget_and_says_what_was_refused() {
+    use limiter_common::drop::{DropEvent, MonitorConfig, EVENT_DROPPED, EVENT_WOULD_DROP};
+    const BUDGET: u32 = 5;
+    const RUNS: u32 = 200;
+    let config = "[[rules]]\nname = \"flooded\"\ndst = \"198.18.7.70/32\"\nrate = 1\nburst = 1\n\
+                  [[rules]]\nname = \"watched\"\ndst = \"198.18.7.71/32\"\nrate = 1\nburst = 1\n\
+                  mode = \"shadow\"\n";
+    for variant in Variant::ALL.into_iter().chain([Variant::Libxdp]) {
+        let mut loaded = fixture::load_build(config, variant).expect("loading the program");
+        let v = variant.as_str();
+        let mut ring = loaded
+            .maps
+            .take_drop_events()
+            .expect("the program has no DROP_EVENTS");
+        let frame = FrameBuilder::ipv4(Ipv4Addr::new(198, 19, 7, 1), Ipv4Addr::new(198, 18, 7, 70))
+            .udp(4242, 53)
+            .frame_len(100)
+            .build();
+        // Off (the default): refusals are counted, nothing is sampled.
+        loaded.run_repeat(&frame, 20).unwrap();
+        assert_eq!(
+            ring.next().map(|_| ()),
+            None,
+            "{v}: an event with sampling off"
+        );
+        assert_eq!(
+            loaded.maps.monitor_counters().unwrap(),
+            Default::default(),
+            "{v}: sampling off counts nothing"
+        );
+        loaded
+            .maps
+            .set_monitor_config(MonitorConfig {
+                events_per_sec: BUDGET,
+                snap_len: 64,
+            })
+            .unwrap();
+        let started = std::time::Instant::now();
+        let (verdict, _) = loaded.run_repeat(&frame, RUNS).unwrap();
+        let seconds = started.elapsed().as_secs() + 1;
+        assert_eq!(verdict, XDP_DROP, "{v}: sampling changed the verdict");
+        let mut events = Vec::new();
+        while let Some(item) = ring.next() {
+            assert_eq!(item.len(), size_of::<DropEvent>(), "{v}: an event's size");
+            // SAFETY: as many bytes as a DropEvent, which is made only of integers.
+            events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<DropEvent>()) });
+        }
+        let counts = loaded.maps.monitor_counters().unwrap();
+        // The budget may restart once within the run if it crosses a second's edge.
+        let most = u64::from(BUDGET) * (seconds + 1);
+        assert!(
+            !events.is_empty() && events.len() as u64 <= most,
+            "{v}: {} events for a budget of {BUDGET}/s over at most {seconds} s",
+            events.len()
+        );
+        assert_eq!(counts.sampled, events.len() as u64, "{v}: sampled vs read");
+        assert_eq!(
+            counts.sampled + counts.skipped_budget + counts.lost_full,
+            u64::from(RUNS),
+            "{v}: every refusal is sampled or counted as not ({counts:?})"
+        );
+        let slot = loaded.table.slots["flooded"];
+        let generation = loaded.maps.control().unwrap().generation;
+        let snap = 64.min(frame.len() / 8 * 8);
+        for e in &events {
+            let want = DropEvent {
+                time_ns: e.time_ns,
+                ifindex: e.ifindex,
+                rx_queue: e.rx_queue,
+                slot,
+                generation,
+                reason: DropReason::Aggregate as u32,
+                verdict: EVENT_DROPPED,
+                family: 4,
+                proto: 17,
+                src: [u32::from_ne_bytes([198, 19, 7, 1]), 0, 0, 0],
+                dst: [u32::from_ne_bytes([198, 18, 7, 70]), 0, 0, 0],
+                src_port: 0,
+                dst_port: 53,
+                frame_len: frame.len() as u32,
+                snap_len: snap as u32,
+                _pad: 0,
+                data: e.data,
+            };
+            assert_eq!(*e, want, "{v}: the event");
+            assert_eq!(&e.data[..snap], &frame[..snap], "{v}: the snap bytes");
+            assert_ne!(e.ifindex, 0, "{v}: no interface");
+        }
+        // A shadow rule's refusals are sampled as would-drops, and pass.
+        let shadow =
+            FrameBuilder::ipv4(Ipv4Addr::new(198, 19, 7, 2), Ipv4Addr::new(198, 18, 7, 71))
+                .tcp(1000, 80, TCP_ACK)
+                .build();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let (verdict, _) = loaded.run_repeat(&shadow, 3).unwrap();
+        assert_eq!(verdict, XDP_PASS, "{v}: a shadow refusal passes");
+        let e = ring.next().map(|item| {
+            // SAFETY: as above.
+            unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<DropEvent>()) }
+        });
+        let e = e.unwrap_or_else(|| panic!("{v}: no event for a would-drop"));
+        assert_eq!(
+            (e.slot, e.verdict, e.proto, e.dst_port),
+            (loaded.table.slots["watched"], EVENT_WOULD_DROP, 6, 80),
+            "{v}: the would-drop's event"
+        );
+    }
+}

@@ -54,6 +54,15 @@ fn defaults() -> Config {
     Walk(Checker::new("")).config(&DeTable::new())
 }
 
+/// `[monitor]` as an absent table has it (no row of its is required).
+fn monitor_defaults() -> MonitorKeys {
+    let mut empty = Checker::new("");
+    MonitorKeys::read(&mut empty, &DeTable::new(), 0..0, "monitor").unwrap_or(MonitorKeys {
+        events_per_sec: 0,
+        snap_len: limiter_common::drop::MAX_SNAP_LEN as u32,
+    })
+}
+
 /// The top level's plain keys as an empty file has them (no row of theirs is required).
 fn top_key_defaults() -> TopKeys {
     let mut empty = Checker::new("");
@@ -149,6 +158,10 @@ impl Walk<'_> {
             Some(value) => self.tunnels(value),
             None => Vec::new(),
         };
+        let monitor = match root.get(MONITOR.name) {
+            Some(value) => self.monitor(value),
+            None => monitor_defaults(),
+        };
         let mut config = Config {
             keys,
             interfaces,
@@ -157,6 +170,7 @@ impl Walk<'_> {
             fleet,
             handoff: None,
             tunnels,
+            monitor,
         };
         config.handoff = self.handoff(root, &config);
         config
@@ -251,6 +265,27 @@ impl Walk<'_> {
             return None;
         }
         Some(spec)
+    }
+
+    /// `[monitor]`: its keys' bounds are the schema's (a wrong one is reported and the
+    /// defaults stand in).
+    fn monitor(&mut self, value: &Value<'_>) -> MonitorKeys {
+        let DeValue::Table(table) = value.get_ref() else {
+            self.report(
+                value.span(),
+                At::top("monitor"),
+                format!("expected a table, found {}", value.get_ref().type_str()),
+            );
+            return monitor_defaults();
+        };
+        self.unknown_keys(table, &MONITOR_KEYS, At::top("monitor"));
+        MonitorKeys::read_or(
+            &mut self.0,
+            table,
+            value.span(),
+            "monitor",
+            &monitor_defaults(),
+        )
     }
 
     fn fleet(&mut self, value: &Value<'_>) -> Option<FleetSpec> {

@@ -21,6 +21,6 @@ mod words;
 
 pub use check::{parse_dst, parse_pin_index};
 pub use limiter_config::{ConfigError, ConfigWord, Problem};
-pub use schema::{FleetKeys, TopKeys};
+pub use schema::{FleetKeys, MonitorKeys, TopKeys};
 pub use types::*;
 pub use words::*;

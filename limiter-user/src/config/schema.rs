@@ -84,6 +84,8 @@ section! {
         TUNNELS = "tunnels", Unset("no interface decapsulates"), Tables(&TUNNEL_KEYS),
             "interfaces whose tunnelled frames are classified by their inner header", Reload;
         FLEET = "fleet", Unset("standalone"), Table(&FLEET_KEYS), "the allocator to report to";
+        MONITOR = "monitor", Unset("sampling off"), Table(&MONITOR_KEYS),
+            "sampled drop events for `limiter monitor`", Reload;
         NEXT_PROGRAM = "next_program", Unset("passed frames go to the stack"),
             Other("PIN or PIN:INDEX"), "the program passed frames are handed to",
             Partly("reload: another PIN, another slot of the same array, or none; restart: another array, or between PIN and PIN:INDEX");
@@ -115,6 +117,18 @@ section! {
             Integer { min: 1, max: 86_400 * 30 }, "how long a lapsed share is kept";
         FLEET_REPORT_INTERVAL_MS = "report_interval_ms" => report_interval_ms: u64, Int(DEFAULT_REPORT_INTERVAL_MS),
             Integer { min: 1, max: MAX_FLEET_TIMING_MS }, "how often the host reports";
+    }
+}
+
+section! {
+    /// `[monitor]`: the budget of sampled drop events (`limiter monitor` reads them).
+    MONITOR_KEYS = "[monitor]", Reload => #[derive(Debug, Clone, Copy, PartialEq, Eq)] struct MonitorKeys {
+        MONITOR_EVENTS_PER_SEC = "events_per_sec" => events_per_sec: u32, Int(0),
+            Integer { min: 0, max: limiter_common::drop::MAX_EVENTS_PER_SEC as u64 },
+            "refusals each CPU samples per second at most; 0: off (the default: sampling costs every refused frame a clock read, and the drop path is an attack's)";
+        MONITOR_SNAP_LEN = "snap_len" => snap_len: u32, Int(limiter_common::drop::MAX_SNAP_LEN as u64),
+            Integer { min: 0, max: limiter_common::drop::MAX_SNAP_LEN as u64 },
+            "bytes of each sampled frame an event carries, in whole 8-byte words (rounded down)";
     }
 }
 

@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use limiter_common::{abi, gcra::Granularity};
 
 use super::{
-    schema::{FleetKeys, TopKeys},
+    schema::{FleetKeys, MonitorKeys, TopKeys},
     words::*,
 };
 
@@ -41,6 +41,18 @@ pub struct Config {
     /// `[[tunnels]]`: interfaces whose tunnelled frames are classified by the inner
     /// header; none by default.
     pub tunnels: Vec<TunnelSpec>,
+    /// `[monitor]`: the sampling budget (off by default).
+    pub monitor: MonitorKeys,
+}
+
+impl MonitorKeys {
+    /// What the program reads (`MONITOR[0]`).
+    pub fn to_abi(&self) -> limiter_common::drop::MonitorConfig {
+        limiter_common::drop::MonitorConfig {
+            events_per_sec: self.events_per_sec,
+            snap_len: self.snap_len,
+        }
+    }
 }
 
 /// One `[[tunnels]]` entry.

@@ -310,6 +310,7 @@ mod tests {
             sources_saturated: None,
             sources_aside: false,
             sources_false_limit_ppm: None,
+            reasons: Default::default(),
         }
     }
 
@@ -325,6 +326,8 @@ mod tests {
             new_sources,
             source_refusals: 0,
             sketch_busy_ppm: 0,
+            no_rule_reasons: Default::default(),
+            monitor: Default::default(),
         }
     }
 

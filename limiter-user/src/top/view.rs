@@ -330,6 +330,7 @@ mod tests {
             sources_saturated: None,
             sources_aside: false,
             sources_false_limit_ppm: None,
+            reasons: Default::default(),
         }
     }
 
@@ -345,6 +346,8 @@ mod tests {
             new_sources: 0,
             source_refusals: 0,
             sketch_busy_ppm: 1234,
+            no_rule_reasons: Default::default(),
+            monitor: Default::default(),
         }
     }
 

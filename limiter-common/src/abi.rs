@@ -237,6 +237,10 @@ pub const RULE_SOURCES_SATURATED: u32 = 1 << 7;
 /// `on_saturation` is "stand-aside". A refused frame charges no cell either way, so the
 /// cells evolve as they do when the limit enforces.
 pub const RULE_SOURCES_ASIDE: u32 = 1 << 8;
+/// The rule enforces for a fraction of its sources only (`enforce_percent` below 100):
+/// a refused frame of a source outside the canary ([`crate::canary`], by
+/// `canary_threshold`) passes and is counted as a would-drop, as in shadow mode.
+pub const RULE_CANARY: u32 = 1 << 9;
 
 /// Bytes of a rule name kept in the map (NUL padded); config validation enforces it.
 pub const RULE_NAME_LEN: usize = 64;
@@ -280,8 +284,12 @@ pub struct RuleConfig {
     pub source_burst: u64,
     /// Rule name, UTF-8, NUL padded.
     pub name: [u8; RULE_NAME_LEN],
+    /// With [`RULE_CANARY`]: a source is enforced when its canary point is below this
+    /// (`crate::canary::threshold`, 0..=2^32). In the third cache line: read only on
+    /// the refusal path.
+    pub canary_threshold: u64,
     /// Pads the entry to three cache lines (no implicit padding: the type is `Pod`).
-    pub _pad: [u8; 24],
+    pub _pad: [u8; 16],
 }
 
 impl RuleConfig {
@@ -308,7 +316,8 @@ impl RuleConfig {
         source_rate: 0,
         source_burst: 0,
         name: [0; RULE_NAME_LEN],
-        _pad: [0; 24],
+        canary_threshold: 0,
+        _pad: [0; 16],
     };
 
     /// The rule name up to the first NUL (lossy: the daemon only writes UTF-8).
@@ -536,33 +545,40 @@ impl SourceKey {
         prefix_v4: u32,
         prefix_v6: u32,
     ) -> SourceKey {
-        let (prefix, words) = if family == 4 {
-            (prefix_v4, 1)
-        } else {
-            (prefix_v6, 4)
-        };
-        // Every word is computed (zero past the family's address): an array zeroed first
-        // and then filled compiles to a `memset` call in the XDP program.
-        let mut masked = [0u32; 4];
-        for (w, out) in masked.iter_mut().enumerate() {
-            let bits_before = (w * 32) as u32;
-            let mask: u32 = if w >= words || prefix <= bits_before {
-                0
-            } else if prefix >= bits_before + 32 {
-                u32::MAX
-            } else {
-                u32::MAX << (32 - (prefix - bits_before))
-            };
-            // The word holds network order as a native load reads it: the network-order
-            // mask in the same representation is `mask.to_be()`.
-            *out = src[w] & mask.to_be();
-        }
         SourceKey {
             slot,
             family,
-            addr: addr_bytes(&masked),
+            addr: addr_bytes(&masked_source(family, src, prefix_v4, prefix_v6)),
         }
     }
+}
+
+/// A source address (words, network order) masked to the prefix length for its family:
+/// what a rule's per-source bucket and its canary key on.
+#[inline(always)]
+pub fn masked_source(family: u32, src: &AddrWords, prefix_v4: u32, prefix_v6: u32) -> AddrWords {
+    let (prefix, words) = if family == 4 {
+        (prefix_v4, 1)
+    } else {
+        (prefix_v6, 4)
+    };
+    // Every word is computed (zero past the family's address): an array zeroed first
+    // and then filled compiles to a `memset` call in the XDP program.
+    let mut masked = [0u32; 4];
+    for (w, out) in masked.iter_mut().enumerate() {
+        let bits_before = (w * 32) as u32;
+        let mask: u32 = if w >= words || prefix <= bits_before {
+            0
+        } else if prefix >= bits_before + 32 {
+            u32::MAX
+        } else {
+            u32::MAX << (32 - (prefix - bits_before))
+        };
+        // The word holds network order as a native load reads it: the network-order
+        // mask in the same representation is `mask.to_be()`.
+        *out = src[w] & mask.to_be();
+    }
+    masked
 }
 
 /// What each CPU keeps per rule (`RULE_COUNTERS`, a per-CPU array by slot): the rule's
@@ -940,10 +956,13 @@ const _: () = {
     assert!(size_of::<TunnelConfig>() == 4 + 4 + 2 * MAX_TUNNEL_UDP_PORTS);
     assert!(size_of::<TunnelCounters>() == 16);
     assert!(size_of::<Limit>() == 16);
-    assert!(size_of::<RuleConfig>() == 4 * 6 + 16 * 2 + 8 * 6 + RULE_NAME_LEN + 24);
+    assert!(size_of::<RuleConfig>() == 4 * 6 + 16 * 2 + 8 * 7 + RULE_NAME_LEN + 16);
     assert!(size_of::<RuleConfig>().is_multiple_of(64));
     // What a frame reads fits in the entry's first cache line.
     assert!(core::mem::offset_of!(RuleConfig, fail_open_at_ns) + 8 == 64);
+    // The canary threshold is read on the refusal path only: off the first line, aligned.
+    assert!(core::mem::offset_of!(RuleConfig, canary_threshold) >= 128);
+    assert!(core::mem::offset_of!(RuleConfig, canary_threshold).is_multiple_of(8));
     assert!(size_of::<Candidate>() == 8);
     assert!(size_of::<PrefixRules>() == 4 + 8 * MAX_CANDIDATES);
     assert!(size_of::<Bucket>() == 8);

@@ -284,7 +284,7 @@ const _: () = {
     assert!(size_of::<MonitorConfig>() == 8);
     assert!(size_of::<MonitorCounters>() == 24);
     assert!(size_of::<MonitorState>() == 8 + 4 * 8 + 16 * 2 + 2 * 2 + 4);
-    assert!(DROP_EVENTS_BYTES.is_power_of_two() && DROP_EVENTS_BYTES % 4096 == 0);
+    assert!(DROP_EVENTS_BYTES.is_power_of_two() && DROP_EVENTS_BYTES.is_multiple_of(4096));
     assert!(DropReason::ALL.len() == DROP_REASON_COUNT);
 };
 

@@ -7,10 +7,12 @@
 //! configuration, shared by the limiter's dispatcher program and the daemon. `sketch` holds
 //! the per-source cells (layout, hash, the cell step). `share` holds a rule's fleet share
 //! state, whose values its map entry carries. `drop` holds the reasons a frame is refused
-//! and the sampled drop event.
+//! and the sampled drop event. `canary` picks the sources a rule enforces for when it
+//! enforces for a fraction of them.
 #![cfg_attr(not(test), no_std)]
 
 pub mod abi;
+pub mod canary;
 pub mod clock;
 pub mod dispatcher;
 pub mod drop;

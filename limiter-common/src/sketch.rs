@@ -91,7 +91,7 @@ impl SketchCounters {
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 
 #[inline(always)]
-const fn mix(h: u64, word: u64) -> u64 {
+pub(crate) const fn mix(h: u64, word: u64) -> u64 {
     let h = (h ^ word).wrapping_mul(MUL);
     h ^ (h >> 29)
 }
@@ -115,7 +115,12 @@ pub fn hash(seed: &[u64; 2], key: &SourceKey, limit: &Limit) -> u64 {
     h = mix(h, (u64::from(w[0]) << 32) | u64::from(w[1]));
     h = mix(h, (u64::from(w[2]) << 32) | u64::from(w[3]));
     h = mix(h, seed[1]);
-    // splitmix64's finaliser: every output bit depends on every input bit.
+    finalise(h)
+}
+
+/// splitmix64's finaliser: every output bit depends on every input bit.
+#[inline(always)]
+pub(crate) const fn finalise(mut h: u64) -> u64 {
     h ^= h >> 31;
     h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
     h ^= h >> 27;

@@ -11,10 +11,11 @@ use aya_ebpf::{
 };
 use limiter_common::{
     abi::{
-        rule_index, AddrWords, RuleCounters, SourceKey, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_IN_USE, RULE_SHADOW, RULE_SOURCES_ASIDE,
-        RULE_TICK_CLOCK, UNIT_BYTES, UNIT_SYN,
+        rule_index, AddrWords, RuleConfig, RuleCounters, SourceKey, RULE_CANARY,
+        RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE,
+        RULE_IN_USE, RULE_SHADOW, RULE_SOURCES_ASIDE, RULE_TICK_CLOCK, UNIT_BYTES, UNIT_SYN,
     },
+    canary,
     clock::TickClock,
     drop::DropReason,
     gcra::{self, Limit},
@@ -141,7 +142,7 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
             return Ok(refuse(
                 counters,
                 size,
-                flags,
+                canary_flags(rule, input, flags),
                 slot,
                 DropReason::ShareClosed as u32,
             ));
@@ -218,7 +219,40 @@ fn meter_rule(input: &MeterInput, size: Size) -> Result<u32, ()> {
     if conforms {
         return Ok(pass(counters, size));
     }
-    Ok(refuse(counters, size, flags, slot, reason))
+    Ok(refuse(
+        counters,
+        size,
+        canary_flags(rule, input, flags),
+        slot,
+        reason,
+    ))
+}
+
+/// `flags` for a refusal by the rule's limits: with the shadow bit added when the rule is
+/// a canary and the source is outside it, so the frame passes as a would-drop. Evasions
+/// refused before the meters (`METER_REFUSE`) do not come here: no honest sender
+/// produces one, so a canary drops them as a fully enforcing rule does.
+#[inline(always)]
+fn canary_flags(rule: &RuleConfig, input: &MeterInput, flags: u32) -> u32 {
+    if enforced(rule, input) {
+        flags
+    } else {
+        flags | RULE_SHADOW
+    }
+}
+
+/// Whether the rule enforces for the frame's source (limiter_common::canary: keyed by
+/// the sketch's secret seed). Read only when a frame is refused.
+#[inline(always)]
+fn enforced(rule: &RuleConfig, input: &MeterInput) -> bool {
+    if rule.flags & RULE_CANARY == 0 {
+        return true;
+    }
+    // A fixed-size array: the lookup cannot fail; if it did, the rule enforces.
+    let Some(meta) = maps::SKETCH_META.get(0) else {
+        return true;
+    };
+    canary::enforced(rule, &meta.seed, input.family, &input.src)
 }
 
 /// One SYN offered to syn rule `slot` (this CPU's copy: a plain add, as the other

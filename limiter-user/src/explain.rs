@@ -6,10 +6,11 @@ use std::net::IpAddr;
 
 use limiter_common::{
     abi::{
-        RuleConfig, SourceKey, CONTROL_BYPASS, RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC,
-        RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE, RULE_SHADOW, RULE_SOURCES_ASIDE,
-        RULE_SOURCES_SATURATED, UNIT_BYTES, UNIT_SYN,
+        addr_words, AddrWords, RuleConfig, SourceKey, CONTROL_BYPASS, RULE_CANARY,
+        RULE_CLOSED_UNTIL_LAPSE, RULE_FAIL_STATIC, RULE_HAS_AGGREGATE, RULE_HAS_PER_SOURCE,
+        RULE_SHADOW, RULE_SOURCES_ASIDE, RULE_SOURCES_SATURATED, UNIT_BYTES, UNIT_SYN,
     },
+    canary,
     drop::DropReason,
     gcra::{self, Limit},
     share::ShareState,
@@ -18,7 +19,7 @@ use limiter_common::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::Proto,
+    config::{Percent, Proto},
     error::Error,
     maps::Maps,
     ruleset::{self, RuleTable},
@@ -64,6 +65,10 @@ pub struct Explanation {
     pub rule: Option<String>,
     pub slot: Option<u32>,
     pub mode: Option<String>,
+    /// A canary rule (`enforce_percent` below 100): its percentage and whether this
+    /// source is in it (its refusals drop) or not (they pass as would-drops).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryView>,
     pub unit: Option<String>,
     pub share_state: Option<String>,
     pub aggregate: Option<BucketView>,
@@ -98,6 +103,29 @@ pub struct Explanation {
     /// `join_program_array`); empty: the stack.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub then: Vec<String>,
+}
+
+/// Where a source stands in a rule's canary.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CanaryView {
+    pub enforce_percent: Percent,
+    /// The source (masked to the rule's source prefix) is in the canary: the rule's
+    /// refusals of it drop.
+    pub enforced: bool,
+}
+
+impl CanaryView {
+    /// "enforced: in the 5 % canary" / "would-drop only: outside the 5 % canary".
+    fn describe(&self) -> String {
+        if self.enforced {
+            format!("enforced: in the {} % canary", self.enforce_percent)
+        } else {
+            format!(
+                "would-drop only: outside the {} % canary",
+                self.enforce_percent
+            )
+        }
+    }
 }
 
 /// The chain at one interface's hook.
@@ -181,6 +209,25 @@ pub fn bucket_view(
     }
 }
 
+/// The address family of a source, as the program's `MeterInput` has it.
+fn family_of(src: IpAddr) -> u32 {
+    if src.is_ipv6() {
+        6
+    } else {
+        4
+    }
+}
+
+/// A source's address as the program holds it: words, network order, IPv4 first.
+fn src_words(src: IpAddr) -> AddrWords {
+    let mut bytes = [0u8; 16];
+    match src {
+        IpAddr::V4(a) => bytes[..4].copy_from_slice(&a.octets()),
+        IpAddr::V6(a) => bytes = a.octets(),
+    }
+    addr_words(&bytes)
+}
+
 fn source_label(query: &ExplainQuery, rule: &RuleConfig) -> String {
     match query.src {
         IpAddr::V4(a) => format!(
@@ -244,6 +291,7 @@ fn explain_metered(
         rule: None,
         slot: None,
         mode: None,
+        canary: None,
         unit: None,
         share_state: None,
         aggregate: None,
@@ -279,6 +327,14 @@ fn explain_metered(
         }
         .into(),
     );
+    if rule.flags & RULE_CANARY != 0 {
+        // As the program decides at a refusal: the sketch's seed keys the hash.
+        let seed = maps.sketch_meta_as_is()?.seed;
+        out.canary = Some(CanaryView {
+            enforce_percent: Percent::of_rule(rule),
+            enforced: canary::enforced(rule, &seed, family_of(query.src), &src_words(query.src)),
+        });
+    }
     out.unit = Some(
         match rule.unit {
             UNIT_BYTES => "bytes",
@@ -413,7 +469,18 @@ fn explain_metered(
                 refused_by.join(" and ")
             ),
         ),
-        (false, false) => ("drop", format!("over the {} limit", refused_by.join(" and "))),
+        (false, false) => match out.canary.filter(|c| !c.enforced) {
+            Some(c) => (
+                "pass",
+                format!(
+                    "over the {} limit, but the source is outside the rule's {} % canary: it \
+                     passes and counts as would-drop",
+                    refused_by.join(" and "),
+                    c.enforce_percent
+                ),
+            ),
+            None => ("drop", format!("over the {} limit", refused_by.join(" and "))),
+        },
     };
     let reason = if failed_open {
         format!(
@@ -490,6 +557,9 @@ fn render_verdict(e: &Explanation) -> String {
         e.unit.as_deref().unwrap_or("?"),
         e.share_state.as_deref().unwrap_or("?")
     );
+    if let Some(c) = &e.canary {
+        out += &format!("canary: {}\n", c.describe());
+    }
     for (what, b) in [("per-source", &e.per_source), ("aggregate", &e.aggregate)] {
         if let Some(b) = b.as_ref().filter(|b| b.closed) {
             out += &format!(
@@ -628,6 +698,7 @@ mod tests {
             rule: Some("contoso".into()),
             slot: Some(0),
             mode: Some("enforce".into()),
+            canary: None,
             unit: Some("packets".into()),
             share_state: Some("leased".into()),
             aggregate: Some(bucket_view("rule".into(), 0, 0, &Limit::CLOSED, 0, now, 1)),
@@ -673,6 +744,26 @@ mod tests {
             render(&pass).ends_with("then: eth0: tail call to program 7 (lb)\n"),
             "{}",
             render(&pass)
+        );
+    }
+
+    /// The canary line of `explain`, both ways.
+    #[test]
+    fn the_canary_line_says_whether_the_source_is_enforced() {
+        let view = |enforced| CanaryView {
+            enforce_percent: Percent(5_000),
+            enforced,
+        };
+        assert_eq!(view(true).describe(), "enforced: in the 5 % canary");
+        assert_eq!(
+            view(false).describe(),
+            "would-drop only: outside the 5 % canary"
+        );
+        let json = serde_json::to_string(&view(false)).unwrap();
+        assert_eq!(json, r#"{"enforce_percent":5,"enforced":false}"#);
+        assert_eq!(
+            serde_json::from_str::<CanaryView>(&json).unwrap(),
+            view(false)
         );
     }
 }

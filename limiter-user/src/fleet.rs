@@ -763,6 +763,7 @@ mod tests {
                 burst: 2_000,
             }),
             mode: Mode::Enforce,
+            enforce: crate::config::Percent::ALL,
             fail_mode,
             per_source: None,
         }

@@ -250,6 +250,21 @@ pub fn render(s: &Snapshot) -> String {
             );
         }
     }
+    family(
+        &mut out,
+        "limiter_rule_enforce_ratio",
+        "gauge",
+        "Share of sources whose refusals the rule drops, 0 to 1: 1 in enforce mode, 0 in \
+         shadow mode, a canary's enforce_percent / 100 (the others' refusals are would-drops).",
+    );
+    for r in &s.stats.rules {
+        let _ = writeln!(
+            out,
+            "limiter_rule_enforce_ratio{{rule=\"{}\"}} {}",
+            label(&r.name),
+            r.enforce_percent.ratio()
+        );
+    }
     render_saturation(&mut out, s);
     family(
         &mut out,
@@ -658,6 +673,7 @@ mod tests {
                 rules: vec![RuleStats {
                     name: "we\"b".into(),
                     mode: "enforce",
+                    enforce_percent: crate::config::Percent::ALL,
                     state: "standalone",
                     rate: Some(10),
                     burst: Some(5),
@@ -780,6 +796,7 @@ mod tests {
         assert!(text.contains("limiter_interface_attached{interface=\"eth1\",hook=\"xdp\"} 0\n"));
         assert!(text.contains("limiter_interface_reattaches_total{interface=\"eth1\"} 2\n"));
         assert!(text.contains("limiter_rule_passed_packets_total{rule=\"we\\\"b\"} 7\n"));
+        assert!(text.contains("limiter_rule_enforce_ratio{rule=\"we\\\"b\"} 1\n"));
         assert!(text.contains("limiter_rule_dropped_bytes_total{rule=\"we\\\"b\"} 300\n"));
         for line in [
             "limiter_rule_dropped_packets_total{rule=\"we\\\"b\",reason=\"aggregate\"} 0\n",

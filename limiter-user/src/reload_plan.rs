@@ -114,6 +114,7 @@ fn keys(rule: &RuleSpec) -> Vec<(&'static str, String)> {
             rule.aggregate.map_or_else(unset, |a| a.burst.to_string()),
         ),
         ("mode", rule.mode.spelling().to_string()),
+        ("enforce_percent", rule.enforce.to_string()),
         (
             "fail_mode",
             FailModeWord(rule.fail_mode).spelling().to_string(),
@@ -307,6 +308,32 @@ proto = "udp"
 rate = 500
 burst = 50
 "#;
+
+    /// A canary widened at a reload is a changed key, as the file spells it; nothing
+    /// restarts (the canary is a threshold in the rule's entry).
+    #[test]
+    fn a_changed_enforce_percent_is_listed() {
+        let before = rules(BASE);
+        let after = rules(&BASE.replacen("rate = 500", "rate = 500\nenforce_percent = 2.5", 1));
+        let p = plan(
+            &before,
+            &after,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &RegionPlan::default(),
+            1,
+        );
+        assert_eq!(p.changed.len(), 1, "{p:?}");
+        assert_eq!(
+            p.changed[0].keys,
+            [KeyChange {
+                key: "enforce_percent",
+                from: "100".into(),
+                to: "2.5".into()
+            }]
+        );
+        assert!(p.restarts.is_empty(), "{p:?}");
+    }
 
     #[test]
     fn rules_added_removed_and_changed_are_listed_with_their_keys() {

@@ -44,7 +44,7 @@ use limiter_common::{
     share::ShareState,
 };
 
-use crate::config::{FailMode, Mode, Proto, RuleSpec};
+use crate::config::{FailMode, Mode, Percent, Proto, RuleSpec};
 
 /// One entry of a prefix table (an LPM trie key and its value). `addr` is in network
 /// byte order with the bits past `prefix_len` zero.
@@ -306,6 +306,11 @@ pub fn rule_config(rule: &RuleSpec) -> Result<RuleConfig, RulesetError> {
     if rule.mode == Mode::Shadow {
         config.flags |= abi::RULE_SHADOW;
     }
+    // A canary: the rest of the refusals pass as would-drops (limiter_common::canary).
+    if rule.enforce < Percent::ALL {
+        config.flags |= abi::RULE_CANARY;
+        config.canary_threshold = limiter_common::canary::threshold(rule.enforce.0);
+    }
     if rule.fail_mode == FailMode::Static {
         config.flags |= abi::RULE_FAIL_STATIC;
     }
@@ -548,6 +553,7 @@ mod tests {
                 burst: 10,
             }),
             mode: Mode::Enforce,
+            enforce: crate::config::Percent::ALL,
             fail_mode: FailMode::Open,
             per_source: None,
         }
@@ -1283,5 +1289,25 @@ mod tests {
             home,
             "another /64 shares the bucket"
         );
+    }
+
+    /// `enforce_percent` below 100 makes the entry a canary with the percentage's
+    /// threshold; 100 (the default) leaves the entry as an enforcing rule's.
+    #[test]
+    fn enforce_percent_compiles_to_the_canary_threshold() {
+        let mut rule = spec("r", "198.18.0.1/32", None, Proto::Any);
+        let full = rule_config(&rule).unwrap();
+        assert_eq!(full.flags & abi::RULE_CANARY, 0);
+        assert_eq!(Percent::of_rule(&full), Percent::ALL);
+        for thousandths in [0, 1, 2_500, 5_000, 99_999] {
+            rule.enforce = Percent(thousandths);
+            let canary = rule_config(&rule).unwrap();
+            assert_ne!(canary.flags & abi::RULE_CANARY, 0, "{thousandths}");
+            assert_eq!(
+                canary.canary_threshold,
+                limiter_common::canary::threshold(thousandths)
+            );
+            assert_eq!(Percent::of_rule(&canary), Percent(thousandths));
+        }
     }
 }

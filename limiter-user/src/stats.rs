@@ -13,7 +13,7 @@ use limiter_common::{
 };
 use serde::Serialize;
 
-use crate::{error::Error, maps::Maps};
+use crate::{config::Percent, error::Error, maps::Maps};
 
 /// `limiter stats --json`: the shape is part of the user contract (docs/operations.md, "CLI").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -30,6 +30,9 @@ pub struct RuleStats {
     pub name: String,
     /// enforce | shadow
     pub mode: &'static str,
+    /// The share of sources whose refusals the rule drops, in percent: 100 in enforce
+    /// mode, 0 in shadow mode, a canary's `enforce_percent` (the rest pass as would-drop).
+    pub enforce_percent: Percent,
     /// standalone | bootstrap | leased | sticky | fail_open ([`ShareState::as_str`])
     pub state: &'static str,
     /// Aggregate rate and burst in the rule's unit; null without an aggregate limit.
@@ -149,6 +152,7 @@ fn rule_stats(
         } else {
             "enforce"
         },
+        enforce_percent: Percent::of_rule(rule),
         state: share_state_at(rule, limiter_fleet::clock::monotonic_ns()).as_str(),
         rate: has_aggregate.then_some(rule.rate),
         burst: has_aggregate.then_some(rule.burst),
@@ -210,6 +214,15 @@ pub fn collect_for(maps: &Maps, rules: &BTreeMap<u32, RuleConfig>) -> Result<Sta
     })
 }
 
+/// The MODE column: `enforce`, `shadow`, or a canary's `canary 2.5%`.
+fn mode_text(r: &RuleStats) -> String {
+    if r.mode == "enforce" && r.enforce_percent < Percent::ALL {
+        format!("canary {}%", r.enforce_percent)
+    } else {
+        r.mode.to_string()
+    }
+}
+
 /// `title: name value name value …`, a line.
 fn line(title: &str, counters: &[(&str, u64)]) -> String {
     let pairs: Vec<String> = counters.iter().map(|(n, v)| format!("{n} {v}")).collect();
@@ -219,15 +232,15 @@ fn line(title: &str, counters: &[(&str, u64)]) -> String {
 /// A fixed-width table for terminals.
 pub fn render_table(report: &StatsReport) -> String {
     let mut out = format!(
-        "{:<24} {:<8} {:<10} {:>12} {:>14} {:>14} {:>14}\n",
+        "{:<24} {:<12} {:<10} {:>12} {:>14} {:>14} {:>14}\n",
         "RULE", "MODE", "STATE", "RATE", "PASSED", "DROPPED", "WOULD_DROP"
     );
     for r in &report.rules {
         let rate = r.rate.map_or_else(|| "-".to_string(), |v| v.to_string());
         out.push_str(&format!(
-            "{:<24} {:<8} {:<10} {:>12} {:>14} {:>14} {:>14}\n",
+            "{:<24} {:<12} {:<10} {:>12} {:>14} {:>14} {:>14}\n",
             r.name,
-            r.mode,
+            mode_text(r),
             r.state,
             rate,
             r.counters.passed_packets,
@@ -363,6 +376,7 @@ mod json_tests {
             rules: vec![RuleStats {
                 name: "contoso-web".into(),
                 mode: "enforce",
+                enforce_percent: crate::config::Percent::ALL,
                 state: ShareState::Standalone.as_str(),
                 rate: Some(10_000),
                 burst: Some(2_000),

@@ -852,6 +852,21 @@ impl Walk<'_> {
         let unit: Option<Unit> = self.word_key(table, &RULE_UNIT, at.field(&unit_path));
         let mode_path = field("mode");
         let mode: Option<Mode> = self.word_key(table, &RULE_MODE, at.field(&mode_path));
+        let enforce_path = field("enforce_percent");
+        let enforce_value = table.get(RULE_ENFORCE_PERCENT.name);
+        let enforce = match enforce_value {
+            Some(v) => self.percent(v, at.field(&enforce_path)),
+            None => Some(Percent::ALL),
+        };
+        if let (Some(v), Some(Mode::Shadow)) = (enforce_value, mode) {
+            self.report(
+                v.span(),
+                at.field(&enforce_path),
+                "enforce_percent is not allowed with mode \"shadow\": shadow mode drops for \
+                 no source, enforce_percent drops for that share of them (a canary, in mode \
+                 \"enforce\"); keep one",
+            );
+        }
         let fail_path = field("fail_mode");
         let fail_mode: Option<FailMode> = self
             .word_key::<FailModeWord>(table, &RULE_FAIL_MODE, at.field(&fail_path))
@@ -942,11 +957,39 @@ impl Walk<'_> {
                 unit: unit?,
                 aggregate,
                 mode: mode?,
+                enforce: enforce?,
                 fail_mode: fail_mode?,
                 per_source,
             })
         };
         (spec(), Some(site))
+    }
+
+    /// `enforce_percent`: a number from 0 to 100 (an integer or a float, three decimals
+    /// at most), read from its spelling so that 2.5 is exactly 2.5.
+    fn percent(&mut self, value: &Value<'_>, at: At<'_>) -> Option<Percent> {
+        let text = match value.get_ref() {
+            DeValue::Integer(int) if int.radix() == 10 => int.as_str(),
+            DeValue::Float(float) => float.as_str(),
+            other => {
+                self.report(
+                    value.span(),
+                    at,
+                    format!(
+                        "expected a number from 0 to 100 (such as 5 or 2.5), found {}",
+                        other.type_str()
+                    ),
+                );
+                return None;
+            }
+        };
+        match Percent::parse(text) {
+            Ok(percent) => Some(percent),
+            Err(why) => {
+                self.report(value.span(), at, why);
+                None
+            }
+        }
     }
 
     /// Checks that a rate/burst pair compiles in `unit`; reports on the offending field.

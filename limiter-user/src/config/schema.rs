@@ -169,6 +169,9 @@ section! {
         RULE_BURST = "burst", Unset("required with rate"), COUNT, "aggregate burst, units: at least 1 (1518 for bytes), refilled within a year at rate";
         RULE_MODE = "mode", Str(Mode::Enforce.as_str()), Word(Mode::SPELLINGS),
             "whether the rule drops";
+        RULE_ENFORCE_PERCENT = "enforce_percent", Int(100),
+            Other("a number from 0 to 100, up to three decimals (2.5)"),
+            "a canary: the percentage of sources (by source prefix, chosen by a keyed hash) the rule drops for; the others' refusals pass as would-drops. Not with mode \"shadow\"";
         RULE_FAIL_MODE = "fail_mode", Str(FailMode::Open.as_str()), Word(FAIL_MODE_SPELLINGS),
             "what the share does when the allocator is gone";
         RULE_PER_SOURCE = "per_source", Unset("no per-source limit"), Table(&PER_SOURCE_KEYS),

@@ -142,6 +142,7 @@ fn full_example() {
                 burst: 2000
             }),
             mode: Mode::Enforce,
+            enforce: crate::config::Percent::ALL,
             fail_mode: FailMode::Open,
             per_source: Some(PerSourceSpec {
                 rate: 100,
@@ -165,6 +166,7 @@ fn full_example() {
                 burst: 0x3000
             }),
             mode: Mode::Shadow,
+            enforce: crate::config::Percent::ALL,
             fail_mode: FailMode::Static,
             per_source: None,
         }
@@ -1291,4 +1293,85 @@ fn hostile_files_get_clear_errors() {
             "{err}"
         );
     }
+}
+
+/// `enforce_percent`: 0 to 100 with up to three decimals, read exactly from its spelling;
+/// absent, 100 (every source); never with mode "shadow".
+#[test]
+fn enforce_percent_values() {
+    let with = |value: &str| {
+        parse(&rule(&format!(
+            "dst = \"198.18.0.0/15\"\nrate = 1\nburst = 1\nenforce_percent = {value}"
+        )))
+        .map(|c| c.rules[0].enforce)
+    };
+    for (spelled, thousandths, shown) in [
+        ("0", 0, "0"),
+        ("5", 5_000, "5"),
+        ("2.5", 2_500, "2.5"),
+        ("0.001", 1, "0.001"),
+        ("0.125", 125, "0.125"),
+        ("99.999", 99_999, "99.999"),
+        ("100", 100_000, "100"),
+        ("100.000", 100_000, "100"),
+        ("1_0.5", 10_500, "10.5"),
+        ("+7", 7_000, "7"),
+        ("2.50000", 2_500, "2.5"),
+    ] {
+        let p = with(spelled).unwrap_or_else(|e| panic!("{spelled}: {e}"));
+        assert_eq!(p, Percent(thousandths), "{spelled}");
+        assert_eq!(p.to_string(), shown, "{spelled}");
+        assert_eq!(
+            Percent::parse(&p.to_string()),
+            Ok(p),
+            "{spelled} round trip"
+        );
+    }
+    let absent = parse(&rule("dst = \"198.18.0.0/15\"\nrate = 1\nburst = 1")).unwrap();
+    assert_eq!(absent.rules[0].enforce, Percent::ALL);
+    assert_eq!(
+        serde_json::to_string(&[Percent(2_500), Percent(5_000), Percent::ALL]).unwrap(),
+        "[2.5,5,100]"
+    );
+}
+
+#[test]
+fn enforce_percent_cases() {
+    let base = "dst = \"198.18.0.0/15\"\nrate = 1\nburst = 1\n";
+    let case = |name: &str, value: &str, message: &str| {
+        in_rule(
+            name,
+            &format!("{base}enforce_percent = ^{value}"),
+            "rules[0].enforce_percent",
+            message,
+        )
+    };
+    run(&[
+        case("above 100", "100.5", "must be between 0 and 100, got 100.5"),
+        case("far above 100", "250", "must be between 0 and 100, got 250"),
+        case("negative", "-1", "must be between 0 and 100, got -1"),
+        case("four decimals", "2.5001", "at most three decimals"),
+        case("an exponent", "5e-1", "plain decimal such as 5 or 2.5"),
+        case("infinity", "inf", "plain decimal such as 5 or 2.5"),
+        case("not a number", "nan", "plain decimal such as 5 or 2.5"),
+        case("a string", "\"5\"", "expected a number from 0 to 100"),
+        case("hexadecimal", "0x5", "expected a number from 0 to 100"),
+        case(
+            "a percent sign",
+            "\"5%\"",
+            "expected a number from 0 to 100",
+        ),
+        in_rule(
+            "with shadow mode",
+            &format!("{base}mode = \"shadow\"\nenforce_percent = ^5"),
+            "rules[0].enforce_percent",
+            "not allowed with mode \"shadow\"",
+        ),
+        in_rule(
+            "0 with shadow mode too",
+            &format!("{base}mode = \"shadow\"\nenforce_percent = ^0"),
+            "rules[0].enforce_percent",
+            "not allowed with mode \"shadow\"",
+        ),
+    ]);
 }

@@ -287,6 +287,9 @@ pub struct RuleSpec {
     /// `rate`/`burst`: the aggregate limit of the rule.
     pub aggregate: Option<RateSpec>,
     pub mode: Mode,
+    /// `enforce_percent`: the share of sources the rule enforces for ([`Percent::ALL`]
+    /// when absent; below it, a canary). Never below `ALL` with [`Mode::Shadow`].
+    pub enforce: Percent,
     pub fail_mode: FailMode,
     pub per_source: Option<PerSourceSpec>,
 }
@@ -295,6 +298,106 @@ impl RuleSpec {
     /// Granularity of this rule's limits ([`Granularity::Byte`] for unit bytes).
     pub fn granularity(&self) -> Granularity {
         self.unit.granularity()
+    }
+}
+
+/// A percentage in thousandths (`enforce_percent = 2.5` is `Percent(2500)`): exact, so
+/// the config, the kernel's threshold and what `stats` prints agree to the digit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Percent(pub u32);
+
+impl Percent {
+    /// 100 %.
+    pub const ALL: Percent = Percent(limiter_common::canary::ALL);
+
+    /// Reads a decimal number of percent, `0` to `100` with up to three decimals, as
+    /// TOML spells an integer or a float (underscores allowed). Exponents, signs other
+    /// than `+`, `inf` and `nan` are refused: a percentage is written plainly.
+    pub fn parse(text: &str) -> Result<Percent, String> {
+        let plain: String = text.chars().filter(|&c| c != '_').collect();
+        let digits = plain.strip_prefix('+').unwrap_or(&plain);
+        let range = || format!("must be between 0 and 100, got {text}");
+        if digits.starts_with('-') {
+            return Err(range());
+        }
+        let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+        let is_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+        if whole.is_empty() || !is_digits(whole) || !is_digits(fraction) {
+            return Err(format!(
+                "write the percentage as a plain decimal such as 5 or 2.5, got {text}"
+            ));
+        }
+        let (kept, rest) = fraction.split_at(fraction.len().min(3));
+        if rest.bytes().any(|b| b != b'0') {
+            return Err(format!(
+                "at most three decimals (0.001 % is the smallest step), got {text}"
+            ));
+        }
+        let whole: u64 = whole.trim_start_matches('0').parse().unwrap_or(0);
+        if whole > 100 {
+            return Err(range());
+        }
+        let thousandths: u64 = format!("{kept:0<3}").parse().unwrap_or(0);
+        let value = whole * 1000 + thousandths;
+        if value > u64::from(Self::ALL.0) {
+            return Err(range());
+        }
+        Ok(Percent(value as u32))
+    }
+
+    /// The share as a ratio, 0 to 1.
+    pub fn ratio(self) -> f64 {
+        f64::from(self.0) / f64::from(Self::ALL.0)
+    }
+}
+
+impl fmt::Display for Percent {
+    /// As the config spells it: `5`, `2.5`, `0.125`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (whole, thousandths) = (self.0 / 1000, self.0 % 1000);
+        if thousandths == 0 {
+            return write!(f, "{whole}");
+        }
+        let fraction = format!("{thousandths:03}");
+        write!(f, "{whole}.{}", fraction.trim_end_matches('0'))
+    }
+}
+
+impl serde::Serialize for Percent {
+    /// A JSON number: an integer when whole (`100`, `5`), else a decimal (`2.5`).
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.0.is_multiple_of(1000) {
+            s.serialize_u32(self.0 / 1000)
+        } else {
+            s.serialize_f64(f64::from(self.0) / 1000.0)
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Percent {
+    /// A JSON number, rounded to thousandths and held to 0..=100.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = <f64 as serde::Deserialize>::deserialize(d)?;
+        if !(0.0..=100.0).contains(&value) {
+            return Err(serde::de::Error::custom(format!(
+                "a percentage must be between 0 and 100, got {value}"
+            )));
+        }
+        Ok(Percent((value * 1000.0).round() as u32))
+    }
+}
+
+impl Percent {
+    /// The share of sources a rule's entry enforces for: none in shadow mode, the
+    /// canary's percentage, or all.
+    pub fn of_rule(rule: &abi::RuleConfig) -> Percent {
+        if rule.flags & abi::RULE_SHADOW != 0 {
+            Percent(0)
+        } else if rule.flags & abi::RULE_CANARY != 0 {
+            Percent(limiter_common::canary::milli_percent(rule.canary_threshold))
+        } else {
+            Percent::ALL
+        }
     }
 }
 

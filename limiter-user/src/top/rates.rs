@@ -294,6 +294,7 @@ mod tests {
         RuleStats {
             name: name.to_string(),
             mode: "enforce",
+            enforce_percent: crate::config::Percent::ALL,
             state: "standalone",
             rate: Some(1000),
             burst: Some(100),

@@ -314,6 +314,7 @@ mod tests {
         RuleStats {
             name: name.to_string(),
             mode: if would > 0 { "shadow" } else { "enforce" },
+            enforce_percent: crate::config::Percent(if would > 0 { 0 } else { 100_000 }),
             state: "leased",
             rate: Some(if unit_bytes { 125_000_000 } else { 1_000 }),
             burst: Some(100),

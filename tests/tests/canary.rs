@@ -199,10 +199,16 @@ fn a_per_source_canary_puts_a_whole_prefix_in_or_out() {
     assert_binomial(dropped, SOURCES, 0.10, "/64s at 10 %");
     let delta = fixture::delta(&before, &loaded.snapshot().unwrap());
     let c = &delta.rules["canary"];
-    assert_eq!(
-        c.dropped_packets + c.would_drop_packets,
-        u64::from(SOURCES) + first_refusals,
-        "every refusal is a drop or a would-drop"
+    // Every second frame is refused (a drop or a would-drop); so is a first frame whose
+    // cells collided, which the verdict shows only inside the canary (outside, it passes
+    // as a would-drop): those are few, at least the ones seen dropped.
+    let refusals = c.dropped_packets + c.would_drop_packets;
+    let first_refused = refusals.saturating_sub(u64::from(SOURCES));
+    assert!(
+        refusals >= u64::from(SOURCES) + first_refusals
+            && first_refused <= u64::from(SOURCES) / 100,
+        "{refusals} refusals: every second frame ({SOURCES}) and a few first frames (at least \
+         {first_refusals}) are drops or would-drops"
     );
     assert_eq!(c.dropped_packets, u64::from(dropped) + first_refusals);
 }

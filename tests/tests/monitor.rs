@@ -321,7 +321,24 @@ impl Pane {
 }
 
 impl Drop for Pane {
+    /// Quits the command with `q`, as an operator does, and kills it if it has not gone
+    /// within 2 s: `kill-server` alone left `top --sources` running with its terminal gone
+    /// (found leaked, spinning, an hour later).
     fn drop(&mut self) {
+        let pid = self
+            .tmux(&["list-panes", "-t", "m", "-F", "#{pane_pid}"])
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<i32>().ok());
+        let _ = self.tmux(&["send-keys", "-t", "m", "q"]);
+        if let Some(pid) = pid {
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            // SAFETY: signal 0 only checks that the process exists.
+            while unsafe { libc::kill(pid, 0) } == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // SAFETY: the pane's own process, started by this test.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
         let _ = self.tmux(&["kill-server"]);
     }
 }

@@ -328,7 +328,12 @@ impl Drop for Pane {
         let pid = self
             .tmux(&["list-panes", "-t", "m", "-F", "#{pane_pid}"])
             .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<i32>().ok());
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<i32>()
+                    .ok()
+            });
         let _ = self.tmux(&["send-keys", "-t", "m", "q"]);
         if let Some(pid) = pid {
             let deadline = std::time::Instant::now() + Duration::from_secs(2);

@@ -705,9 +705,18 @@ fn metrics_endpoint_is_scraped_and_parsed() {
         value("limiter_rule_passed_packets_total", "rule=\"web\""),
         web["passed_packets"].as_f64().unwrap()
     );
-    assert_eq!(
-        value("limiter_rule_dropped_packets_total", "rule=\"web\""),
-        web["dropped_packets"].as_f64().unwrap()
+    // One series per reason: their sum is the rule's dropped packets.
+    let dropped: f64 = samples
+        .iter()
+        .filter(|(n, l, _)| {
+            n == "limiter_rule_dropped_packets_total" && l.starts_with("rule=\"web\",reason=")
+        })
+        .map(|s| s.2)
+        .sum();
+    assert_eq!(dropped, web["dropped_packets"].as_f64().unwrap());
+    value(
+        "limiter_rule_dropped_packets_total",
+        "rule=\"web\",reason=\"aggregate\"",
     );
     assert_eq!(
         value("limiter_rule_rate_packets_per_second", "rule=\"web\""),

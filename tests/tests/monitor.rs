@@ -322,8 +322,8 @@ impl Pane {
 
 impl Drop for Pane {
     /// Quits the command with `q`, as an operator does, and kills it if it has not gone
-    /// within 2 s: `kill-server` alone left `top --sources` running with its terminal gone
-    /// (found leaked, spinning, an hour later).
+    /// within 2 s, so that a failing test leaks nothing (`top.rs` checks that a terminal
+    /// hanging up ends it too).
     fn drop(&mut self) {
         let pid = self
             .tmux(&["list-panes", "-t", "m", "-F", "#{pane_pid}"])

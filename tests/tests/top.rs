@@ -2,7 +2,8 @@
 //! on a server of the test's own), over a daemon enforcing on a veth pair with traffic
 //! over the limit. The screen's rates match what was offered and what the rule lets
 //! through; `t` shows the totals `limiter stats` reads; `q` and SIGTERM leave the
-//! terminal as they found it, exit status 0. And `limiter-lab` in a terminal runs it.
+//! terminal as they found it, exit status 0; a terminal that hangs up ends it. And
+//! `limiter-lab` in a terminal runs it.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 mod common;
@@ -334,6 +335,53 @@ fn top_says_when_the_pins_go_and_sigterm_restores_the_terminal() {
     assert_eq!(status, "0", "limiter top's exit status after SIGTERM");
     assert_cooked(&stty);
     assert!(!pane.alternate_screen_on());
+}
+
+/// Whether `pid` is still running (a zombie has ended: its parent reaps it).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // pid (comm) STATE ...: the state follows the last ')'.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z")
+    })
+}
+
+/// A terminal that dies under it (the ssh session drops, the tmux server is killed) ends
+/// either view within seconds: crossterm's reader spins forever on a hung-up terminal, and
+/// a `top --sources` was once found spinning an hour after its tmux server was killed.
+#[test]
+fn both_views_exit_when_their_terminal_hangs_up() {
+    let lab = web_lab();
+    let _daemon = lab.start();
+    for (view, ready) in [("top", "web "), ("top --sources", "q quits")] {
+        let dir = tempfile::tempdir().unwrap();
+        let pane = Pane::start(&pane_command(
+            LIMITER.path(),
+            &format!(
+                "{view} --pin-dir {} --interval 0.5",
+                lab.pins.path.display()
+            ),
+            dir.path(),
+        ));
+        pane.wait_for(ready, |s| s.contains(ready));
+        let pid = pane.child_pid();
+        assert!(running(pid), "`limiter {view}` runs in the pane");
+        drop(pane); // kill-server: the pane's terminal hangs up
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while running(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let still = running(pid);
+        if still {
+            // SAFETY: the process this test's pane started, by its id.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        assert!(
+            !still,
+            "`limiter {view}` still runs 5 s after its terminal hung up (killed now)"
+        );
+    }
 }
 
 #[test]

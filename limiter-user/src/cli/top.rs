@@ -39,6 +39,20 @@ pub struct TopArgs {
     window: u64,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_up_terminal_is_gone_even_when_it_reads_as_ready() {
+        assert_eq!(input_of(libc::POLLIN | libc::POLLHUP), Input::Gone);
+        assert_eq!(input_of(libc::POLLERR), Input::Gone);
+        assert_eq!(input_of(libc::POLLNVAL), Input::Gone);
+        assert_eq!(input_of(libc::POLLIN), Input::Waiting);
+        assert_eq!(input_of(0), Input::Nothing);
+    }
+}
+
 fn parse_window(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
         Ok(s) if (1..=3600).contains(&s) => Ok(s),
@@ -57,6 +71,93 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 /// How often the loop looks at [`STOP`] while it waits for a key.
 const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// What waiting on the terminal found.
+#[derive(Debug, PartialEq, Eq)]
+enum Input {
+    /// Bytes to read: crossterm parses them.
+    Waiting,
+    /// Nothing within the time (or a signal interrupted the wait).
+    Nothing,
+    /// The terminal hung up (its window closed, the ssh session or tmux server died).
+    Gone,
+}
+
+/// The terminal crossterm reads keys from, watched with poll(2) before crossterm is asked
+/// for a key: on a hung-up terminal crossterm's reader retries a read that returns 0
+/// bytes forever, inside its own loop, where neither [`STOP`] nor a key is ever seen (found
+/// as a `top --sources` spinning an hour after its tmux server was killed). poll(2) says
+/// POLLHUP there, and a signal interrupts it whatever SA_RESTART says.
+struct Tty(std::os::fd::OwnedFd);
+
+impl Tty {
+    /// The descriptor crossterm reads: stdin when it is a terminal, else /dev/tty.
+    fn open() -> anyhow::Result<Tty> {
+        use std::os::fd::AsFd as _;
+        let fd = if std::io::stdin().is_terminal() {
+            std::io::stdin()
+                .as_fd()
+                .try_clone_to_owned()
+                .context("duplicating stdin")?
+        } else {
+            std::fs::File::open("/dev/tty")
+                .context("opening /dev/tty for keys")?
+                .into()
+        };
+        Ok(Tty(fd))
+    }
+
+    fn wait(&self, timeout: Duration) -> anyhow::Result<Input> {
+        use std::os::fd::AsRawFd as _;
+        let mut fds = [libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one pollfd, owned here, for the call's duration.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(Input::Nothing);
+            }
+            return Err(e).context("waiting for keys");
+        }
+        Ok(input_of(fds[0].revents))
+    }
+}
+
+/// poll(2)'s answer for the terminal, as [`Input`]: a hang-up or an error wins over data
+/// (a hung-up terminal reads as ready, with nothing to read).
+fn input_of(revents: libc::c_short) -> Input {
+    if revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        Input::Gone
+    } else if revents & libc::POLLIN != 0 {
+        Input::Waiting
+    } else {
+        Input::Nothing
+    }
+}
+
+/// A key or a resize, read only when [`Tty::wait`] found bytes waiting; `None` when
+/// nothing arrived within `timeout` or the terminal is gone (`gone` is set).
+fn next_event(tty: &Tty, timeout: Duration, gone: &mut bool) -> anyhow::Result<Option<Event>> {
+    match tty.wait(timeout)? {
+        Input::Gone => {
+            *gone = true;
+            Ok(None)
+        }
+        // Bytes to parse, or (nothing on the terminal) perhaps a resize, which arrives
+        // through crossterm's SIGWINCH pipe.
+        Input::Waiting | Input::Nothing => {
+            if event::poll(Duration::ZERO).context("reading keys")? {
+                return Ok(Some(event::read().context("reading keys")?));
+            }
+            Ok(None)
+        }
+    }
+}
 
 /// The terminal in raw mode on the alternate screen, given back as it was found when
 /// dropped (on a return or an error); ratatui's panic hook does the same on a panic.
@@ -123,12 +224,14 @@ pub fn execute(args: TopArgs) -> anyhow::Result<()> {
             libc::signal(sig, on_signal as *const () as libc::sighandler_t);
         }
     }
+    let tty = Tty::open()?;
     let mut terminal = TerminalGuard::enter()?;
-    run(&mut terminal.0, pin_dir, args.interval, start, first)
+    run(&mut terminal.0, &tty, pin_dir, args.interval, start, first)
 }
 
 fn run(
     terminal: &mut DefaultTerminal,
+    tty: &Tty,
     pin_dir: &Path,
     interval: Duration,
     start: Instant,
@@ -165,16 +268,16 @@ fn run(
             if now >= next_reading {
                 break;
             }
-            let key_waiting = match event::poll((next_reading - now).min(SIGNAL_POLL)) {
-                Ok(waiting) => waiting,
-                // A signal may interrupt the wait: the loop's next turn sees it.
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e).context("reading keys"),
-            };
-            if !key_waiting {
+            // A signal interrupts the wait: the loop's next turn sees it.
+            let mut gone = false;
+            let Some(event) = next_event(tty, (next_reading - now).min(SIGNAL_POLL), &mut gone)?
+            else {
+                if gone {
+                    return Ok(());
+                }
                 continue;
-            }
-            match event::read().context("reading keys")? {
+            };
+            match event {
                 Event::Key(key) if key.kind != KeyEventKind::Release => match key.code {
                     KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
                     KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => {
@@ -233,6 +336,7 @@ fn sources(pin_dir: &Path, interval: Duration, window_s: u64) -> anyhow::Result<
             libc::signal(sig, on_signal as *const () as libc::sighandler_t);
         }
     }
+    let tty = Tty::open()?;
     let mut terminal = TerminalGuard::enter()?;
     let mut window = Window::new(window_s * 1_000_000_000);
     let mut next_draw = Instant::now();
@@ -274,13 +378,13 @@ fn sources(pin_dir: &Path, interval: Duration, window_s: u64) -> anyhow::Result<
                 .context("drawing the screen")?;
             next_draw = Instant::now() + interval;
         }
-        let key_waiting = match event::poll(SIGNAL_POLL) {
-            Ok(waiting) => waiting,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e).context("reading keys"),
-        };
-        if key_waiting {
-            match event::read().context("reading keys")? {
+        let mut gone = false;
+        let event = next_event(&tty, SIGNAL_POLL, &mut gone)?;
+        if gone {
+            return Ok(());
+        }
+        if let Some(event) = event {
+            match event {
                 Event::Key(key) if key.kind != KeyEventKind::Release => match key.code {
                     KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
                     KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => {

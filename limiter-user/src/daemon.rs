@@ -470,15 +470,22 @@ impl Daemon {
                 crate::handoff::check_lb_array(spec.key(), array)?;
             }
         }
-        // Every build is verified here, before a rule is written or a link touched: a
-        // refused build changes nothing that runs.
+        // Every build the hooks run is verified here, before a rule is written or a link
+        // touched: a refused build changes nothing that runs.
+        let builds = crate::program::builds_for(config.xdp_share, config.xdp_mode);
         let mut program = match bpf_object {
-            None => Program::load(&load)?,
+            None => Program::load_builds(&load, builds)?,
             Some(path) => {
                 tracing::warn!(object = %path.display(), "loading a BPF object other than the built-in one");
-                Program::load_object(&load, Program::read_object(path)?.bytes())?
+                Program::load_object_builds(&load, Program::read_object(path)?.bytes(), builds)?
             }
         };
+        if builds.is_empty() {
+            tracing::info!("no build verified yet: the libxdp component is, as it joins");
+        } else {
+            let names: Vec<&str> = builds.iter().map(|b| b.as_str()).collect();
+            tracing::info!(builds = %names.join(", "), "verified the builds the hooks run");
+        }
         let maps = program.maps()?;
         let lb_array = load.handoff_array.is_some();
         if lb_array {
@@ -606,7 +613,7 @@ impl Daemon {
         );
         // Pinned before any hook runs them: a daemon killed from here on leaves programs
         // its successor recognises on the hooks without CAP_SYS_ADMIN.
-        let running = daemon.program.pin_programs(&daemon.config.pin_dir)?;
+        daemon.program.pin_programs(&daemon.config.pin_dir)?;
         for iface in ifaces {
             let a = match daemon.config.xdp_share {
                 XdpShare::Exclusive => daemon.program.attach_pinned(
@@ -671,7 +678,9 @@ impl Daemon {
             }
             tracing::info!(handoff = %spec, first_slot = handoff_plan.first, slots = handoff_plan.slots, "frames the limiter passes are handed over");
         }
-        // Every hook runs this daemon's programs now: an earlier daemon's pins go.
+        // Every hook runs this daemon's programs now: an earlier daemon's pins go. A
+        // build first loaded above (a hook taken over) was pinned then, and is kept.
+        let running = daemon.program.pin_programs(&daemon.config.pin_dir)?;
         pins::prune_programs(&daemon.config.pin_dir, &running);
         if daemon.maps.control()?.flags & CONTROL_BYPASS != 0 {
             tracing::warn!(

@@ -588,15 +588,17 @@ impl Program {
         Program::load_object_builds(opts, object, &Variant::ALL)
     }
 
-    /// [`Program::load`] verifying only `builds` (of [`Variant::ALL`]): for
-    /// BPF_PROG_TEST_RUN tables that run one build on maps of its own, where each build
-    /// left out saves its verifier time (seconds under emulation). The others stay
-    /// unloaded: running them fails. The daemon loads every build.
+    /// [`Program::load`] verifying only `builds` (of [`Variant::ALL`]): the daemon's
+    /// start, which verifies the builds its hooks run ([`builds_for`]), and
+    /// BPF_PROG_TEST_RUN tables that run one build on maps of their own. Each build left
+    /// out saves its verifier time (seconds under emulation). One left out is loaded
+    /// (verified) when first attached or put in a prog array.
     pub fn load_builds(opts: &LoadOptions, builds: &[Variant]) -> Result<Program, Error> {
         Program::load_object_builds(opts, OBJECT, builds)
     }
 
-    fn load_object_builds(
+    /// [`Program::load_object`] verifying only `builds`, as [`Program::load_builds`].
+    pub fn load_object_builds(
         opts: &LoadOptions,
         object: &[u8],
         builds: &[Variant],
@@ -657,14 +659,10 @@ impl Program {
                 );
                 continue;
             }
-            xdp_mut(&mut ebpf, variant)?
-                .load()
-                .map_err(|e| refused(variant, e))?;
+            xdp_mut(&mut ebpf, variant)?;
         }
         if builds.contains(&Variant::Tc) {
-            tc_mut(&mut ebpf)?
-                .load()
-                .map_err(|e| refused(Variant::Tc, e))?;
+            tc_mut(&mut ebpf)?;
         }
         Ok(Program {
             ebpf,
@@ -694,9 +692,7 @@ impl Program {
     /// libxdp component's build, so that the verdict tables run its code too (the daemon
     /// loads it only as an freplace component, see [`Program::attach_shared`]).
     pub fn load_as_xdp(&mut self, variant: Variant) -> Result<(), Error> {
-        xdp_mut(&mut self.ebpf, variant)?
-            .load()
-            .map_err(|e| refused(variant, e))
+        xdp_mut(&mut self.ebpf, variant).map(|_| ())
     }
 
     /// One build of the program.
@@ -788,9 +784,20 @@ impl Program {
         }
     }
 
-    /// The descriptor of one XDP build (for a prog array slot).
-    pub fn program_fd(&self, variant: Variant) -> Result<&aya::programs::ProgramFd, Error> {
-        self.xdp_variant(variant)?.fd().map_err(|e| Error::Program {
+    /// The descriptor of one XDP build (for a prog array slot, or a hook taken over
+    /// through netlink). A build not loaded yet is loaded (verified) and, where the maps
+    /// are pinned, pinned as `prog_<id>` before it runs anywhere, as
+    /// [`Program::pin_programs`] pins the others.
+    pub fn program_fd(&mut self, variant: Variant) -> Result<&aya::programs::ProgramFd, Error> {
+        use std::os::fd::AsFd as _;
+        let loaded = is_loaded(&self.ebpf, variant);
+        let prog = xdp_mut(&mut self.ebpf, variant)?;
+        if let (false, Some(dir)) = (loaded, &self.opts.pin_dir) {
+            if let (Ok(info), Ok(fd)) = (prog.info(), prog.fd()) {
+                crate::pins::pin_program(dir, info.id(), fd.as_fd())?;
+            }
+        }
+        prog.fd().map_err(|e| Error::Program {
             what: format!("reading the descriptor of {}", variant.program_name()),
             source: Box::new(e),
         })
@@ -1429,16 +1436,50 @@ fn refused(variant: Variant, e: aya::programs::ProgramError) -> Error {
     }
 }
 
-fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {
-    ebpf.program_mut(variant.program_name())
-        .and_then(|p| <&mut Xdp>::try_from(p).ok())
-        .ok_or(Error::NoProgram)
+/// The builds the daemon verifies at start, before a rule is written or a link touched:
+/// the ones its hooks run. `tc` mode runs the TC build alone; the XDP modes the two XDP
+/// builds (native mode falls back to the multi-buffer build where the MTU needs it,
+/// generic mode runs the one the handoff allows); `xdp_share = "libxdp"` loads a
+/// component of its own when it joins a dispatcher, and the build it puts on a hook it
+/// takes over is verified then, before it runs ([`Program::program_fd`]). The three keys
+/// that decide need a restart to change: a reload never needs another build. Each build
+/// left out is a verifier run saved (200 k instructions; seconds under emulation).
+pub fn builds_for(share: crate::config::XdpShare, mode: ConfigXdpMode) -> &'static [Variant] {
+    match (share, mode) {
+        (crate::config::XdpShare::Libxdp, _) => &[],
+        (_, ConfigXdpMode::Tc) => &[Variant::Tc],
+        _ => &Variant::XDP,
+    }
 }
 
+/// Whether `variant` is loaded (has a descriptor).
+fn is_loaded(ebpf: &Ebpf, variant: Variant) -> bool {
+    ebpf.program(variant.program_name())
+        .is_some_and(|p| p.fd().is_ok())
+}
+
+/// One XDP build, loaded (verified) first if it is not yet.
+fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {
+    let prog = ebpf
+        .program_mut(variant.program_name())
+        .and_then(|p| <&mut Xdp>::try_from(p).ok())
+        .ok_or(Error::NoProgram)?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| refused(variant, e))?;
+    }
+    Ok(prog)
+}
+
+/// The TC build, loaded (verified) first if it is not yet.
 fn tc_mut(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Error> {
-    ebpf.program_mut(PROGRAM_NAME_TC)
+    let prog = ebpf
+        .program_mut(PROGRAM_NAME_TC)
         .and_then(|p| <&mut SchedClassifier>::try_from(p).ok())
-        .ok_or(Error::NoProgram)
+        .ok_or(Error::NoProgram)?;
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| refused(Variant::Tc, e))?;
+    }
+    Ok(prog)
 }
 
 /// Attaches the TC build to `iface`'s ingress (a tcx link, kernel 6.6 and later) and
@@ -1476,4 +1517,33 @@ fn attach_one(
         what: format!("taking the link of {iface}"),
         source: Box::new(e),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::XdpShare;
+
+    #[test]
+    fn the_daemon_verifies_the_builds_its_hooks_run() {
+        for mode in [
+            ConfigXdpMode::Native,
+            ConfigXdpMode::Generic,
+            ConfigXdpMode::Auto,
+        ] {
+            // Native falls back to the multi-buffer build; generic runs either.
+            assert_eq!(
+                builds_for(XdpShare::Exclusive, mode),
+                &Variant::XDP,
+                "{mode:?}"
+            );
+        }
+        assert_eq!(
+            builds_for(XdpShare::Exclusive, ConfigXdpMode::Tc),
+            &[Variant::Tc]
+        );
+        for mode in [ConfigXdpMode::Native, ConfigXdpMode::Generic] {
+            assert!(builds_for(XdpShare::Libxdp, mode).is_empty(), "{mode:?}");
+        }
+    }
 }

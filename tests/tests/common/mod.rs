@@ -194,7 +194,10 @@ impl Lab {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("starting limiter run");
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // A refusal can come after the builds are verified, which takes tens of seconds
+        // under a guest's emulation on a loaded machine (a 6.1 run took over 30 s).
+        let wait = if limiter_tests::in_guest() { 180 } else { 30 };
+        let deadline = Instant::now() + Duration::from_secs(wait);
         loop {
             if let Some(status) = child.try_wait().expect("waiting") {
                 let mut err = String::new();
@@ -206,7 +209,7 @@ impl Lab {
             if Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("limiter run kept running where it must refuse");
+                panic!("limiter run kept running for {wait} s where it must refuse");
             }
             std::thread::sleep(Duration::from_millis(50));
         }

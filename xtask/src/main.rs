@@ -4,6 +4,7 @@
 mod bench;
 mod dist;
 mod guest;
+mod lanes;
 mod setup;
 mod sim;
 mod timed_tests;
@@ -332,7 +333,8 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
             .iter()
             .find(|(_, name, _)| name == file)
             .with_context(|| format!("cargo built no test executable named {file}"))?;
-        let (passed, timings) = timed_tests::run(exe, file, dir, filters)?;
+        let (passed, timings) =
+            timed_tests::run(exe, file, dir, filters, timed_tests::Output::Live)?;
         println!("\n{}", timed_tests::table(&timings, 10));
         if !passed {
             bail!("test target {file} failed");
@@ -355,22 +357,59 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
         .filter_map(|args| run_cmd(cargo().args(*args)).err())
         .map(|e| format!("{e:#}"))
         .collect();
-    // Kernel tests one at a time (they time real traffic on a 2-CPU machine), each
-    // test's time kept for the table at the end.
+    // The kernel tests, each executable's tests one at a time, each test's time kept for
+    // the table at the end; the executables in the lanes `lanes::plan` gives.
     let mut exes = guest::test_executables(&build_with_tests(&["--test", "*"], true)?);
     exes.sort();
-    let mut timings = Vec::new();
-    for (dir, file, exe) in &exes {
-        match timed_tests::run(exe, file, dir, &[]) {
-            Ok((passed, t)) => {
-                timings.extend(t);
-                if !passed {
-                    failed.push(format!("test target {file} failed"));
+    let run = |lane: &[&(std::path::PathBuf, String, std::path::PathBuf)],
+               output: timed_tests::Output| {
+        let mut timings = Vec::new();
+        let mut failed = Vec::new();
+        for (dir, file, exe) in lane {
+            match timed_tests::run(exe, file, dir, &[], output) {
+                Ok((passed, t)) => {
+                    timings.extend(t);
+                    if !passed {
+                        failed.push(format!("test target {file} failed"));
+                    }
                 }
+                Err(e) => failed.push(format!("{e:#}")),
             }
-            Err(e) => failed.push(format!("{e:#}")),
         }
-    }
+        (timings, failed)
+    };
+    let files: Vec<&str> = exes.iter().map(|(_, f, _)| f.as_str()).collect();
+    let plan = lanes::plan(&files);
+    let pick = |names: &[&str]| -> Vec<_> {
+        exes.iter()
+            .filter(|(_, f, _)| names.contains(&f.as_str()))
+            .collect()
+    };
+    let (waiting, busy, alone) = (pick(&plan.waiting), pick(&plan.busy), pick(&plan.alone));
+    println!(
+        "\nxtask: {} test files side by side in two lanes (waiting: {}), then {} alone ({})",
+        waiting.len() + busy.len(),
+        plan.waiting.join(", "),
+        alone.len(),
+        plan.alone.join(", ")
+    );
+    let mut timings = Vec::new();
+    std::thread::scope(|scope| {
+        let beside = scope.spawn(|| run(&waiting, timed_tests::Output::Whole));
+        let (t, f) = run(&busy, timed_tests::Output::Whole);
+        timings.extend(t);
+        failed.extend(f);
+        match beside.join() {
+            Ok((t, f)) => {
+                timings.extend(t);
+                failed.extend(f);
+            }
+            Err(_) => failed.push("the waiting lane's thread panicked".to_string()),
+        }
+    });
+    let (t, f) = run(&alone, timed_tests::Output::Live);
+    timings.extend(t);
+    failed.extend(f);
     println!("\n{}", timed_tests::table(&timings, 25));
     if !failed.is_empty() {
         bail!("host tests failed:\n  {}", failed.join("\n  "));

@@ -9,7 +9,7 @@
 use std::{
     io::{BufRead as _, BufReader},
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use anyhow::{Context as _, Result};
@@ -40,9 +40,26 @@ pub fn parse_line(file: &str, line: &str) -> Option<Timing> {
     })
 }
 
-/// Runs `exe` (the test target `file`) from `dir` with `args`, one test at a time, echoing
-/// its output; returns whether it passed and the timings it printed.
-pub fn run(exe: &Path, file: &str, dir: &Path, args: &[String]) -> Result<(bool, Vec<Timing>)> {
+/// How a test executable's output is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Line by line as it comes.
+    Live,
+    /// Whole, when the executable ends: executables running side by side do not
+    /// interleave their lines.
+    Whole,
+}
+
+/// Runs `exe` (the test target `file`) from `dir` with `args`, one test at a time, its
+/// stdout and stderr (the daemons' logs) in one stream shown as `output` says; returns
+/// whether it passed and the timings it printed.
+pub fn run(
+    exe: &Path,
+    file: &str,
+    dir: &Path,
+    args: &[String],
+    output: Output,
+) -> Result<(bool, Vec<Timing>)> {
     let mut cmd = Command::new(exe);
     // As cargo runs a test: from its package's directory, with that package's manifest
     // directory, not xtask's.
@@ -55,27 +72,87 @@ pub fn run(exe: &Path, file: &str, dir: &Path, args: &[String]) -> Result<(bool,
             cmd.env_remove(key);
         }
     }
+    let (reader, writer) = std::io::pipe().context("creating a pipe for the test's output")?;
     cmd.current_dir(dir)
         .env("CARGO_MANIFEST_DIR", dir)
         .env("RUSTC_BOOTSTRAP", "1")
         .arg("--test-threads=1")
         .args(REPORT_TIME)
         .args(args)
-        .stdout(Stdio::piped());
-    println!("\n     Running {file} ({})", exe.display());
+        .stdout(writer.try_clone().context("duplicating the pipe")?)
+        .stderr(writer);
+    let header = format!("\n     Running {file} ({})", exe.display());
+    let mut whole = String::new();
+    match output {
+        Output::Live => println!("{header}"),
+        Output::Whole => whole.push_str(&format!("{header}\n")),
+    }
     let mut child = cmd
         .spawn()
         .with_context(|| format!("could not start {}", exe.display()))?;
-    let stdout = child.stdout.take().context("no stdout pipe")?;
+    // The parent's copies of the write end go with `cmd`.
+    drop(cmd);
+    // Lines through a thread: a process the tests left running with the pipe open (a
+    // leak a test should not have) must not hold the run forever once the executable
+    // has exited.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines() {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
     let mut timings = Vec::new();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.with_context(|| format!("reading {file}'s output"))?;
-        println!("{line}");
-        timings.extend(parse_line(file, &line));
+    let mut exited = None;
+    let mut quiet_since = None;
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+            Ok(line) => {
+                let line = line.with_context(|| format!("reading {file}'s output"))?;
+                match output {
+                    Output::Live => println!("{line}"),
+                    Output::Whole => {
+                        whole.push_str(&line);
+                        whole.push('\n');
+                    }
+                }
+                timings.extend(parse_line(file, &line));
+                quiet_since = None;
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if exited.is_none() {
+            exited = child
+                .try_wait()
+                .with_context(|| format!("waiting for {}", exe.display()))?;
+        }
+        if exited.is_some() {
+            let since = *quiet_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > std::time::Duration::from_secs(2) {
+                let note = format!(
+                    "xtask: {file} exited but a process it started still holds its output open \
+                     (a leak): no longer read"
+                );
+                match output {
+                    Output::Live => println!("{note}"),
+                    Output::Whole => whole.push_str(&format!("{note}\n")),
+                }
+                break;
+            }
+        }
     }
-    let status = child
-        .wait()
-        .with_context(|| format!("waiting for {}", exe.display()))?;
+    let status = match exited {
+        Some(status) => status,
+        None => child
+            .wait()
+            .with_context(|| format!("waiting for {}", exe.display()))?,
+    };
+    if output == Output::Whole {
+        print!("{whole}");
+    }
     Ok((status.success(), timings))
 }
 
@@ -129,6 +206,41 @@ mod tests {
         assert_eq!(parse_line("fleet", "test b ... ok"), None);
         assert_eq!(parse_line("fleet", "test b ... ignored, needs ipip"), None);
         assert_eq!(parse_line("fleet", "running 3 tests"), None);
+    }
+
+    /// stdout and stderr in one stream, and a process left holding it (a leak) does not
+    /// hold the run once the executable has exited.
+    #[test]
+    fn output_is_read_whole_and_a_leaked_process_does_not_hold_the_run() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("xtask-timed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("fake-test");
+        let pid_file = dir.join("leaked.pid");
+        std::fs::write(
+            &exe,
+            format!(
+                "#!/bin/sh\necho 'test a ... ok <1.500s>'\necho 'a daemon log line' >&2\n\
+                 sleep 30 &\necho $! > {}\nexit 0\n",
+                pid_file.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let start = std::time::Instant::now();
+        let (passed, timings) = run(&exe, "fake", &dir, &[], Output::Whole).unwrap();
+        let took = start.elapsed();
+        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(passed);
+        assert_eq!(timings.len(), 1);
+        assert_eq!(timings[0].secs, 1.5);
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "held {took:?} by the leaked process"
+        );
     }
 
     #[test]

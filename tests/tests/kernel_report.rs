@@ -15,7 +15,7 @@ use aya::{programs::Program as AyaProgram, EbpfLoader};
 use limiter_common::abi::{map_name, DEFAULT_MAX_SOURCES};
 use limiter_tests::netns::VethPair;
 use limiter_user::{
-    config::XdpMode,
+    config::{XdpMode, XdpShare},
     object::{Variant, OBJECT},
     program::{LoadOptions, Program},
     verifier::BUDGET_INSNS,
@@ -36,16 +36,19 @@ fn out_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/guest/host"))
 }
 
+/// One build loaded on its own: the object holding it (the program stays loaded for
+/// the tests that read it by id), its info or why it did not load, and the load's time
+/// (the verifier is nearly all of it).
 struct Loaded {
     variant: Variant,
-    result: Result<(Option<u32>, Duration), String>,
+    _ebpf: aya::Ebpf,
+    result: Result<(aya::programs::ProgramInfo, Duration), String>,
 }
 
-/// Loads one build alone, with the default per-source sketch size: the object (which
-/// holds the loaded program) and the program's info, or why it did not load. The libxdp
-/// component loads as the plain XDP program it is before the daemon makes it an freplace
-/// one.
-fn load_alone(variant: Variant) -> (aya::Ebpf, Result<aya::programs::ProgramInfo, String>) {
+/// Loads one build alone, with the default per-source sketch size. The libxdp component
+/// loads as the plain XDP program it is before the daemon makes it an freplace one.
+fn load_alone(variant: Variant) -> Loaded {
+    let started = Instant::now();
     let mut ebpf = EbpfLoader::new()
         .map_max_entries(
             map_name::SRC_SKETCH,
@@ -65,37 +68,50 @@ fn load_alone(variant: Variant) -> (aya::Ebpf, Result<aya::programs::ProgramInfo
             .and_then(|()| p.info().map_err(|e| format!("{e:#}"))),
         _ => Err("not an XDP or TC program".to_string()),
     };
-    (ebpf, info)
+    let took = started.elapsed();
+    Loaded {
+        variant,
+        _ebpf: ebpf,
+        result: info.map(|i| (i, took)),
+    }
 }
 
-/// Loads each of `variants` alone and times the load (the verifier is nearly all of it).
-fn load_each(variants: &[Variant]) -> Vec<Loaded> {
-    variants
-        .iter()
-        .map(|&variant| {
-            let started = Instant::now();
-            let (_ebpf, info) = load_alone(variant);
-            let took = started.elapsed();
-            Loaded {
-                variant,
-                result: info.map(|i| (i.verified_instruction_count(), took)),
-            }
+/// Every build (the libxdp component included), each loaded once for
+/// the three tests of this file: under a guest's emulation each load is seconds of
+/// verifier time.
+fn every_build() -> std::sync::MutexGuard<'static, Vec<Loaded>> {
+    static LOADED: std::sync::OnceLock<std::sync::Mutex<Vec<Loaded>>> = std::sync::OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let builds = [
+                Variant::Linear,
+                Variant::MultiBuffer,
+                Variant::Tc,
+                Variant::Libxdp,
+            ];
+            std::sync::Mutex::new(builds.iter().map(|&v| load_alone(v)).collect())
         })
-        .collect()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[test]
 fn every_build_loads_and_every_mode_attaches() {
     let release = uname("-r");
-    let loaded = load_each(&Variant::ALL);
+    let loaded = every_build();
     let pair = VethPair::new(1).expect("creating the veth pair");
     let mut attached = Vec::new();
     for mode in [XdpMode::Native, XdpMode::Generic, XdpMode::Tc] {
-        let mut program = Program::load(&LoadOptions {
-            pin_dir: None,
-            max_sources: 1024,
-            handoff_array: None,
-        })
+        // The builds the daemon verifies for the mode: the rest are not needed to attach.
+        let builds = limiter_user::program::builds_for(XdpShare::Exclusive, mode);
+        let mut program = Program::load_builds(
+            &LoadOptions {
+                pin_dir: None,
+                max_sources: 1024,
+                handoff_array: None,
+            },
+            builds,
+        )
         .expect("loading the program");
         let result = program
             .attach(&pair.host, mode)
@@ -112,12 +128,13 @@ fn every_build_loads_and_every_mode_attaches() {
         "Kernel `{release}` (`{}`)\n\n| build | loads | verifier insns | load time |\n|---|---|---|---|\n",
         uname("-v")
     );
-    for l in &loaded {
+    for l in loaded.iter() {
         match &l.result {
-            Ok((insns, took)) => table.push_str(&format!(
+            Ok((info, took)) => table.push_str(&format!(
                 "| {} | yes | {} | {:.2} s |\n",
                 l.variant.as_str(),
-                insns.map_or("?".to_string(), |n| n.to_string()),
+                info.verified_instruction_count()
+                    .map_or("?".to_string(), |n| n.to_string()),
                 took.as_secs_f64()
             )),
             Err(e) => table.push_str(&format!("| {} | **no**: {e} | | |\n", l.variant.as_str())),
@@ -159,21 +176,21 @@ fn every_build_loads_and_every_mode_attaches() {
 #[test]
 fn every_build_stays_within_the_verifier_budget() {
     let release = uname("-r");
-    let loaded = load_each(&[
-        Variant::Linear,
-        Variant::MultiBuffer,
-        Variant::Tc,
-        Variant::Libxdp,
-    ]);
+    let loaded = every_build();
     let mut table = format!(
         "Kernel `{release}`: verifier budget {BUDGET_INSNS} instructions processed\n\n\
          | build | verifier insns | within budget |\n|---|---:|---|\n"
     );
     let mut failures = Vec::new();
-    for l in &loaded {
+    for l in loaded.iter() {
         let build = l.variant.as_str();
-        match &l.result {
-            Ok((Some(insns), _)) => {
+        match l
+            .result
+            .as_ref()
+            .map(|(info, _)| info.verified_instruction_count())
+        {
+            Ok(Some(insns)) => {
+                let insns = &insns;
                 let within = u64::from(*insns) <= BUDGET_INSNS;
                 table.push_str(&format!(
                     "| {build} | {insns} | {} |\n",
@@ -183,7 +200,7 @@ fn every_build_stays_within_the_verifier_budget() {
                     failures.push(format!("{build}: {insns} > {BUDGET_INSNS}"));
                 }
             }
-            Ok((None, _)) => {
+            Ok(None) => {
                 table.push_str(&format!("| {build} | ? | ? |\n"));
                 failures.push(format!(
                     "{build}: the kernel does not report verified_insns (Linux 5.16 and later do)"
@@ -207,11 +224,12 @@ fn every_build_stays_within_the_verifier_budget() {
 #[test]
 fn every_map_lookup_is_bound_to_its_map() {
     let mut generic = Vec::new();
-    for variant in Variant::ALL {
-        let (_ebpf, info) = load_alone(variant);
-        let id = info
-            .unwrap_or_else(|e| panic!("{}: {e}", variant.as_str()))
-            .id();
+    for l in every_build().iter() {
+        let variant = l.variant;
+        let id = match &l.result {
+            Ok((info, _)) => info.id(),
+            Err(e) => panic!("{}: {e}", variant.as_str()),
+        };
         let xlated =
             limiter_tests::tools::bpftool(&["prog", "dump", "xlated", "id", &id.to_string()])
                 .expect("bpftool prog dump xlated");

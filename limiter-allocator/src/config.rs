@@ -21,6 +21,7 @@
 //! rule = "contoso-web"                # the rule name in the daemons' configs
 //! rate = 10000                        # global quota per second, in the rule's unit
 //! burst = 2000
+//! unit = "packets"                    # the rule's unit in the daemons' configs (its metrics say it)
 //! ```
 
 use std::{
@@ -32,6 +33,7 @@ use std::{
 use anyhow::{bail, Result};
 use limiter_common::gcra::{Granularity, Limit, LimitError};
 use limiter_config::{
+    config_enum,
     schema::TLS_FILE,
     section,
     toml::de::{DeTable, DeValue},
@@ -136,8 +138,21 @@ section! {
         QUOTA_RULE = "rule", Required, Kind::String, "the rule name in the daemons' configs";
         QUOTA_RATE = "rate", Required, COUNT, "global quota per second, in the rule's unit: 1 to 10^12";
         QUOTA_BURST = "burst", Required, COUNT, "global burst: at least 1, refilled within a year at rate";
+        QUOTA_UNIT = "unit", Str(QuotaUnit::Packets.as_str()), Kind::Word(QuotaUnit::SPELLINGS), "the rule's unit in the daemons' configs: what the quota's metrics are named by";
     }
 }
+
+config_enum!(
+    /// A quota's unit: the rule's `unit` in the daemons' configs. The allocator splits
+    /// numbers alike in any unit; its metrics name the unit, so that no sum adds bytes to
+    /// packets.
+    QuotaUnit, "unit" {
+        Packets = "packets",
+        Bytes = "bytes",
+        /// TCP SYNs (packets).
+        Syn = "syn",
+    }
+);
 
 /// The most reports per second a healthy daemon sends with this report interval: one per
 /// interval, or one per `MIN_REPORT_SPACING_MS` when its early reports come as fast as
@@ -172,6 +187,9 @@ pub struct Config {
     pub limits: PeerLimits,
     pub tls: TlsConfig,
     pub quotas: Vec<Quota>,
+    /// Each quota's unit (`[[quotas]] unit`), by rule; a quota set at runtime for a rule
+    /// not in the file counts packets.
+    pub units: std::collections::HashMap<String, QuotaUnit>,
     /// Replicas: `None` runs one allocator on its own, as before etcd.
     pub election: Option<Election>,
 }
@@ -335,12 +353,13 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
     };
     let quotas = match root.get(QUOTAS.name) {
         Some(value) => quotas(c, value),
-        None => Some(Vec::new()),
+        None => Some((Vec::new(), Default::default())),
     };
     let election = match root.get(ELECTION.name) {
         Some(value) => election(c, value, listen, lease_ttl_ms, report_interval_ms).map(Some),
         None => Some(None),
     };
+    let (quotas, units) = quotas?;
     Some(Config {
         listen: listen?,
         metrics: metrics?,
@@ -351,7 +370,8 @@ fn read(c: &mut Checker<'_>, root: &DeTable<'_>) -> Option<Config> {
         credit_pct: credit_pct?,
         limits: limits?,
         tls: tls?,
-        quotas: quotas?,
+        quotas,
+        units,
         election: election?,
     })
 }
@@ -722,9 +742,13 @@ fn tls(c: &mut Checker<'_>, value: &Value<'_>) -> Option<TlsConfig> {
     TlsConfig::read(c, table, value.span(), "tls")
 }
 
-fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<Quota>> {
+/// The `[[quotas]]` and each one's unit, by rule.
+type Quotas = (Vec<Quota>, std::collections::HashMap<String, QuotaUnit>);
+
+fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Quotas> {
     let items = c.array(value, At::top("quotas"), "an array of tables ([[quotas]])")?;
     let mut quotas = Vec::new();
+    let mut units = std::collections::HashMap::new();
     let mut first_at: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let mut all_good = true;
     for (index, item) in items.iter().enumerate() {
@@ -760,6 +784,7 @@ fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<Quota>> {
         };
         let rate = required(c, &QUOTA_RATE);
         let burst = required(c, &QUOTA_BURST);
+        let unit: Option<QuotaUnit> = c.word_key(table, &QUOTA_UNIT, at.field(&field(&QUOTA_UNIT)));
         let rule_path = field(&QUOTA_RULE);
         let rule = match table.get(QUOTA_RULE.name) {
             Some(v) => c.string(v, at.field(&rule_path)).map(|s| (s, v.span())),
@@ -794,18 +819,19 @@ fn quotas(c: &mut Checker<'_>, value: &Value<'_>) -> Option<Vec<Quota>> {
                 first_at.insert(name.to_string(), (index, line));
             }
         }
-        match (rule, rate, burst) {
-            (Some((rule, _)), Some(rate), Some(burst)) if c.count() == before => {
+        match (rule, rate, burst, unit) {
+            (Some((rule, _)), Some(rate), Some(burst), Some(unit)) if c.count() == before => {
                 quotas.push(Quota {
                     rule: rule.to_string(),
                     rate,
                     burst,
-                })
+                });
+                units.insert(rule.to_string(), unit);
             }
             _ => all_good = false,
         }
     }
-    all_good.then_some(quotas)
+    all_good.then_some((quotas, units))
 }
 
 #[cfg(test)]
@@ -902,7 +928,7 @@ mod tests {
                 "a.toml:7:8: tls.cert: expected a string, found integer",
                 &format!("a.toml:11:9: quotas[0].burst (\"x\"): {}", LimitError::BurstZero),
                 "a.toml:13:8: quotas[1].rule (\"x\"): quota for rule \"x\" given twice (first in quotas[0], line 9)",
-                "a.toml:16:1: quotas[1].brust (\"x\"): unknown key \"brust\"; expected one of: rule, rate, burst",
+                "a.toml:16:1: quotas[1].brust (\"x\"): unknown key \"brust\"; expected one of: rule, rate, burst, unit",
             ]
         );
     }
@@ -1244,6 +1270,41 @@ mod tests {
         let c = Config::parse(text, Path::new("limiter-allocator.example.toml")).unwrap();
         assert_eq!(c.limits.max_hosts, 1024);
         assert_eq!(c.limits.handshake_timeout_ms, 2000);
+    }
+
+    /// A quota's unit names its metrics: packets unless the table says otherwise, one of
+    /// the daemon's words, anything else refused naming the key.
+    #[test]
+    fn a_quotas_unit_is_the_daemons_word_and_defaults_to_packets() {
+        let base = format!("listen = \"127.0.0.1:7443\"\n{TLS}");
+        let quota = |rule: &str, unit: &str| {
+            format!("[[quotas]]\nrule = \"{rule}\"\nrate = 10\nburst = 5\n{unit}")
+        };
+        let text = format!(
+            "{base}{}{}{}",
+            quota("web", ""),
+            quota("bulk", "unit = \"bytes\"\n"),
+            quota("syn", "unit = \"syn\"\n")
+        );
+        let c = Config::parse(&text, Path::new("a.toml")).unwrap();
+        let units: BTreeMap<&str, QuotaUnit> =
+            c.units.iter().map(|(r, u)| (r.as_str(), *u)).collect();
+        assert_eq!(
+            units,
+            BTreeMap::from([
+                ("bulk", QuotaUnit::Bytes),
+                ("syn", QuotaUnit::Syn),
+                ("web", QuotaUnit::Packets)
+            ])
+        );
+        let bad = format!("{base}{}", quota("web", "unit = \"frames\"\n"));
+        let err = Config::parse(&bad, Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("quotas[0].unit") && err.contains("bytes"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -249,6 +249,7 @@ async fn serve(config: Config, notifier: limiter_service::notify::Notifier) -> R
             .map_or(JoinerSizing::Reported, JoinerSizing::Configured),
     );
     initial.set_credit_pct(config.credit_pct);
+    initial.set_units(config.units.clone());
     let state = Arc::new(Mutex::new(initial));
     if let Some(election) = config.election.as_ref().filter(|e| e.shards.is_some()) {
         if let Ok(mut state) = state.lock() {
@@ -608,18 +609,13 @@ impl MetricSources {
         let r = &self.refused;
         let _ = writeln!(
             out,
-            "# HELP limiter_allocator_rejected_reports_total Reports refused as malformed or invalid.\n\
-             # TYPE limiter_allocator_rejected_reports_total counter\n\
-             limiter_allocator_rejected_reports_total {}",
-            r.invalid.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP limiter_allocator_refused_reports_total Reports refused by a peer bound: identity \
-             (host id not the certificate's), connection_rate and host_rate (max_reports_per_s), \
-             fleet_full (max_hosts), not_leader (a replica that redirects).\n# TYPE limiter_allocator_refused_reports_total counter"
+            "# HELP limiter_allocator_refused_reports_total Reports refused, by reason: invalid \
+             (malformed, or an unknown protocol version), identity (host id not the \
+             certificate's), connection_rate and host_rate (max_reports_per_s), fleet_full \
+             (max_hosts), not_leader (a replica that redirects).\n# TYPE limiter_allocator_refused_reports_total counter"
         );
         for (reason, v) in [
+            ("invalid", r.invalid.load(Relaxed)),
             ("identity", r.identity.load(Relaxed)),
             ("connection_rate", r.connection_rate.load(Relaxed)),
             ("host_rate", host_rate),

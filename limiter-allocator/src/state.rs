@@ -7,7 +7,7 @@ use limiter_fleet::alloc::{self, Report, RuleAllocator, Usage};
 use limiter_proto::pb::{ReportReply, ReportRequest, RuleElsewhere, RuleGrant};
 
 use crate::{
-    config::Quota,
+    config::{Quota, QuotaUnit},
     hosts::{HostLimits, HostTable, Refusal},
 };
 
@@ -18,7 +18,6 @@ pub struct State {
     hosts: HostTable,
     lease_ttl: Duration,
     report_interval: Duration,
-    started: u64,
     /// When this state began learning what hosts hold: the start, or the election won.
     learning_from: u64,
     pub reports: u64,
@@ -38,6 +37,22 @@ pub struct State {
     /// Each rule's credit cap in % of what its quota admits in one report interval
     /// (`alloc::credit_cap_for`); 0: no credit.
     credit_pct: u64,
+    /// Each rule's unit (`[[quotas]] unit`; a rule not named there counts packets, as
+    /// a daemon's rule does): the metrics of its quota and grants say it.
+    units: HashMap<String, QuotaUnit>,
+    /// Reports of a rule in another unit than this allocator's (its hosts count bytes,
+    /// its quota says packets, or the other way round).
+    pub unit_disagreements: u64,
+}
+
+/// How metric names say a quota's unit (as the daemon's do): a rate in packets/s and one
+/// in bytes/s never share a name.
+pub const fn unit_name(unit: QuotaUnit) -> &'static str {
+    match unit {
+        QuotaUnit::Packets => "packets",
+        QuotaUnit::Bytes => "bytes",
+        QuotaUnit::Syn => "syn_packets",
+    }
 }
 
 /// How a learning allocator sizes the share of a host that holds nothing: the
@@ -109,7 +124,6 @@ impl State {
             hosts: HostTable::new(hosts),
             lease_ttl,
             report_interval,
-            started: now,
             learning_from: now,
             reports: 0,
             refused_fleet_full: 0,
@@ -119,6 +133,8 @@ impl State {
             fleet_size: JoinerSizing::Off,
             fleet_size_disagreements: 0,
             credit_pct: 0,
+            units: HashMap::new(),
+            unit_disagreements: 0,
         }
     }
 
@@ -144,6 +160,11 @@ impl State {
     pub fn set_credit_pct(&mut self, pct: u64) {
         self.credit_pct = pct;
         self.tune_all();
+    }
+
+    /// Each rule's unit (`[[quotas]] unit`); rules not in `units` count packets.
+    pub fn set_units(&mut self, units: HashMap<String, QuotaUnit>) {
+        self.units = units;
     }
 
     /// While a rule learns, hosts that hold nothing get quota ÷ the `fleet_size` of
@@ -281,6 +302,19 @@ impl State {
             let Some(rule) = self.rules.get_mut(&r.rule) else {
                 continue;
             };
+            // A host that predates the field says nothing; a word this version does not
+            // know is no disagreement either.
+            if let Ok(unit) = r.unit.parse::<QuotaUnit>() {
+                if unit
+                    != self
+                        .units
+                        .get(&r.rule)
+                        .copied()
+                        .unwrap_or(QuotaUnit::Packets)
+                {
+                    self.unit_disagreements += 1;
+                }
+            }
             // The credit's inputs only from a host that sends them: an absent count is
             // not a host that admitted nothing (limiter-proto's RuleReport).
             let usage = r.admitted.map(|admitted| Usage {
@@ -331,7 +365,6 @@ impl State {
             self.hosts.limits(),
             now,
         );
-        fresh.started = self.started;
         fresh.learning_from = now;
         fresh.reports = self.reports;
         fresh.refused_fleet_full = self.refused_fleet_full;
@@ -340,6 +373,8 @@ impl State {
         fresh.fleet_size = self.fleet_size;
         fresh.fleet_size_disagreements = self.fleet_size_disagreements;
         fresh.credit_pct = self.credit_pct;
+        fresh.units = self.units.clone();
+        fresh.unit_disagreements = self.unit_disagreements;
         fresh.tune_all();
         fresh
     }
@@ -405,15 +440,30 @@ impl State {
     /// makes these at most once a second, however often it is scraped.
     pub fn rule_metrics(&mut self, now: u64) -> String {
         let mut out = String::new();
+        // In the rule's unit: one name per unit, so no sum adds bytes to packets.
+        let unit_families = [
+            (
+                "quota",
+                "_per_second",
+                "Global quota of the rule, per second, in the unit of the name (the quota's unit).",
+            ),
+            (
+                "granted",
+                "_per_second",
+                "Sum of the shares granted and not lapsed, per second, in the unit of the name (never above the quota; a zero share is closed and counts 0).",
+            ),
+            (
+                "credit_level",
+                "",
+                "The credit level, in the unit of the name: quota the fleet left unused while hosts refused frames, lent to them as grants' credit (at most the cap).",
+            ),
+            (
+                "credit_cap",
+                "",
+                "The most credit the rule's hosts hold at once, in the unit of the name: credit_pct % of what the quota admits in one report interval (0: no credit).",
+            ),
+        ];
         let families = [
-            (
-                "limiter_allocator_quota_per_second",
-                "Global quota of the rule, per second, in the rule's unit (the allocator does not know it).",
-            ),
-            (
-                "limiter_allocator_granted_per_second",
-                "Sum of the shares granted and not lapsed, per second (never above the quota; a zero share is closed and counts 0).",
-            ),
             (
                 "limiter_allocator_hosts",
                 "Hosts with a live report for the rule.",
@@ -434,41 +484,50 @@ impl State {
                 "limiter_allocator_assigned",
                 "1 when this allocator's group grants the rule (always, without sharding).",
             ),
-            (
-                "limiter_allocator_credit_level",
-                "The credit level, in the rule's unit: quota the fleet left unused while hosts refused frames, lent to them as grants' credit (at most the cap).",
-            ),
-            (
-                "limiter_allocator_credit_cap",
-                "The most credit the rule's hosts hold at once: credit_pct % of what the quota admits in one report interval (0: no credit).",
-            ),
         ];
-        let mut rows: Vec<[f64; 9]> = Vec::new();
+        let mut rows: Vec<(QuotaUnit, [f64; 4], [f64; 5])> = Vec::new();
         let mut names: Vec<String> = self.rules.keys().cloned().collect();
         names.sort();
         for name in &names {
             let owned = f64::from(u8::from(self.owns(name)));
+            let unit = self.units.get(name).copied().unwrap_or(QuotaUnit::Packets);
             let Some(r) = self.rules.get_mut(name) else {
                 continue;
             };
             let allocations = r.allocations(now);
             let demands = r.demands();
-            rows.push([
-                r.quota as f64,
-                r.outstanding(now) as f64,
-                r.hosts() as f64,
-                allocations.iter().filter(|a| a.saturated).count() as f64,
-                alloc::fairness_index(&demands, &allocations),
-                f64::from(u8::from(r.learning(now))),
-                owned,
-                r.credit_level() as f64,
-                r.credit_cap as f64,
-            ]);
+            rows.push((
+                unit,
+                [
+                    r.quota as f64,
+                    r.outstanding(now) as f64,
+                    r.credit_level() as f64,
+                    r.credit_cap as f64,
+                ],
+                [
+                    r.hosts() as f64,
+                    allocations.iter().filter(|a| a.saturated).count() as f64,
+                    alloc::fairness_index(&demands, &allocations),
+                    f64::from(u8::from(r.learning(now))),
+                    owned,
+                ],
+            ));
+        }
+        for &unit in QuotaUnit::ALL {
+            for (k, (what, per, help)) in unit_families.iter().enumerate() {
+                let name = format!("limiter_allocator_{what}_{}{per}", unit_name(unit));
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+                for (rule, (_, values, _)) in
+                    names.iter().zip(&rows).filter(|(_, (u, _, _))| *u == unit)
+                {
+                    let _ = writeln!(out, "{name}{{rule=\"{rule}\"}} {}", values[k]);
+                }
+            }
         }
         for (k, (name, help)) in families.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for (rule, row) in names.iter().zip(&rows) {
-                let _ = writeln!(out, "{name}{{rule=\"{rule}\"}} {}", row[k]);
+            for (rule, (_, _, values)) in names.iter().zip(&rows) {
+                let _ = writeln!(out, "{name}{{rule=\"{rule}\"}} {}", values[k]);
             }
         }
         out
@@ -504,8 +563,12 @@ impl State {
         );
         let _ = writeln!(
             out,
-            "# HELP limiter_allocator_uptime_seconds Seconds since start.\n# TYPE limiter_allocator_uptime_seconds gauge\nlimiter_allocator_uptime_seconds {}",
-            now.saturating_sub(self.started) / 1_000_000_000
+            "# HELP limiter_allocator_unit_disagreements_total Reports of a rule in another unit \
+             than its quota's ([[quotas]] unit, default packets): the quota and grants are read \
+             in the hosts' unit, the metrics name the quota's.\n\
+             # TYPE limiter_allocator_unit_disagreements_total counter\n\
+             limiter_allocator_unit_disagreements_total {}",
+            self.unit_disagreements
         );
         out
     }
@@ -667,11 +730,11 @@ mod tests {
         assert_eq!((a.credit, b.credit), (40, 40), "{grants:?}");
         let m = s.metrics(10 * S);
         assert!(
-            m.contains("limiter_allocator_credit_level{rule=\"web\"} 80\n"),
+            m.contains("limiter_allocator_credit_level_packets{rule=\"web\"} 80\n"),
             "{m}"
         );
         assert!(
-            m.contains("limiter_allocator_credit_cap{rule=\"web\"} 80\n"),
+            m.contains("limiter_allocator_credit_cap_packets{rule=\"web\"} 80\n"),
             "{m}"
         );
 
@@ -728,7 +791,7 @@ mod tests {
         assert_eq!(s.handle(&req("c", 0, 0), t).grants[0].rate, 0);
         let m = s.metrics(t);
         assert!(
-            m.contains("limiter_allocator_granted_per_second{rule=\"web\"} 1000\n"),
+            m.contains("limiter_allocator_granted_packets_per_second{rule=\"web\"} 1000\n"),
             "{m}"
         );
         assert!(
@@ -743,10 +806,71 @@ mod tests {
         assert_eq!(a.grants[0].ttl_ms, 3000);
         let m = s.metrics(t);
         assert!(
-            m.contains("limiter_allocator_granted_per_second{rule=\"web\"} 1000"),
+            m.contains("limiter_allocator_granted_packets_per_second{rule=\"web\"} 1000"),
             "{m}"
         );
         assert!(m.contains("limiter_allocator_hosts{rule=\"web\"} 3"), "{m}");
+    }
+
+    /// Quotas and grants are named by the quota's unit (packets unless `[[quotas]] unit`
+    /// says otherwise): never a rate of bytes under a name of packets; a host that reports
+    /// another unit is counted, one that predates the field is not.
+    #[test]
+    fn quota_and_grant_metrics_name_the_quotas_unit() {
+        let quota = "limiter_allocator_quota_";
+        let mut s = web_state();
+        let m = s.metrics(S);
+        assert!(
+            m.contains(&format!("{quota}packets_per_second{{rule=\"web\"}} 1000\n")),
+            "{m}"
+        );
+        for unit in ["bytes", "syn"] {
+            let mut s = web_state();
+            s.set_units([("web".to_string(), unit.parse().unwrap())].into());
+            let m = s.metrics(S);
+            let name = if unit == "syn" { "syn_packets" } else { unit };
+            assert!(
+                m.contains(&format!("{quota}{name}_per_second{{rule=\"web\"}} 1000\n")),
+                "{m}"
+            );
+            assert!(
+                m.contains(&format!(
+                    "limiter_allocator_granted_{name}_per_second{{rule=\"web\"}} 0\n"
+                )),
+                "{m}"
+            );
+            assert!(
+                m.contains(&format!(
+                    "limiter_allocator_credit_cap_{name}{{rule=\"web\"}} "
+                )),
+                "{m}"
+            );
+            assert!(!m.contains(&format!("{quota}packets_per_second{{")), "{m}");
+        }
+        let disagreements = |s: &mut State| {
+            let m = s.metrics(S);
+            m.lines()
+                .find_map(|l| l.strip_prefix("limiter_allocator_unit_disagreements_total "))
+                .map(|v| v.to_string())
+                .unwrap_or_else(|| panic!("no disagreement counter in {m}"))
+        };
+        s.handle(&req("a", 100, 0), S);
+        let mut old = req("b", 100, 0);
+        old.rules[0].unit = String::new();
+        s.handle(&old, S);
+        assert_eq!(disagreements(&mut s), "0");
+        let mut bytes = req("c", 100, 0);
+        bytes.rules[0].unit = "bytes".into();
+        s.handle(&bytes, S);
+        assert_eq!(disagreements(&mut s), "1");
+        // A new leader's state keeps the units and the count.
+        let mut leader = s.restarted(2 * S);
+        assert_eq!(disagreements(&mut leader), "1");
+        let m = leader.metrics(2 * S);
+        assert!(
+            m.contains(&format!("{quota}packets_per_second{{rule=\"web\"}}")),
+            "{m}"
+        );
     }
 
     #[test]

@@ -36,7 +36,8 @@ pub const LEADER_METADATA: &str = "limiter-leader";
 
 impl pb::ReportRequest {
     /// A report in this build's protocol version of one rule's demand and held share,
-    /// with no refusals: what tests and tools that speak for one host send.
+    /// with no refusals, for a rule counting packets: what tests and tools that speak for
+    /// one host send.
     pub fn one_rule(host: &str, rule: &str, demand: u64, held: u64) -> pb::ReportRequest {
         pb::ReportRequest {
             version: VERSION,
@@ -45,6 +46,7 @@ impl pb::ReportRequest {
                 rule: rule.into(),
                 demand,
                 held,
+                unit: "packets".into(),
                 ..pb::RuleReport::default()
             }],
             fleet_size: 0,

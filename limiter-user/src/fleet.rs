@@ -556,6 +556,10 @@ impl FleetState {
                 admitted,
                 credited,
                 credit,
+                unit: self
+                    .units
+                    .get(name)
+                    .map_or_else(String::new, |u| u.as_str().to_string()),
             });
             self.last.insert(name.clone(), (sample, now));
             self.asking.remove(name);

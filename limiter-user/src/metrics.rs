@@ -305,78 +305,78 @@ pub fn render(s: &Snapshot) -> String {
     let g = &s.stats.global;
     for (name, help, v) in [
         (
-            "limiter_malformed_total",
+            "limiter_malformed_packets_total",
             "Frames the parser could not read (passed).",
             g.counters.malformed,
         ),
-        ("limiter_non_ip_total", "Non-IP frames (passed).", g.counters.non_ip),
+        ("limiter_non_ip_packets_total", "Frames that are not IP (passed).", g.counters.non_ip),
         (
-            "limiter_unmatched_total",
-            "IP frames no rule matched (passed).",
+            "limiter_unmatched_packets_total",
+            "Frames of IP that no rule matched (passed).",
             g.counters.unmatched,
         ),
         (
-            "limiter_source_insert_failures_total",
+            "limiter_source_insert_failed_packets_total",
             "Frames a per-source limit could not meter (the sketch not set up yet).",
             g.counters.insert_failures,
         ),
         (
-            "limiter_new_sources_total",
+            "limiter_new_source_packets_total",
             "Frames from sources the per-source sketch held no state for (new sources).",
             g.new_sources,
         ),
         (
-            "limiter_source_refusals_total",
+            "limiter_source_refused_packets_total",
             "Frames refused by a per-source limit.",
             g.source_refusals,
         ),
         (
-            "limiter_contended_total",
+            "limiter_contended_packets_total",
             "Frames passed unmetered after losing the bucket update race.",
             g.counters.contended,
         ),
         (
-            "limiter_fragments_total",
-            "IP fragments (first and later ones).",
+            "limiter_fragment_packets_total",
+            "Frames that are IP fragments (first and later ones).",
             g.headers.fragments,
         ),
         (
-            "limiter_tiny_fragments_total",
-            "First fragments without the whole transport header or IPv6 header chain (refused).",
+            "limiter_tiny_fragment_packets_total",
+            "Frames that are first fragments without the whole transport header or IPv6 header chain (refused).",
             g.headers.tiny_fragments,
         ),
         (
-            "limiter_orphan_fragments_total",
-            "Later fragments without a passed first fragment, to a rule that depends on ports (refused).",
+            "limiter_orphan_fragment_packets_total",
+            "Frames that are later fragments without a passed first fragment, to a rule that depends on ports (refused).",
             g.headers.orphan_fragments,
         ),
         (
-            "limiter_overlapping_fragments_total",
-            "Later fragments overlapping the first fragment's headers (refused).",
+            "limiter_overlapping_fragment_packets_total",
+            "Frames that are later fragments overlapping the first fragment's headers (refused).",
             g.headers.overlapping_fragments,
         ),
         (
-            "limiter_long_header_chains_total",
-            "IPv6 extension-header chains longer than the program walks (refused where a rule covers the destination).",
+            "limiter_long_header_chain_packets_total",
+            "Frames whose IPv6 extension-header chain is longer than the program walks (refused where a rule covers the destination).",
             g.headers.long_header_chains,
         ),
         (
-            "limiter_deep_vlan_stacks_total",
+            "limiter_deep_vlan_stack_packets_total",
             "Frames with more VLAN tags than the program walks (dropped).",
             g.headers.deep_vlan_stacks,
         ),
         (
-            "limiter_tunnel_decapsulated_total",
+            "limiter_tunnel_decapsulated_packets_total",
             "Frames of a tunnel their interface decapsulates, classified by their inner header.",
             g.tunnels.decapsulated,
         ),
         (
-            "limiter_tunnel_unreadable_total",
+            "limiter_tunnel_unreadable_packets_total",
             "Frames of a decapsulated tunnel whose outer first fragment does not hold the inner headers (dropped).",
             g.tunnels.unreadable,
         ),
         (
-            "limiter_handoff_missing_total",
+            "limiter_handoff_missing_packets_total",
             "Frames the limiter passed whose next program (next_program, join_program_array) was missing: passed to the stack (fail open).",
             g.handoff_missing,
         ),
@@ -399,12 +399,16 @@ pub fn render(s: &Snapshot) -> String {
         );
         family(
             &mut out,
-            "limiter_fleet_credited_total",
+            "limiter_fleet_credited_packets_total",
             "counter",
             "Frames (packets, SYNs) admitted on the fleet's credit since the daemon started: \
              refused by a share's bucket, admitted on quota the fleet left unused.",
         );
-        let _ = writeln!(out, "limiter_fleet_credited_total {}", fleet.credited);
+        let _ = writeln!(
+            out,
+            "limiter_fleet_credited_packets_total {}",
+            fleet.credited
+        );
         family(
             &mut out,
             "limiter_fleet_report_failures_total",
@@ -789,7 +793,7 @@ mod tests {
         assert!(text
             .contains("limiter_rule_sources_saturation_transitions_total{rule=\"we\\\"b\"} 3\n"));
         assert!(text.contains("limiter_fleet_grants_refused_total 6\n"));
-        assert!(text.contains("limiter_fleet_credited_total 41\n"));
+        assert!(text.contains("limiter_fleet_credited_packets_total 41\n"));
         assert!(text.contains("limiter_fleet_report_failures_total 9\n"));
         assert!(text.contains("limiter_fleet_tls_reload_failures_total 2\n"));
         assert!(text.contains("limiter_fleet_size_disagreement 1\n"));
@@ -833,12 +837,12 @@ mod tests {
         assert!(text.contains("limiter_rule_share_state{rule=\"we\\\"b\",state=\"leased\"} 0\n"));
         assert!(text.contains("limiter_source_sketch_busy_ratio 0.25\n"));
         assert!(text.contains("limiter_source_sketch_width 1024\n"));
-        assert!(text.contains("limiter_new_sources_total 13\n"));
+        assert!(text.contains("limiter_new_source_packets_total 13\n"));
         assert!(text.contains("limiter_bypass 1\n"));
-        assert!(text.contains("limiter_contended_total 5\n"));
-        assert!(text.contains("limiter_tiny_fragments_total 7\n"));
-        assert!(text.contains("limiter_deep_vlan_stacks_total 11\n"));
-        assert!(text.contains("limiter_handoff_missing_total 12\n"));
+        assert!(text.contains("limiter_contended_packets_total 5\n"));
+        assert!(text.contains("limiter_tiny_fragment_packets_total 7\n"));
+        assert!(text.contains("limiter_deep_vlan_stack_packets_total 11\n"));
+        assert!(text.contains("limiter_handoff_missing_packets_total 12\n"));
         assert!(!text.contains("limiter_program_runs_total"));
         // Every sample line belongs to a family announced with HELP and TYPE.
         for line in text.lines().filter(|l| !l.starts_with('#')) {

@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod evasion;
 pub mod fixture;
 pub mod frame;
+pub mod guide;
 pub mod handoff;
 pub mod live;
 pub mod netns;

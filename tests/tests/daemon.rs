@@ -730,10 +730,10 @@ fn metrics_endpoint_is_scraped_and_parsed() {
         1.0
     );
     assert_eq!(value("limiter_source_sketch_width", ""), 1_048_576.0);
-    assert!(value("limiter_new_sources_total", "") >= 3.0);
+    assert!(value("limiter_new_source_packets_total", "") >= 3.0);
     assert!(samples
         .iter()
-        .any(|(n, _, _)| n == "limiter_malformed_total"));
+        .any(|(n, _, _)| n == "limiter_malformed_packets_total"));
     daemon.stop();
 }
 

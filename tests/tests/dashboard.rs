@@ -16,7 +16,7 @@ use std::{
 };
 
 use common::{
-    fleet::{daemon_config, free_port, scrape_text, Allocator},
+    fleet::{daemon_config, free_port, scrape_text, Allocator, LEASE_MS, REPORT_MS},
     pki::Pki,
     Lab,
 };
@@ -849,10 +849,174 @@ fn unmatched(selector: &Selector, series: &[BTreeMap<String, String>]) -> Vec<St
     out
 }
 
+// ---------------------------------------------------------------------------------------
+// Every name served follows the naming rules.
+
+/// The families of one scrape: name → (TYPE, HELP).
+fn families(text: &str) -> BTreeMap<String, (String, String)> {
+    let mut out: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for line in text.lines() {
+        let mut words = line.splitn(4, ' ');
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("#"), Some("TYPE"), Some(name), Some(kind)) => {
+                out.entry(name.to_string()).or_default().0 = kind.trim().to_string();
+            }
+            (Some("#"), Some("HELP"), Some(name), help) => {
+                out.entry(name.to_string()).or_default().1 = help.unwrap_or("").to_string();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What in `text` (one binary's scrape, `what` names it) breaks the metric naming rules
+/// docs/operations.md states (Prometheus's practice):
+/// - every sample's family has HELP and TYPE;
+/// - a counter ends in `_total`, nothing else does;
+/// - a counter of frames (its HELP starts "Frames") says `packets`, one of bytes (HELP
+///   "Bytes") says `bytes`; a rate (`_per_second`) and anything "in the rule's unit" says
+///   which unit, in the name: no `unit` label, so no sum adds bytes to packets;
+/// - base units: seconds and bytes, never milli-, kilo-, percent;
+/// - one name per meaning: process age is `process_start_time_seconds` (no `_uptime_`),
+///   and refusals are `refused` (two names that differ only by a synonym are one meaning).
+fn naming_problems(what: &str, text: &str) -> Vec<String> {
+    let families = families(text);
+    let mut problems = Vec::new();
+    let unit = |name: &str| name.contains("_packets") || name.contains("_bytes");
+    for (name, labels, _) in samples(text) {
+        if !families
+            .get(&name)
+            .is_some_and(|(kind, help)| !kind.is_empty() && !help.is_empty())
+        {
+            problems.push(format!("{what}: {name} has no HELP and TYPE of its own"));
+        }
+        if label_matchers(&labels).iter().any(|(l, _, _)| l == "unit") {
+            problems.push(format!(
+                "{what}: {name} has a unit label (the unit goes in the name)"
+            ));
+        }
+    }
+    let mut meanings: BTreeMap<String, &str> = BTreeMap::new();
+    for (name, (kind, help)) in &families {
+        let bad = |why: &str| format!("{what}: {name} ({kind}): {why}");
+        match (kind.as_str(), name.ends_with("_total")) {
+            ("counter", false) => problems.push(bad("a counter must end in _total")),
+            ("counter", true) => {}
+            (_, true) => problems.push(bad("only counters end in _total")),
+            _ => {}
+        }
+        if kind == "counter" && help.starts_with("Frames") && !name.contains("_packets") {
+            problems.push(bad(
+                "counts frames (its HELP says so) but does not say _packets",
+            ));
+        }
+        if kind == "counter" && help.starts_with("Bytes") && !name.contains("_bytes") {
+            problems.push(bad(
+                "counts bytes (its HELP says so) but does not say _bytes",
+            ));
+        }
+        if name.ends_with("_per_second") && !unit(name) {
+            problems.push(bad(
+                "a rate that does not say of what (_packets_per_second, _bytes_per_second)",
+            ));
+        }
+        if help.contains("rule's unit") && !unit(name) {
+            problems.push(bad("in the rule's unit, which its name does not say"));
+        }
+        for word in ["milli", "_ms", "kilo", "mega", "percent"] {
+            if name.contains(word) {
+                problems.push(bad(&format!("{word}: not a base unit")));
+            }
+        }
+        if name.contains("_uptime") {
+            problems.push(bad("duplicates process_start_time_seconds"));
+        }
+        let meaning = name
+            .replace("rejected", "refused")
+            .replace("denied", "refused");
+        if let Some(other) = meanings.insert(meaning, name) {
+            problems.push(bad(&format!(
+                "means what {other} means: one name per meaning"
+            )));
+        }
+    }
+    if !families.contains_key("process_start_time_seconds") {
+        problems.push(format!("{what}: no process_start_time_seconds"));
+    }
+    problems
+}
+
+#[test]
+fn the_naming_rules_catch_each_kind_of_bad_name() {
+    let good = "# HELP limiter_rule_passed_packets_total Frames the rule passed.\n\
+                # TYPE limiter_rule_passed_packets_total counter\n\
+                limiter_rule_passed_packets_total{rule=\"a\"} 1\n\
+                # HELP x_quota_bytes_per_second Quota, in the rule's unit.\n\
+                # TYPE x_quota_bytes_per_second gauge\nx_quota_bytes_per_second{rule=\"a\"} 1\n\
+                # HELP process_start_time_seconds Start.\n\
+                # TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1\n";
+    assert_eq!(naming_problems("good", good), Vec::<String>::new());
+    let family = |name: &str, kind: &str, help: &str, labels: &str| {
+        format!("{good}# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} 1\n")
+    };
+    for (text, why) in [
+        (family("x_frames", "counter", "Frames.", ""), "_total"),
+        (family("x_up_total", "gauge", "Up.", ""), "only counters"),
+        (
+            family("x_malformed_total", "counter", "Frames unread.", ""),
+            "_packets",
+        ),
+        (family("x_cut_total", "counter", "Bytes cut.", ""), "_bytes"),
+        (
+            family("x_quota_per_second", "gauge", "Quota.", ""),
+            "of what",
+        ),
+        (
+            family("x_credit", "gauge", "Credit in the rule's unit.", ""),
+            "rule's unit",
+        ),
+        (
+            family(
+                "x_rate_packets_per_second",
+                "gauge",
+                "Rate.",
+                "{unit=\"bytes\"}",
+            ),
+            "unit label",
+        ),
+        (
+            family("x_delay_milliseconds", "gauge", "Delay.", ""),
+            "base unit",
+        ),
+        (
+            family("x_uptime_seconds", "gauge", "Up.", ""),
+            "process_start_time_seconds",
+        ),
+        (
+            family("x_refused_reports_total", "counter", "Refused.", "")
+                + &family("x_rejected_reports_total", "counter", "Rejected.", ""),
+            "one name per meaning",
+        ),
+        (format!("{good}x_bare 1\n"), "no HELP and TYPE"),
+        (
+            good.replace("process_start_time_seconds", "process_start"),
+            "no process_start_time_seconds",
+        ),
+    ] {
+        let problems = naming_problems("bad", &text);
+        assert!(
+            problems.iter().any(|p| p.contains(why)),
+            "{why:?} not found in {problems:?}"
+        );
+    }
+}
+
 /// Every metric the dashboard and the rules query is served by one of a fleet daemon
 /// (fleet metrics, interfaces), a standalone daemon joined into a stand-in LB's root
 /// array with a per-source rule and a rule of each unit (the joined slot, saturation
-/// gauges, rates in force), and the allocator.
+/// gauges, rates in force), and the allocator with a quota of each unit; and every name
+/// those three serve follows the naming rules ([`naming_problems`]).
 #[test]
 fn every_metric_queried_is_served_by_a_daemon_or_the_allocator() {
     let wanted = queried_metrics();
@@ -861,7 +1025,16 @@ fn every_metric_queried_is_served_by_a_daemon_or_the_allocator() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(dir.path());
     let allocator_metrics = free_port();
-    let allocator = Allocator::with_metrics(dir.path(), &pki, Some(allocator_metrics));
+    // A quota of each unit: quotas and grants are served under their unit only.
+    let allocator = Allocator::configured(
+        dir.path(),
+        &pki,
+        Some(allocator_metrics),
+        LEASE_MS,
+        REPORT_MS,
+        "[[quotas]]\nrule = \"bulk\"\nrate = 1000000\nburst = 100000\nunit = \"bytes\"\n\
+         [[quotas]]\nrule = \"syn\"\nrate = 50\nburst = 5\nunit = \"syn\"\n",
+    );
     let fleet = Lab::new(&daemon_config("lb-1", &pki, allocator.port, "lb-1"));
     let fleet_daemon = fleet.start();
     let joined = joined::JoinedDaemon::start();
@@ -907,9 +1080,22 @@ fn every_metric_queried_is_served_by_a_daemon_or_the_allocator() {
         }
         std::thread::sleep(Duration::from_millis(300));
     };
+    let mut naming = Vec::new();
+    for (what, port) in [
+        ("the fleet daemon", fleet.metrics_port),
+        ("the joined daemon", joined.lab.metrics_port),
+        ("the allocator", allocator_metrics),
+    ] {
+        naming.extend(naming_problems(what, &scrape_text(port)));
+    }
     drop(joined);
     fleet_daemon.stop();
     drop(allocator);
+    assert!(
+        naming.is_empty(),
+        "metric names that break the naming rules (docs/operations.md, Metrics):\n{}",
+        naming.join("\n")
+    );
     assert!(
         missing.is_empty(),
         "metrics, labels or values queried that no daemon or allocator serves:\n{}",

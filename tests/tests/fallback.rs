@@ -16,6 +16,7 @@ use std::{process::Command, time::Duration};
 
 use common::{join, two_ports, Lab};
 use limiter_tests::{
+    guide,
     rx::RxCounter,
     tools,
     xdp_tools::{libxdp_installs_a_dispatcher, LibxdpState, XdpFilter},
@@ -446,4 +447,82 @@ fn xdp_filters_tools_keep_working_and_cannot_undo_the_takeover() {
     );
     restarted.stop();
     filter.forget();
+}
+
+// ---------------------------------------------------------------------------------------
+// The guide in docs/sharing.md, run as an operator copies it.
+
+/// Runs docs/sharing.md's block `block` on the lab's interface, config, socket and pins.
+fn run_guide(lab: &Lab, block: &str) -> guide::Run {
+    guide::run(
+        block,
+        &guide::Target {
+            iface: &lab.pair.host,
+            config: &lab.config,
+            socket: &lab.socket,
+            pin_dir: &lab.pins.path,
+            log: lab.dir.path().join("guide.log"),
+        },
+    )
+}
+
+/// docs/sharing.md's step by step for the fallback runs as written, against Debian's
+/// xdp-filter and the real `limiter`: the limiter takes xdp-filter's hook and status shows
+/// it tail-calling it; detach gives the very program back; the daemon is gone.
+#[test]
+fn the_fallback_guide_runs_as_written() {
+    let _state = LibxdpState::new();
+    needs_freplace_refused();
+    let lab = Lab::new(WEB);
+    let block = guide::block("docs/sharing.md", "fallback-guide");
+    assert!(
+        block.contains("limiter run") && !block.contains("cargo"),
+        "the guide runs the installed limiter, not the build tool:\n{block}"
+    );
+    let run = run_guide(&lab, &block);
+    assert!(run.ok, "the guide failed:\n{}", run.said);
+    assert!(
+        run.said.contains("xdpfilt") && run.said.contains("tail call"),
+        "status does not show the limiter tail-calling xdp-filter:\n{}",
+        run.said
+    );
+    assert!(
+        !lab.socket.exists(),
+        "the daemon is still there after detach"
+    );
+    assert!(
+        !taken_pin(&lab).exists(),
+        "the taken program is still pinned"
+    );
+}
+
+/// The harness catches the guide's old mistake: the keys appended after the last
+/// `[[rules]]` table are keys of that rule, which `check` refuses, and the run stops
+/// there (no daemon started).
+#[test]
+fn the_fallback_guide_test_catches_keys_appended_after_the_rules() {
+    let _state = LibxdpState::new();
+    let lab = Lab::new(WEB);
+    let block = guide::block("docs/sharing.md", "fallback-guide");
+    let sed = block
+        .lines()
+        .find(|l| l.starts_with("sed -i '1i xdp_share"))
+        .expect("the guide puts the keys at the top with sed")
+        .to_string();
+    let appended = block.replace(
+        &sed,
+        "cat >> \"$CONFIG\" <<'TOML'\nxdp_share = \"libxdp\"\nxdp_share_fallback = \"tail-call\"\nTOML",
+    );
+    let run = run_guide(&lab, &appended);
+    assert!(
+        !run.ok,
+        "keys appended after the rules passed:\n{}",
+        run.said
+    );
+    assert!(
+        run.said.contains("xdp_share"),
+        "check does not name the misplaced key:\n{}",
+        run.said
+    );
+    assert!(!lab.socket.exists(), "a daemon started");
 }

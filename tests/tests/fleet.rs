@@ -610,10 +610,10 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
     );
     assert!(m["process_start_time_seconds"] > 0.0);
     assert_eq!(
-        m["limiter_allocator_quota_per_second{rule=\"web\"}"],
+        m["limiter_allocator_quota_packets_per_second{rule=\"web\"}"],
         QUOTA as f64
     );
-    let granted = m["limiter_allocator_granted_per_second{rule=\"web\"}"];
+    let granted = m["limiter_allocator_granted_packets_per_second{rule=\"web\"}"];
     assert!(
         granted <= QUOTA as f64 && granted >= QUOTA as f64 * 0.9,
         "granted {granted}"
@@ -656,7 +656,7 @@ fn quota_changes_on_the_allocator_reach_the_fleet_and_metrics_show_it() {
         "admitted {rate:.0}/s after the cut"
     );
     assert_eq!(
-        scrape(metrics_port)["limiter_allocator_quota_per_second{rule=\"web\"}"],
+        scrape(metrics_port)["limiter_allocator_quota_packets_per_second{rule=\"web\"}"],
         1500.0
     );
     let bad = Command::new(Allocator::binary())
@@ -809,7 +809,7 @@ fn a_zero_share_is_closed_and_its_first_refusals_ask_for_a_real_one() {
         "{explain}"
     );
     let metric = |name: &str| scrape(metrics_port)[name];
-    let granted = || metric("limiter_allocator_granted_per_second{rule=\"web\"}");
+    let granted = || metric("limiter_allocator_granted_packets_per_second{rule=\"web\"}");
     // The fairness index counts hosts with demand: 1 while only lb-1 has any.
     let fairness = || metric("limiter_allocator_fairness{rule=\"web\"}");
     // The allocator makes its rule metrics at most every 500 ms: the hosts can hold the

@@ -189,7 +189,9 @@ fn next_program_pin_gets_what_the_limiter_passes_and_follows_the_pin() {
     );
     let metrics = common::metrics(&lab);
     assert!(
-        metrics.contains(&format!("limiter_handoff_missing_total {missing}\n")),
+        metrics.contains(&format!(
+            "limiter_handoff_missing_packets_total {missing}\n"
+        )),
         "{metrics}"
     );
     daemon.stop();

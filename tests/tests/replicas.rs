@@ -782,7 +782,7 @@ fn quota_changes_need_etcd_and_survive_its_restart() {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let m = scrape_replica(g.metrics[follower]);
-        if m.get("limiter_allocator_quota_per_second{rule=\"web\"}") == Some(&2000.0) {
+        if m.get("limiter_allocator_quota_packets_per_second{rule=\"web\"}") == Some(&2000.0) {
             break;
         }
         assert!(
@@ -799,7 +799,7 @@ fn quota_changes_need_etcd_and_survive_its_restart() {
     for i in 0..3 {
         let m = scrape_replica(g.metrics[i]);
         assert_eq!(
-            m["limiter_allocator_quota_per_second{rule=\"web\"}"], 2000.0,
+            m["limiter_allocator_quota_packets_per_second{rule=\"web\"}"], 2000.0,
             "replica {i}"
         );
     }
@@ -1155,7 +1155,7 @@ impl Sharded {
             for rule in RULES {
                 let assigned = m[&format!("limiter_allocator_assigned{{rule=\"{rule}\"}}")];
                 let granted =
-                    m[&format!("limiter_allocator_granted_per_second{{rule=\"{rule}\"}}")];
+                    m[&format!("limiter_allocator_granted_packets_per_second{{rule=\"{rule}\"}}")];
                 if owner[rule] == k {
                     assert_eq!(assigned, 1.0, "group {k} does not own {rule}");
                     assert!(granted > 0.0, "group {k} grants nothing of its {rule}");

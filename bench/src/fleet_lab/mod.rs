@@ -275,7 +275,7 @@ pub struct ReplicaReading {
     pub term: u64,
     /// `limiter_allocator_etcd_reachable`.
     pub etcd_reachable: Option<bool>,
-    /// `limiter_allocator_granted` of the rule: the sum of the shares in force.
+    /// `limiter_allocator_granted_<unit>_per_second` of the rule: the sum of the shares in force.
     pub granted: Option<u64>,
     /// `limiter_allocator_hosts`.
     pub hosts: Option<u64>,

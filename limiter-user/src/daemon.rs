@@ -197,6 +197,11 @@ pub struct FleetSizeDisagreement {
 #[derive(Clone, Debug, Serialize)]
 pub struct ShareStatus {
     pub rule: String,
+    /// enforce | shadow, as `stats --json` says it.
+    pub mode: &'static str,
+    /// The share of sources whose refusals drop, in percent: 100 in enforce mode, 0 in
+    /// shadow mode, a canary's `enforce_percent` (the rest pass as would-drops).
+    pub enforce_percent: crate::config::Percent,
     pub state: &'static str,
     pub rate: Option<u64>,
     pub burst: Option<u64>,
@@ -1519,6 +1524,8 @@ impl Daemon {
             .into_iter()
             .map(|r| ShareStatus {
                 rule: r.name,
+                mode: r.mode,
+                enforce_percent: r.enforce_percent,
                 state: r.state,
                 rate: r.rate,
                 burst: r.burst,

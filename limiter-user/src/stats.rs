@@ -214,12 +214,21 @@ pub fn collect_for(maps: &Maps, rules: &BTreeMap<u32, RuleConfig>) -> Result<Sta
     })
 }
 
-/// The MODE column: `enforce`, `shadow`, or a canary's `canary 2.5%`.
-fn mode_text(r: &RuleStats) -> String {
-    if r.mode == "enforce" && r.enforce_percent < Percent::ALL {
+/// The MODE column of `stats` and `top`: `enforce`, `shadow`, or a canary's
+/// `canary 2.5%`.
+pub fn mode_text(r: &RuleStats) -> String {
+    if r.is_canary() {
         format!("canary {}%", r.enforce_percent)
     } else {
         r.mode.to_string()
+    }
+}
+
+impl RuleStats {
+    /// Enforcing for some of its sources only (`enforce_percent` below 100): the others'
+    /// refusals pass as would-drops.
+    pub fn is_canary(&self) -> bool {
+        self.mode == "enforce" && self.enforce_percent < Percent::ALL
     }
 }
 

@@ -1,5 +1,6 @@
-//! The `limiter` binary as an operator runs it: `run` on a veth end, `stats --json` from
-//! the pinned maps, SIGTERM, a restart that keeps the counters, and a bad config.
+//! The `limiter` binary as an operator runs it: `run` on a veth end, `status` with each
+//! rule's mode (a canary's share of sources), `stats --json` from the pinned maps,
+//! SIGTERM, a restart that keeps the counters, and a bad config.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 use std::{
@@ -104,7 +105,9 @@ fn run_stats_stop_restart() {
         &format!(
             "interfaces = [\"{}\"]\nxdp_mode = \"native\"\npin_dir = \"{}\"\nmetrics = \"\"\n\
              control_socket = \"{}\"\n\
-             \n[[rules]]\nname = \"cli-rule\"\ndst = \"198.18.0.2/32\"\nrate = 1000\nburst = 100\n",
+             \n[[rules]]\nname = \"cli-rule\"\ndst = \"198.18.0.2/32\"\nrate = 1000\nburst = 100\n\
+             \n[[rules]]\nname = \"cli-canary\"\ndst = \"198.18.0.3/32\"\nrate = 1000\nburst = 100\n\
+             enforce_percent = 2.5\n",
             pair.host,
             pins.path.display(),
             dir.path().join("limiter.sock").display()
@@ -114,6 +117,7 @@ fn run_stats_stop_restart() {
 
     let daemon = Daemon::start(&config);
     wait_ready(&dir.path().join("limiter.sock"), &pair.host);
+    status_shows_each_rules_mode(&dir.path().join("limiter.sock"));
     let plan = SendPlan {
         frames: vec![udp_to_host(&pair, 9, 100)],
         rate: Some(20_000),
@@ -125,8 +129,11 @@ fn run_stats_stop_restart() {
 
     let report = stats(&pins.path);
     let rules = report["rules"].as_array().expect("rules array");
-    assert_eq!(rules.len(), 1);
-    let rule = &rules[0];
+    assert_eq!(rules.len(), 2);
+    let rule = rules
+        .iter()
+        .find(|r| r["name"] == "cli-rule")
+        .expect("cli-rule in stats");
     let mut keys: Vec<&str> = rule
         .as_object()
         .unwrap()
@@ -184,15 +191,59 @@ fn run_stats_stop_restart() {
     let daemon = Daemon::start(&config);
     wait_ready(&dir.path().join("limiter.sock"), &pair.host);
     let again = stats(&pins.path);
-    assert_eq!(
-        again["rules"][0]["passed_packets"].as_u64().unwrap(),
-        passed
-    );
-    assert_eq!(
-        again["rules"][0]["dropped_packets"].as_u64().unwrap(),
-        dropped
-    );
+    let again = again["rules"]
+        .as_array()
+        .and_then(|rules| rules.iter().find(|r| r["name"] == "cli-rule"))
+        .expect("cli-rule in stats after the restart");
+    assert_eq!(again["passed_packets"].as_u64().unwrap(), passed);
+    assert_eq!(again["dropped_packets"].as_u64().unwrap(), dropped);
     daemon.stop();
+}
+
+/// `status` (JSON and text) gives each rule's mode; the canary's says for which share of
+/// its sources it drops, as `stats --json` does.
+fn status_shows_each_rules_mode(socket: &Path) {
+    let socket = socket.to_str().unwrap();
+    let out = limiter(&["status", "--json", "--socket", socket]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: Value = serde_json::from_slice(&out.stdout).expect("status --json prints JSON");
+    let share = |name: &str| {
+        status["shares"]
+            .as_array()
+            .and_then(|shares| shares.iter().find(|s| s["rule"] == name).cloned())
+            .unwrap_or_else(|| panic!("no {name} in status --json's shares: {status}"))
+    };
+    let (rule, canary) = (share("cli-rule"), share("cli-canary"));
+    assert_eq!(
+        (&rule["mode"], &rule["enforce_percent"]),
+        (&"enforce".into(), &100.into())
+    );
+    assert_eq!(canary["mode"], "enforce", "{canary}");
+    assert_eq!(canary["enforce_percent"].as_f64(), Some(2.5), "{canary}");
+    assert_eq!(canary["state"], "standalone", "{canary}");
+
+    let out = limiter(&["status", "--socket", socket]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("rule {name}: ")))
+            .unwrap_or_else(|| panic!("no line for rule {name} in\n{text}"))
+    };
+    assert!(line("cli-rule").ends_with(", enforce"), "{text}");
+    assert!(
+        line("cli-canary")
+            .contains("canary 2.5 % (enforced for 2.5 % of sources, would-drop for the rest)"),
+        "{text}"
+    );
 }
 
 #[test]

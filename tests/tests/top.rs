@@ -1,7 +1,8 @@
 //! `limiter top` as an operator sees it: the real binary in a real terminal (a tmux pane
 //! on a server of the test's own), over a daemon enforcing on a veth pair with traffic
 //! over the limit. The screen's rates match what was offered and what the rule lets
-//! through; `t` shows the totals `limiter stats` reads; `q` and SIGTERM leave the
+//! through; a canary's mode cell says its percentage; `t` shows the totals `limiter
+//! stats` reads, a canary's split into dropped and would-drop; `q` and SIGTERM leave the
 //! terminal as they found it, exit status 0; a terminal that hangs up ends it. And
 //! `limiter-lab` in a terminal runs it.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
@@ -9,6 +10,7 @@
 mod common;
 
 use std::{
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     process::Command,
     sync::atomic::{AtomicU32, Ordering},
@@ -16,7 +18,9 @@ use std::{
 };
 
 use common::{join, Lab, LIMITER};
-use limiter_tests::{binaries::LIMITER_LAB, scenario::udp_to_host, traffic::SendPlan};
+use limiter_tests::{
+    binaries::LIMITER_LAB, frame::with_ipv4_src, scenario::udp_to_host, traffic::SendPlan,
+};
 
 const RATE: u64 = 2_000;
 const OFFERED: u64 = 10_000;
@@ -193,6 +197,37 @@ fn web_lab() -> Lab {
     ))
 }
 
+/// `web`, and `api`: a 50 % canary on another port of the same host.
+fn web_and_canary_lab() -> Lab {
+    Lab::new(&format!(
+        "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nproto = \"udp\"\nrate = {RATE}\n\
+         burst = 200\n\
+         [[rules]]\nname = \"api\"\ndst = \"198.18.0.2/32\"\ndst_port = 10\nproto = \"udp\"\n\
+         rate = 100\nburst = 10\nenforce_percent = 50\n"
+    ))
+}
+
+/// 2,000 frames to `api` from 64 sources, 20 times its rate: its refusals drop for the
+/// sources in its canary and pass as would-drops for the others (all 64 on one side: a
+/// chance of 2^-63).
+fn over_the_canary(lab: &Lab) -> SendPlan {
+    let template = udp_to_host(&lab.pair, 10, 64);
+    let frames = (0..64u8)
+        .map(|i| {
+            let mut f = template.clone();
+            with_ipv4_src(&mut f, Ipv4Addr::new(198, 18, 7, i)).unwrap();
+            f
+        })
+        .collect();
+    SendPlan {
+        frames,
+        rate: Some(2_000),
+        count: 2_000,
+        duration: Duration::from_secs(3),
+        cpu: None,
+    }
+}
+
 fn over_the_limit(lab: &Lab, duration: Duration) -> SendPlan {
     SendPlan {
         frames: vec![udp_to_host(&lab.pair, 9, 64)],
@@ -212,8 +247,9 @@ fn rates_of(screen: &str) -> Option<(f64, f64)> {
 
 #[test]
 fn top_shows_the_rates_then_the_totals_and_q_restores_the_terminal() {
-    let lab = web_lab();
+    let lab = web_and_canary_lab();
     let _daemon = lab.start();
+    join(lab.send_in_background(over_the_canary(&lab)));
     let sender = lab.send_in_background(over_the_limit(&lab, Duration::from_secs(9)));
     std::thread::sleep(Duration::from_millis(1500));
 
@@ -239,6 +275,11 @@ fn top_shows_the_rates_then_the_totals_and_q_restores_the_terminal() {
             "the rule, its mode, share state and rate in force:\n{screen}"
         );
         readings.push(rates_of(&screen).unwrap());
+        assert_eq!(
+            row(&screen, "api").unwrap()[..3],
+            ["api", "canary", "50%"],
+            "the canary's mode cell:\n{screen}"
+        );
         eprintln!("{screen}");
     }
     let sent = join(sender);
@@ -287,6 +328,23 @@ fn top_shows_the_rates_then_the_totals_and_q_restores_the_terminal() {
         );
     }
     assert!(screen.contains("global counters, totals"), "{screen}");
+    // The canary's totals, split: dropped for its 50 % of sources, would-drop (passed)
+    // for the others; both as `limiter stats` counts them.
+    let api = lab.rule_stats("api");
+    let cells = row(&screen, "api").unwrap();
+    for (i, key) in [(7, "dropped_packets"), (8, "would_drop_packets")] {
+        let total = api[key].as_u64().unwrap();
+        assert!(total > 0, "api {key} is 0: {api}");
+        assert_eq!(cells[i], total.to_string(), "api {key}\n{screen}");
+    }
+    let split = format!(
+        "canary api: dropped {} (its 50% of sources), would-drop {} (the other 50%, passed)",
+        api["dropped_packets"], api["would_drop_packets"]
+    );
+    assert!(
+        screen.lines().any(|l| l.trim_end() == split),
+        "{split} in\n{screen}"
+    );
     pane.keys("t");
     pane.wait_for("the rates again", |s| s.contains("per second over"));
 

@@ -1091,10 +1091,17 @@ fn run_table(rows: &[Row]) {
 
 /// [`run_table`] with another config.
 fn run_table_with(config: &str, rows: &[Row]) {
+    run_table_prepared(config, rows, |_| {});
+}
+
+/// [`run_table_with`], with `prepare` run on each build's maps once the config's rules
+/// are installed, before the rows (the fleet's state, as the daemon writes it).
+fn run_table_prepared(config: &str, rows: &[Row], prepare: impl Fn(&mut Loaded)) {
     let mut failures = Vec::new();
     for variant in Variant::ALL.into_iter().chain([Variant::Libxdp]) {
-        let loaded = fixture::load_build(config, variant)
+        let mut loaded = fixture::load_build(config, variant)
             .expect("loading the program's build with the test rules");
+        prepare(&mut loaded);
         let rows: Vec<&Row> = rows
             .iter()
             .filter(|r| match variant {
@@ -1458,6 +1465,272 @@ fn classification_table() {
 #[test]
 fn metering_table() {
     run_table(&metering_rows());
+}
+
+/// Fleet rules, their state written as the daemon writes it ([`install_fleet_state`]),
+/// beside standalone rules that are not in the fleet. Every aggregate is in bytes at
+/// 1 B/s: a bucket emptied at install refills a 64-byte frame in a minute, so no row
+/// meets a token that came back while the table ran.
+const FLEET_RULES: &str = r#"
+fleet_size = 1000
+
+[fleet]
+allocator = "127.0.0.1:1"
+ca = "ca.pem"
+cert = "cert.pem"
+key = "key.pem"
+host_id = "lb-verdicts"
+lease_ttl_ms = 3600000
+sticky_max_s = 3600
+
+[[rules]]
+name = "closed"
+dst = "198.18.10.1/32"
+unit = "bytes"
+rate = 1000
+burst = 2000
+
+[[rules]]
+name = "closed-shadow"
+dst = "198.18.10.2/32"
+unit = "bytes"
+rate = 1000
+burst = 2000
+mode = "shadow"
+
+[[rules]]
+name = "closed-per-source"
+dst = "198.18.10.3/32"
+unit = "bytes"
+rate = 1000
+burst = 2000
+[rules.per_source]
+rate = 100000
+burst = 100000
+
+[[rules]]
+name = "spent"
+dst = "198.18.10.4/32"
+unit = "bytes"
+rate = 1000
+burst = 2000
+
+[[rules]]
+name = "spent-shadow"
+dst = "198.18.10.5/32"
+unit = "bytes"
+rate = 1000
+burst = 2000
+mode = "shadow"
+
+[[rules]]
+name = "spent-per-source"
+dst = "198.18.10.6/32"
+unit = "bytes"
+rate = 1000
+burst = 2000
+[rules.per_source]
+rate = 100000
+burst = 100000
+
+[[rules]]
+name = "bootstrap"
+dst = "198.18.10.7/32"
+unit = "bytes"
+rate = 1000
+burst = 2000
+
+[[rules]]
+name = "standalone"
+dst = "198.18.10.8/32"
+unit = "bytes"
+rate = 1
+burst = 2000
+
+[[rules]]
+name = "standalone-shadow"
+dst = "198.18.10.9/32"
+unit = "bytes"
+rate = 1
+burst = 2000
+mode = "shadow"
+"#;
+
+/// Rules of [`FLEET_RULES`] the allocator grants 0: closed until the lease lapses.
+const CLOSED: [&str; 3] = ["closed", "closed-shadow", "closed-per-source"];
+/// Rules it grants 1 B/s with no token: the share is spent from the start.
+const SPENT: [&str; 3] = ["spent", "spent-shadow", "spent-per-source"];
+/// Rules outside the fleet: their aggregate is their own, emptied at install as well.
+const STANDALONE: [&str; 2] = ["standalone", "standalone-shadow"];
+
+/// The fleet's state in `loaded`'s rule entries and buckets, written as the daemon
+/// writes it (`Daemon::reinstall`): a [`FleetState`] of the config's `[fleet]` takes
+/// the allocator's reply; the rules are shaped by it, compiled, annotated with its
+/// states and deadlines, and installed; a grant that takes over a bucket sets its
+/// tokens. The fleet holds every rule of [`FLEET_RULES`] with an aggregate but the
+/// standalone ones (a daemon makes every aggregate rule a fleet rule; these stand for
+/// another host's): `bootstrap` gets no grant and stays in its bootstrap share.
+fn install_fleet_state(loaded: &mut Loaded) {
+    use limiter_common::{gcra, share::ShareState};
+    use limiter_proto::pb::{ReportReply, RuleGrant};
+    use limiter_user::{fleet::FleetState, ruleset};
+
+    let config = &loaded.config;
+    let fleet_rules: Vec<_> = config
+        .rules
+        .iter()
+        .filter(|r| !STANDALONE.contains(&r.name.as_str()))
+        .cloned()
+        .collect();
+    let now = monotonic_ns();
+    let spec = config.fleet.clone().expect("FLEET_RULES has [fleet]");
+    let mut fleet = FleetState::new(spec, config.fleet_size, config.xdp_mode, &fleet_rules, now);
+    let grant = |rule: &str, rate: u64| RuleGrant {
+        rule: rule.to_string(),
+        rate,
+        burst: 1518,
+        tokens: 0,
+        ttl_ms: 3_600_000,
+        ..RuleGrant::default()
+    };
+    let reply = ReportReply {
+        grants: CLOSED
+            .iter()
+            .map(|r| grant(r, 0))
+            .chain(SPENT.iter().map(|r| grant(r, 1)))
+            .collect(),
+        report_interval_ms: 1_000,
+        ..ReportReply::default()
+    };
+    let refused = fleet.apply(&reply, now);
+    assert!(refused.is_empty(), "grants refused: {refused:?}");
+
+    let shaped = fleet.shape(&config.rules);
+    let slots = ruleset::assign_slots(&loaded.maps.live_slots().unwrap(), &shaped).unwrap();
+    let mut table = ruleset::compile(&shaped, &slots).unwrap();
+    fleet.annotate(&mut table, now);
+    loaded.maps.install(&table).unwrap();
+    let at = gcra::ticks_from_ns(now);
+    let empty = |rule: &str| (rule.to_string(), 0);
+    let takeovers = std::mem::take(&mut fleet.pending_tokens);
+    for (rule, tokens) in takeovers
+        .into_iter()
+        .chain(STANDALONE.iter().map(|r| empty(r)))
+    {
+        let slot = table.slots[&rule];
+        let entry = table.rule(slot).expect("the rule's entry");
+        let tat = gcra::tat_with_tokens(&entry.aggregate, at, tokens);
+        loaded.maps.set_aggregate_tat(slot, tat).unwrap();
+    }
+    let state = |rule: &str| {
+        let entry = table.rule(table.slots[rule]).expect("the rule's entry");
+        ShareState::try_from(entry.share_state).ok()
+    };
+    for rule in CLOSED.iter().chain(&SPENT) {
+        assert_eq!(state(rule), Some(ShareState::Leased), "{rule}");
+    }
+    assert_eq!(state("bootstrap"), Some(ShareState::Bootstrap));
+    for rule in STANDALONE {
+        assert_eq!(state(rule), Some(ShareState::Standalone), "{rule}");
+    }
+    loaded.table = table;
+}
+
+/// Why a fleet rule refuses: its share closed (granted 0) or spent (the aggregate bucket
+/// at this host's share is empty); a standalone rule's aggregate refusal stays
+/// `aggregate`. Shadow rules count the same reasons as would-drops (and pass the frame,
+/// counted as passed too).
+fn fleet_rows() -> Vec<Row> {
+    // 64 bytes: long enough for the TC build's test runs too.
+    let to = |host: u8| v4([198, 18, 10, host]).udp(1, 53).frame_len(64).build();
+    let from = |src: [u8; 4], host: u8| {
+        FrameBuilder::ipv4(Ipv4Addr::from(src), Ipv4Addr::new(198, 18, 10, host))
+            .udp(1, 53)
+            .frame_len(64)
+            .build()
+    };
+    // A bootstrap share: quota ÷ fleet_size = 1 B/s, the smallest burst of a bytes
+    // share; a frame of 1000 bytes takes the burst's one frame.
+    let big = v4([198, 18, 10, 7]).udp(1, 53).frame_len(1000).build();
+    vec![
+        repeated(
+            "closed share: refused",
+            to(1),
+            5,
+            XDP_DROP,
+            Expect::Rule("closed", 0, 5, 0),
+        )
+        .because(DropReason::ShareClosed),
+        repeated(
+            "closed share, shadow: would-drop",
+            to(2),
+            5,
+            XDP_PASS,
+            Expect::Rule("closed-shadow", 5, 0, 5),
+        )
+        .because(DropReason::ShareClosed),
+        repeated(
+            "closed share before a per-source limit with room",
+            from([198, 19, 10, 3], 3),
+            5,
+            XDP_DROP,
+            Expect::Rule("closed-per-source", 0, 5, 0),
+        )
+        .because(DropReason::ShareClosed),
+        repeated(
+            "spent share: refused",
+            to(4),
+            5,
+            XDP_DROP,
+            Expect::Rule("spent", 0, 5, 0),
+        )
+        .because(DropReason::ShareSpent),
+        repeated(
+            "spent share, shadow: would-drop",
+            to(5),
+            5,
+            XDP_PASS,
+            Expect::Rule("spent-shadow", 5, 0, 5),
+        )
+        .because(DropReason::ShareSpent),
+        repeated(
+            "spent share after a per-source limit with room",
+            from([198, 19, 10, 6], 6),
+            5,
+            XDP_DROP,
+            Expect::Rule("spent-per-source", 0, 5, 0),
+        )
+        .because(DropReason::ShareSpent),
+        repeated(
+            "bootstrap share: its burst's one frame, then spent",
+            big,
+            5,
+            XDP_DROP,
+            Expect::Rule("bootstrap", 1, 4, 0),
+        )
+        .because(DropReason::ShareSpent),
+        repeated(
+            "standalone aggregate: refused as aggregate",
+            to(8),
+            5,
+            XDP_DROP,
+            Expect::Rule("standalone", 0, 5, 0),
+        )
+        .because(DropReason::Aggregate),
+        repeated(
+            "standalone aggregate, shadow: would-drop as aggregate",
+            to(9),
+            5,
+            XDP_PASS,
+            Expect::Rule("standalone-shadow", 5, 0, 5),
+        )
+        .because(DropReason::Aggregate),
+    ]
+}
+
+#[test]
+fn fleet_share_table() {
+    run_table_prepared(FLEET_RULES, &fleet_rows(), install_fleet_state);
 }
 
 #[test]

@@ -39,13 +39,7 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
         println!("fleet: reporting to {allocator}");
     }
     for r in s["shares"].as_array().into_iter().flatten() {
-        println!(
-            "rule {}: {} (rate {}, burst {})",
-            r["rule"].as_str().unwrap_or("?"),
-            r["state"].as_str().unwrap_or("?"),
-            r["rate"],
-            r["burst"]
-        );
+        println!("{}", rule_line(r));
     }
     for i in s["interfaces"].as_array().into_iter().flatten() {
         let mode = i["mode"].as_str().unwrap_or("?");
@@ -116,6 +110,30 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One rule of `shares`: its share state and rate in force, then its mode; a canary
+/// says for which share of its sources it drops, so that an operator rolling one out
+/// sees it where they look first.
+fn rule_line(r: &serde_json::Value) -> String {
+    let mode = match r["mode"].as_str().unwrap_or("?") {
+        "shadow" => "shadow (would-drop only)".to_string(),
+        "enforce" if r["enforce_percent"].as_f64().is_some_and(|p| p < 100.0) => {
+            let percent = &r["enforce_percent"];
+            format!(
+                "canary {percent} % (enforced for {percent} % of sources, would-drop for the \
+                 rest)"
+            )
+        }
+        mode => mode.to_string(),
+    };
+    format!(
+        "rule {}: {} (rate {}, burst {}), {mode}",
+        r["rule"].as_str().unwrap_or("?"),
+        r["state"].as_str().unwrap_or("?"),
+        r["rate"],
+        r["burst"]
+    )
+}
+
 /// How frames the limiter passes are handed over, in one line.
 fn handoff_line(h: &serde_json::Value) -> String {
     let slots = match h["slots"].as_u64().unwrap_or(0) {
@@ -146,4 +164,51 @@ fn handoff_line(h: &serde_json::Value) -> String {
         h["array"].as_str().unwrap_or("?"),
         h["missing_frames"]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+
+    use limiter_user::{config::Percent, daemon::ShareStatus};
+
+    use super::rule_line;
+
+    /// The line as the daemon's answer makes it: serialised, then read back as JSON.
+    fn line_of(mode: &'static str, enforce_percent: Percent) -> String {
+        let share = ShareStatus {
+            rule: "web".into(),
+            mode,
+            enforce_percent,
+            state: "standalone",
+            rate: Some(100),
+            burst: Some(10),
+        };
+        rule_line(&serde_json::to_value(&share).unwrap())
+    }
+
+    #[test]
+    fn a_rule_line_says_the_mode_and_a_canary_its_share_of_sources() {
+        assert_eq!(
+            line_of("enforce", Percent::ALL),
+            "rule web: standalone (rate 100, burst 10), enforce"
+        );
+        assert_eq!(
+            line_of("shadow", Percent(0)),
+            "rule web: standalone (rate 100, burst 10), shadow (would-drop only)"
+        );
+        assert_eq!(
+            line_of("enforce", Percent(5_000)),
+            "rule web: standalone (rate 100, burst 10), canary 5 % (enforced for 5 % of \
+             sources, would-drop for the rest)"
+        );
+        let fraction = line_of("enforce", Percent(2_500));
+        assert!(
+            fraction.contains(", canary 2.5 % (enforced for 2.5 %"),
+            "{fraction}"
+        );
+        // 0 % in enforce mode is still a canary: it drops for no source.
+        let none = line_of("enforce", Percent(0));
+        assert!(none.contains(", canary 0 % "), "{none}");
+    }
 }

@@ -12,6 +12,7 @@ use ratatui::{
 };
 
 use super::rates::{compact, Baseline, Rates, RuleRates, Traffic};
+use crate::{config::Percent, stats::mode_text};
 
 /// What the table shows; `t` switches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,7 +176,7 @@ fn rule_table<'a>(screen: &Screen) -> Table<'a> {
         Row::new(
             [
                 Cell::from(marked_name(rule, screen.mode)),
-                Cell::from(rule.stats.mode),
+                Cell::from(mode_text(&rule.stats)),
                 Cell::from(rule.stats.state),
                 right(rate_in_force(rule)),
             ]
@@ -191,9 +192,18 @@ fn rule_table<'a>(screen: &Screen) -> Table<'a> {
         .max()
         .unwrap_or(0)
         .clamp(4, 32) as u16;
+    // `enforce`, or a canary's `canary 0.125%`.
+    let mode_width = screen
+        .rates
+        .rules
+        .iter()
+        .map(|r| mode_text(&r.stats).chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(7) as u16;
     let widths = [
         Constraint::Length(name_width),
-        Constraint::Length(7),
+        Constraint::Length(mode_width),
         Constraint::Length(10),
         Constraint::Length(13),
     ]
@@ -202,11 +212,40 @@ fn rule_table<'a>(screen: &Screen) -> Table<'a> {
     Table::new(rows, widths).header(header)
 }
 
+/// A canary's refusals split in two: what it dropped for the sources it enforces for,
+/// and what it let pass as would-drops for the others (the shadowed part). `None`: not a
+/// canary.
+fn canary_split(rule: &RuleRates, mode: Mode) -> Option<String> {
+    if !rule.stats.is_canary() {
+        return None;
+    }
+    let [_, dropped, would, ..] = figures(rule, mode);
+    let per = match mode {
+        Mode::Rates => "/s",
+        Mode::Totals => "",
+    };
+    let enforced = rule.stats.enforce_percent;
+    let others = Percent(Percent::ALL.0.saturating_sub(enforced.0));
+    Some(format!(
+        "canary {}: dropped {dropped}{per} (its {enforced}% of sources), would-drop \
+         {would}{per} (the other {others}%, passed)",
+        rule.stats.name
+    ))
+}
+
 fn notes(screen: &Screen) -> Vec<Line<'static>> {
     let mut out = Vec::new();
     if screen.rates.rules.is_empty() {
         out.push(Line::from("no rules installed"));
     }
+    out.extend(
+        screen
+            .rates
+            .rules
+            .iter()
+            .filter_map(|r| canary_split(r, screen.mode))
+            .map(Line::from),
+    );
     if screen.mode == Mode::Rates {
         let rules = &screen.rates.rules;
         if rules.iter().any(|r| r.baseline == Baseline::Appeared) {
@@ -333,6 +372,15 @@ mod tests {
             sources_false_limit_ppm: None,
             reasons: Default::default(),
         }
+    }
+
+    /// A canary enforcing for `thousandths` of a percent of its sources.
+    fn canary(name: &str, thousandths: u32, passed: u64, dropped: u64, would: u64) -> RuleStats {
+        let mut r = rule(name, false, passed, dropped, 0);
+        r.enforce_percent = crate::config::Percent(thousandths);
+        r.counters.would_drop_packets = would;
+        r.counters.would_drop_bytes = would * 1_200;
+        r
     }
 
     fn global(unmatched: u64) -> GlobalStats {
@@ -531,5 +579,87 @@ mod tests {
         );
         assert!(text.contains("reading failed"), "{text}");
         assert!(text.contains("no maps pinned"), "{text}");
+    }
+
+    /// A canary's MODE cell says its percentage (the column widens for it), and a line
+    /// below splits its refusals: dropped for the sources it enforces for, would-drop
+    /// (passed) for the others, as rates and as totals.
+    #[test]
+    fn a_canary_shows_its_percentage_and_splits_its_drops() {
+        let before = sample(
+            100,
+            vec![
+                rule("contoso-web", false, 10_000, 4_000, 0),
+                canary("contoso-api", 5_000, 1_000, 300, 5_700),
+                canary("contoso-dns", 125, 0, 0, 0),
+            ],
+            0,
+        );
+        let after = sample(
+            102,
+            vec![
+                rule("contoso-web", false, 12_000, 10_000, 0),
+                canary("contoso-api", 5_000, 1_400, 700, 13_300),
+                canary("contoso-dns", 125, 0, 0, 0),
+            ],
+            0,
+        );
+        let rates = rates(Some(&before), &after);
+
+        let lines = draw_lines(&rates, Mode::Rates, None);
+        let text = lines.join("\n");
+        let api = row(&lines, "contoso-api");
+        assert_eq!(
+            api[..4],
+            ["contoso-api", "canary", "5%", "leased"],
+            "{text}"
+        );
+        let dns = row(&lines, "contoso-dns");
+        assert_eq!(
+            dns[..4],
+            ["contoso-dns", "canary", "0.125%", "leased"],
+            "{text}"
+        );
+        assert_eq!(row(&lines, "contoso-web")[1], "enforce");
+        let (dropped, would) = (
+            compact((700.0 - 300.0) / 2.0),
+            compact((13_300.0 - 5_700.0) / 2.0),
+        );
+        assert_eq!(
+            api[7..9],
+            [dropped.as_str(), would.as_str()],
+            "DROP/s, WOULD/s"
+        );
+        let split = format!(
+            "canary contoso-api: dropped {dropped}/s (its 5% of sources), would-drop {would}/s \
+             (the other 95%, passed)"
+        );
+        assert!(lines.contains(&split), "{split} in\n{text}");
+        assert!(
+            text.contains(
+                "canary contoso-dns: dropped 0/s (its 0.125% of sources), would-drop \
+                 0/s (the other 99.875%, passed)"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("canary contoso-web"),
+            "not a canary:\n{text}"
+        );
+
+        let lines = draw_lines(&rates, Mode::Totals, None);
+        let text = lines.join("\n");
+        let api = row(&lines, "contoso-api");
+        let (dropped, would) = (compact(700.0), compact(13_300.0));
+        assert_eq!(
+            api[7..9],
+            [dropped.as_str(), would.as_str()],
+            "DROPPED, WOULD"
+        );
+        let split = format!(
+            "canary contoso-api: dropped {dropped} (its 5% of sources), would-drop {would} \
+             (the other 95%, passed)"
+        );
+        assert!(lines.contains(&split), "{split} in\n{text}");
     }
 }

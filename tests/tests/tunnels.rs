@@ -3,12 +3,13 @@
 //! decapsulates it (`[[tunnels]]`), and a rule on the VIP behind the tunnel meters by the
 //! inner header. The peer sends IPIP frames to the host end's address carrying UDP to the
 //! VIP; what the host's tunnel device decapsulates and delivers is counted at a UDP
-//! socket bound to the VIP.
+//! socket bound to the VIP. The same over FOU: the IPIP packet inside UDP to a port the
+//! host's `ip fou` receives on, as an L4 balancer's FOU tier sends it.
 //!
-//! This machine's kernel has no tunnel drivers (CONFIG_NET_IPIP is not set): the tests
-//! are `#[ignore]`d on the host, with the reason, and run in the guests of `cargo xtask
-//! test --kernel` (Debian's kernels build `ipip` as a module), which pass
-//! `--include-ignored`.
+//! This machine's kernel has no tunnel drivers (CONFIG_NET_IPIP, CONFIG_NET_FOU are not
+//! set): the tests are `#[ignore]`d on the host, with the reason, and run in the guests
+//! of `cargo xtask test --kernel` (Debian's kernels build `ipip` and `fou` as modules),
+//! which pass `--include-ignored`.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 use std::{
@@ -74,10 +75,35 @@ impl Drop for IpipDevice {
     }
 }
 
+/// How the peer wraps the inner packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encap {
+    /// IPv4 in IPv4 (protocol 4).
+    Ipip,
+    /// The IPIP packet in UDP to the host's FOU port.
+    Fou,
+}
+
+/// The host's FOU receive port, removed on drop.
+struct FouPort(u16);
+
+impl Drop for FouPort {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["fou", "del", "port", &self.0.to_string()])
+            .output();
+    }
+}
+
+/// A FOU port of this run's own (other runs may hold one at the same time).
+fn fou_port() -> u16 {
+    6000 + (std::process::id() % 1000) as u16
+}
+
 /// Sends `SENT` IPIP frames (UDP to the VIP inside) from the peer; returns (rule
 /// passed, rule dropped, frames decapsulated by the program, datagrams delivered to the
 /// VIP's socket, what the rule admits over the sending time).
-fn run(mode: XdpMode, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
+fn run(mode: XdpMode, encap: Encap, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
     let a = addrs();
     let pair = VethPair::new(1).expect("creating the veth pair");
     let tunnel = IpipDevice {
@@ -85,19 +111,47 @@ fn run(mode: XdpMode, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
     };
     ip(&["addr", "add", &format!("{}/32", a.host), "dev", &pair.host]).unwrap();
     ip(&["route", "add", &format!("{}/32", a.peer), "dev", &pair.host]).unwrap();
-    let made = ip(&[
+    let port = fou_port().to_string();
+    let _fou = match encap {
+        Encap::Ipip => None,
+        Encap::Fou => {
+            // `ip fou` speaks generic netlink, whose families the kernel does not load on
+            // demand here (the guest's 6.1 answered ENOENT): the module is loaded first.
+            let _ = Command::new("modprobe").arg("fou").output();
+            if let Err(e) = ip(&["fou", "add", "port", &port, "ipproto", "4"]) {
+                panic!(
+                    "adding the host's FOU port: {e:#}: this kernel has no fou driver \
+                     (CONFIG_NET_FOU); run in a guest: cargo xtask test --kernel 6.1 tunnels"
+                );
+            }
+            Some(FouPort(fou_port()))
+        }
+    };
+    let (host, peer) = (a.host.to_string(), a.peer.to_string());
+    let mut device = vec![
         "link",
         "add",
-        &tunnel.name,
+        tunnel.name.as_str(),
         "type",
         "ipip",
         "local",
-        &a.host.to_string(),
+        host.as_str(),
         "remote",
-        &a.peer.to_string(),
+        peer.as_str(),
         "dev",
-        &pair.host,
-    ]);
+        pair.host.as_str(),
+    ];
+    if encap == Encap::Fou {
+        device.extend([
+            "encap",
+            "fou",
+            "encap-sport",
+            "auto",
+            "encap-dport",
+            port.as_str(),
+        ]);
+    }
+    let made = ip(&device);
     if let Err(e) = made {
         panic!(
             "creating the host's ipip device: {e:#}: this kernel has no ipip driver \
@@ -118,8 +172,12 @@ fn run(mode: XdpMode, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
 
     let pins = PinDir::new();
     let tunnels = if decapsulate {
+        let kind = match encap {
+            Encap::Ipip => "ipip".to_string(),
+            Encap::Fou => format!("fou:{port}"),
+        };
         format!(
-            "[[tunnels]]\ninterface = \"{}\"\ndecapsulate = [\"ipip\"]\n",
+            "[[tunnels]]\ninterface = \"{}\"\ndecapsulate = [\"{kind}\"]\n",
             pair.host
         )
     } else {
@@ -186,11 +244,13 @@ fn run(mode: XdpMode, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
         .udp(40000, VIP_PORT)
         .payload_len(64)
         .build();
-    let outer = FrameBuilder::ipv4(a.peer, a.host)
-        .macs(pair.peer_mac, pair.host_mac)
-        .proto(4)
-        .payload(frame::ip_datagram(&inner))
-        .build();
+    let outer = FrameBuilder::ipv4(a.peer, a.host).macs(pair.peer_mac, pair.host_mac);
+    let outer = match encap {
+        Encap::Ipip => outer.proto(4),
+        Encap::Fou => outer.udp(41000, fou_port()),
+    }
+    .payload(frame::ip_datagram(&inner))
+    .build();
     let peer = pair.peer.clone();
     let sender = spawn_in_netns(&pair.ns, move || {
         let socket = PacketSocket::bind(ifindex(&peer)?, false)?;
@@ -216,7 +276,7 @@ fn run(mode: XdpMode, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
     assert_eq!(sent.sent, SENT, "not every frame was sent");
     let admits = RATE as f64 * sent.span.as_secs_f64() + BURST as f64;
     eprintln!(
-        "{mode:?}, decapsulate {decapsulate}: {SENT} IPIP frames in {:.2}s; rule passed {}, \
+        "{mode:?}, decapsulate {decapsulate}: {SENT} {encap:?} frames in {:.2}s; rule passed {}, \
          dropped {}; decapsulated {decapsulated}; delivered {delivered}; the rule admits \
          {admits:.0}",
         sent.span.as_secs_f64(),
@@ -232,11 +292,11 @@ fn run(mode: XdpMode, decapsulate: bool) -> (u64, u64, u64, u64, f64) {
     )
 }
 
-fn inner_header_is_metered(mode: XdpMode) {
-    let (passed, dropped, decapsulated, delivered, admits) = run(mode, true);
+fn inner_header_is_metered(mode: XdpMode, encap: Encap) {
+    let (passed, dropped, decapsulated, delivered, admits) = run(mode, encap, true);
     assert_eq!(
         decapsulated, SENT,
-        "{mode:?}: every IPIP frame is classified by its inner header"
+        "{mode:?}: every {encap:?} frame is classified by its inner header"
     );
     assert_eq!(
         passed + dropped,
@@ -259,8 +319,8 @@ fn inner_header_is_metered(mode: XdpMode) {
 
 /// Without `[[tunnels]]` for the interface, the outer header (to the host's own address)
 /// matches no rule: the whole flood reaches the VIP.
-fn without_decapsulation_the_flood_passes(mode: XdpMode) {
-    let (passed, dropped, decapsulated, delivered, _) = run(mode, false);
+fn without_decapsulation_the_flood_passes(mode: XdpMode, encap: Encap) {
+    let (passed, dropped, decapsulated, delivered, _) = run(mode, encap, false);
     assert_eq!((passed, dropped, decapsulated), (0, 0, 0), "{mode:?}");
     assert!(
         delivered + 5 >= SENT,
@@ -270,10 +330,18 @@ fn without_decapsulation_the_flood_passes(mode: XdpMode) {
 
 limiter_tests::test_rows! {
     #[ignore = "needs the ipip driver, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
-    native_ipip_to_a_vip_is_metered_by_the_inner_header => inner_header_is_metered(XdpMode::Native);
+    native_ipip_to_a_vip_is_metered_by_the_inner_header =>
+        inner_header_is_metered(XdpMode::Native, Encap::Ipip);
     #[ignore = "needs the ipip driver, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
-    tc_ipip_to_a_vip_is_metered_by_the_inner_header => inner_header_is_metered(XdpMode::Tc);
+    tc_ipip_to_a_vip_is_metered_by_the_inner_header =>
+        inner_header_is_metered(XdpMode::Tc, Encap::Ipip);
     #[ignore = "needs the ipip driver, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
     native_ipip_without_decapsulation_passes_unmetered =>
-        without_decapsulation_the_flood_passes(XdpMode::Native);
+        without_decapsulation_the_flood_passes(XdpMode::Native, Encap::Ipip);
+    #[ignore = "needs the ipip and fou drivers, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
+    native_fou_to_a_vip_is_metered_by_the_inner_header =>
+        inner_header_is_metered(XdpMode::Native, Encap::Fou);
+    #[ignore = "needs the ipip and fou drivers, which this machine's kernel lacks: runs in the guests of `cargo xtask test --kernel`"]
+    native_fou_without_decapsulation_passes_unmetered =>
+        without_decapsulation_the_flood_passes(XdpMode::Native, Encap::Fou);
 }

@@ -370,6 +370,7 @@ fn run_prog_test_run(dir: &Path, sharing_only: bool) -> Result<()> {
         let mut rows = repeat_scenarios(&baselines, &large)?;
         rows.extend(per_frame_scenarios(&baselines, &large, &small)?);
         rows.extend(handoff_scenarios(&baselines, &large)?);
+        rows.extend(sampling_scenarios(&baselines)?);
         (verifier, rows, PROG_TEST_RUN_MD)
     };
     let note = match dispatcher_scenarios(&baselines) {
@@ -814,6 +815,102 @@ fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
         ),
     ];
     measure_repeat(&cases, frame(Ipv4Addr::new(198, 18, 0, 1), DST_HOT_PASS))
+}
+
+/// Events per second and CPU the sampling row allows (`[monitor] events_per_sec`).
+const SAMPLING_BUDGET: u32 = 1_000;
+
+/// What sampling refusals costs under a flood (`[monitor] events_per_sec`): one dropping
+/// frame on two programs of the same size, one with sampling off, one sampling at
+/// [`SAMPLING_BUDGET`] events/s per CPU (after each second's first events every refusal
+/// meets a spent budget: a flood's path), with `baseline_pass` in the same rounds. A
+/// thread drains the ring buffer as `limiter monitor` would. Fails if more events were
+/// written than the budget allows over the time, or any was lost.
+fn sampling_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+    let off = load_limiter(SMALL_SOURCES)?;
+    let mut on = load_limiter(SMALL_SOURCES)?;
+    on.maps
+        .set_monitor_config(limiter_common::drop::MonitorConfig {
+            events_per_sec: SAMPLING_BUDGET,
+            snap_len: 128,
+        })
+        .context("turning sampling on")?;
+    let mut ring = on
+        .maps
+        .take_drop_events()
+        .context("the program has no DROP_EVENTS ring buffer")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut read = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                while ring.next().is_some() {
+                    read += 1;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            while ring.next().is_some() {
+                read += 1;
+            }
+            read
+        })
+    };
+    let before = on.maps.monitor_counters()?;
+    let started = Instant::now();
+    let cases: [(&'static str, Prog<'_>, u32); 3] = [
+        (
+            "baseline_pass (the ratio base of the rows below)",
+            Prog::Xdp(xdp(baselines, "baseline_pass")?),
+            XDP_PASS,
+        ),
+        (
+            "hot path dropping, sampling off",
+            Prog::Xdp(off.program.xdp()?),
+            XDP_DROP,
+        ),
+        (
+            "hot path dropping, sampling on (1,000 events/s per CPU, read as they come)",
+            Prog::Xdp(on.program.xdp()?),
+            XDP_DROP,
+        ),
+    ];
+    let rows = measure_repeat(&cases, frame(Ipv4Addr::new(198, 18, 0, 1), DST_HOT_DROP));
+    let elapsed = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let read = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("the ring buffer's reader panicked"))?;
+    let rows = rows?;
+    let after = on.maps.monitor_counters()?;
+    let sampled = after.sampled - before.sampled;
+    // One CPU runs the test runs (pinned); a budget is per second of the clock, so a
+    // run of T seconds spans at most ceil(T) + 1 of them.
+    let allowed = u64::from(SAMPLING_BUDGET) * (elapsed.as_secs() + 2);
+    ensure!(
+        sampled <= allowed,
+        "sampling wrote {sampled} events in {elapsed:?}, over its budget's {allowed}"
+    );
+    ensure!(
+        sampled > 0 && after.skipped_budget > before.skipped_budget,
+        "sampling wrote {sampled} events and skipped none: the row did not take the flood's path"
+    );
+    ensure!(
+        after.lost_full == before.lost_full,
+        "{} events lost to a full ring buffer with a reader draining it",
+        after.lost_full - before.lost_full
+    );
+    println!(
+        "sampling: {sampled} events written ({read} read) in {:.1} s, {} refusals over the \
+         budget; at most {allowed} allowed",
+        elapsed.as_secs_f64(),
+        after.skipped_budget - before.skipped_budget
+    );
+    Ok(rows)
 }
 
 /// Rounds of `cases` (the first is the ratio base), interleaved, median per case.

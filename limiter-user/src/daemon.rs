@@ -477,7 +477,12 @@ impl Daemon {
         }
         // Every build the hooks run is verified here, before a rule is written or a link
         // touched: a refused build changes nothing that runs.
-        let builds = crate::program::builds_for(config.xdp_share, config.xdp_mode);
+        let builds = crate::program::builds_for(
+            config.xdp_share,
+            config.xdp_share_fallback,
+            config.handoff.is_some(),
+            config.xdp_mode,
+        );
         let mut program = match bpf_object {
             None => Program::load_builds(&load, builds)?,
             Some(path) => {

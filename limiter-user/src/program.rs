@@ -1439,14 +1439,23 @@ fn refused(variant: Variant, e: aya::programs::ProgramError) -> Error {
 /// The builds the daemon verifies at start, before a rule is written or a link touched:
 /// the ones its hooks run. `tc` mode runs the TC build alone; the XDP modes the two XDP
 /// builds (native mode falls back to the multi-buffer build where the MTU needs it,
-/// generic mode runs the one the handoff allows); `xdp_share = "libxdp"` loads a
-/// component of its own when it joins a dispatcher, and the build it puts on a hook it
-/// takes over is verified then, before it runs ([`Program::program_fd`]). The three keys
-/// that decide need a restart to change: a reload never needs another build. Each build
-/// left out is a verifier run saved (200 k instructions; seconds under emulation).
-pub fn builds_for(share: crate::config::XdpShare, mode: ConfigXdpMode) -> &'static [Variant] {
+/// generic mode runs the one the handoff allows). `xdp_share = "libxdp"` loads a
+/// component of its own when it joins a dispatcher and needs none of them, unless the
+/// tail-call fallback may take a hook over or a handoff is configured: those put an XDP
+/// build on a hook or in a prog array, and a build loaded after the handoff's arrays
+/// were set up was refused (EINVAL, after the verifier had passed it), so they are
+/// verified first, as in the XDP modes. The keys that decide need a restart to change: a
+/// reload never needs another build. Each build left out is a verifier run saved (200 k
+/// instructions; seconds under emulation).
+pub fn builds_for(
+    share: crate::config::XdpShare,
+    fallback: crate::config::XdpShareFallback,
+    handoff: bool,
+    mode: ConfigXdpMode,
+) -> &'static [Variant] {
+    use crate::config::{XdpShare, XdpShareFallback};
     match (share, mode) {
-        (crate::config::XdpShare::Libxdp, _) => &[],
+        (XdpShare::Libxdp, _) if fallback == XdpShareFallback::None && !handoff => &[],
         (_, ConfigXdpMode::Tc) => &[Variant::Tc],
         _ => &Variant::XDP,
     }
@@ -1522,10 +1531,11 @@ fn attach_one(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::XdpShare;
+    use crate::config::{XdpShare, XdpShareFallback};
 
     #[test]
     fn the_daemon_verifies_the_builds_its_hooks_run() {
+        let none = XdpShareFallback::None;
         for mode in [
             ConfigXdpMode::Native,
             ConfigXdpMode::Generic,
@@ -1533,17 +1543,36 @@ mod tests {
         ] {
             // Native falls back to the multi-buffer build; generic runs either.
             assert_eq!(
-                builds_for(XdpShare::Exclusive, mode),
+                builds_for(XdpShare::Exclusive, none, false, mode),
+                &Variant::XDP,
+                "{mode:?}"
+            );
+            assert_eq!(
+                builds_for(XdpShare::Exclusive, none, true, mode),
                 &Variant::XDP,
                 "{mode:?}"
             );
         }
         assert_eq!(
-            builds_for(XdpShare::Exclusive, ConfigXdpMode::Tc),
+            builds_for(XdpShare::Exclusive, none, false, ConfigXdpMode::Tc),
             &[Variant::Tc]
         );
         for mode in [ConfigXdpMode::Native, ConfigXdpMode::Generic] {
-            assert!(builds_for(XdpShare::Libxdp, mode).is_empty(), "{mode:?}");
+            assert!(
+                builds_for(XdpShare::Libxdp, none, false, mode).is_empty(),
+                "{mode:?}"
+            );
+            // A hook the fallback takes over, or a handoff: the XDP builds first.
+            assert_eq!(
+                builds_for(XdpShare::Libxdp, XdpShareFallback::TailCall, false, mode),
+                &Variant::XDP,
+                "{mode:?}"
+            );
+            assert_eq!(
+                builds_for(XdpShare::Libxdp, none, true, mode),
+                &Variant::XDP,
+                "{mode:?}"
+            );
         }
     }
 }

@@ -15,7 +15,7 @@ use aya::{programs::Program as AyaProgram, EbpfLoader};
 use limiter_common::abi::{map_name, DEFAULT_MAX_SOURCES};
 use limiter_tests::netns::VethPair;
 use limiter_user::{
-    config::{XdpMode, XdpShare},
+    config::{XdpMode, XdpShare, XdpShareFallback},
     object::{Variant, OBJECT},
     program::{LoadOptions, Program},
     verifier::BUDGET_INSNS,
@@ -103,7 +103,12 @@ fn every_build_loads_and_every_mode_attaches() {
     let mut attached = Vec::new();
     for mode in [XdpMode::Native, XdpMode::Generic, XdpMode::Tc] {
         // The builds the daemon verifies for the mode: the rest are not needed to attach.
-        let builds = limiter_user::program::builds_for(XdpShare::Exclusive, mode);
+        let builds = limiter_user::program::builds_for(
+            XdpShare::Exclusive,
+            XdpShareFallback::None,
+            false,
+            mode,
+        );
         let mut program = Program::load_builds(
             &LoadOptions {
                 pin_dir: None,

@@ -9,10 +9,14 @@
 
 /// Files whose time is waiting on the fleet's clocks (leases, elections, report
 /// intervals): they run in the second lane.
-pub const WAITING: &[&str] = &["fleet", "fleet_lab", "fleet_peers", "replicas"];
+pub const WAITING: &[&str] = &["fleet_lab", "fleet_peers", "replicas"];
 
 /// Files that need the CPUs to themselves: they run after both lanes, one at a time.
-pub const ALONE: &[&str] = &["abuse", "accuracy", "saturation", "scrape_load"];
+/// `fleet` times convergence against the report interval and sums shares read from
+/// three daemons one after another: beside the busy lane, a read straddled a grant and
+/// the sum passed the quota (2,800 of a quota read as 1,865 + 421 + 514 while the
+/// shares moved).
+pub const ALONE: &[&str] = &["abuse", "accuracy", "fleet", "saturation", "scrape_load"];
 
 /// The files of one run, by lane, each in the order given.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -49,13 +53,14 @@ mod tests {
             "accuracy",
             "cli",
             "fleet",
+            "fleet_lab",
             "new_file",
             "replicas",
             "scrape_load",
         ];
         let plan = plan(&files);
-        assert_eq!(plan.waiting, ["fleet", "replicas"]);
-        assert_eq!(plan.alone, ["accuracy", "scrape_load"]);
+        assert_eq!(plan.waiting, ["fleet_lab", "replicas"]);
+        assert_eq!(plan.alone, ["accuracy", "fleet", "scrape_load"]);
         assert_eq!(plan.busy, ["cli", "new_file"]);
         let mut all: Vec<&str> = [plan.waiting, plan.busy, plan.alone].concat();
         all.sort_unstable();

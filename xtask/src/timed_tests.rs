@@ -30,6 +30,19 @@ pub struct Timing {
 pub fn parse_line(file: &str, line: &str) -> Option<Timing> {
     let rest = line.strip_prefix("test ")?;
     let (test, outcome) = rest.split_once(" ... ")?;
+    parse_outcome(file, test, outcome)
+}
+
+/// The name of a test whose result is not on its line (`test NAME ... ` and then the
+/// logs its daemons wrote on the same pipe): the result comes on a later line.
+pub fn pending_test(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix("test ")?;
+    let (test, outcome) = rest.split_once(" ... ")?;
+    (!outcome.trim_end().ends_with("s>")).then_some(test)
+}
+
+/// `ok <1.234s>` (or `FAILED <…>`) for `test`, when the result is on a line of its own.
+pub fn parse_outcome(file: &str, test: &str, outcome: &str) -> Option<Timing> {
     let (status, time) = outcome.trim_end().rsplit_once(" <")?;
     let secs = time.strip_suffix("s>")?.parse().ok()?;
     Some(Timing {
@@ -104,6 +117,7 @@ pub fn run(
         }
     });
     let mut timings = Vec::new();
+    let mut pending: Option<String> = None;
     let mut exited = None;
     let mut quiet_since = None;
     loop {
@@ -117,7 +131,25 @@ pub fn run(
                         whole.push('\n');
                     }
                 }
-                timings.extend(parse_line(file, &line));
+                match parse_line(file, &line) {
+                    Some(t) => timings.push(t),
+                    None => {
+                        if let Some(test) = pending_test(&line) {
+                            pending = Some(test.to_string());
+                        } else if let Some(test) = &pending {
+                            // The result after the logs: the line's end, e.g. `ok <0.5s>`.
+                            let tail = line.rsplit(' ').take(2).collect::<Vec<_>>();
+                            if let [time, status] = tail[..] {
+                                if let Some(t) =
+                                    parse_outcome(file, test, &format!("{status} {time}"))
+                                {
+                                    timings.push(t);
+                                    pending = None;
+                                }
+                            }
+                        }
+                    }
+                }
                 quiet_since = None;
                 continue;
             }
@@ -206,6 +238,14 @@ mod tests {
         assert_eq!(parse_line("fleet", "test b ... ok"), None);
         assert_eq!(parse_line("fleet", "test b ... ignored, needs ipip"), None);
         assert_eq!(parse_line("fleet", "running 3 tests"), None);
+        // A result after its daemons' log lines, on the same pipe.
+        assert_eq!(
+            pending_test("test c ... 2026-12-04T22:49:58Z INFO started"),
+            Some("c")
+        );
+        assert_eq!(pending_test("test c ... ok <1.000s>"), None);
+        let t = parse_outcome("fleet", "c", "FAILED <7.142s>").unwrap();
+        assert!(!t.passed && t.secs == 7.142);
     }
 
     /// stdout and stderr in one stream, and a process left holding it (a leak) does not

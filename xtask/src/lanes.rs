@@ -13,9 +13,9 @@ pub const WAITING: &[&str] = &["fleet_lab", "fleet_peers", "replicas"];
 
 /// Files that need the CPUs to themselves: they run after both lanes, one at a time.
 /// `fleet` times convergence against the report interval and sums shares read from
-/// three daemons one after another: beside the busy lane, a read straddled a grant and
-/// the sum passed the quota (2,800 of a quota read as 1,865 + 421 + 514 while the
-/// shares moved).
+/// three daemons one after another: beside the busy lane, the reads straddled a grant
+/// and their sum passed the quota (530 + 584 + 1,942 = 3,056 of 3,000 while the shares
+/// moved).
 pub const ALONE: &[&str] = &["abuse", "accuracy", "fleet", "saturation", "scrape_load"];
 
 /// The files of one run, by lane, each in the order given.

@@ -39,20 +39,6 @@ pub struct TopArgs {
     window: u64,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_hung_up_terminal_is_gone_even_when_it_reads_as_ready() {
-        assert_eq!(input_of(libc::POLLIN | libc::POLLHUP), Input::Gone);
-        assert_eq!(input_of(libc::POLLERR), Input::Gone);
-        assert_eq!(input_of(libc::POLLNVAL), Input::Gone);
-        assert_eq!(input_of(libc::POLLIN), Input::Waiting);
-        assert_eq!(input_of(0), Input::Nothing);
-    }
-}
-
 fn parse_window(text: &str) -> Result<u64, String> {
     match text.trim().parse::<u64>() {
         Ok(s) if (1..=3600).contains(&s) => Ok(s),
@@ -396,5 +382,19 @@ fn sources(pin_dir: &Path, interval: Duration, window_s: u64) -> anyhow::Result<
                 _ => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hung_up_terminal_is_gone_even_when_it_reads_as_ready() {
+        assert_eq!(input_of(libc::POLLIN | libc::POLLHUP), Input::Gone);
+        assert_eq!(input_of(libc::POLLERR), Input::Gone);
+        assert_eq!(input_of(libc::POLLNVAL), Input::Gone);
+        assert_eq!(input_of(libc::POLLIN), Input::Waiting);
+        assert_eq!(input_of(0), Input::Nothing);
     }
 }

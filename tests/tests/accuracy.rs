@@ -242,8 +242,11 @@ fn rate_case(mode: XdpMode, unit: Unit, rate: u64, factor: f64) -> (Checks, Prem
         .and_then(|()| steady(model as f64, formula, &run))
         .and_then(|()| {
             // Over the rate, the offer must be clearly over it: at least half-way from
-            // the rate to the nominal factor.
-            let floor = 1.0 + (factor - 1.0) / 2.0;
+            // the rate to the nominal factor, and at most 4× (three frames of four
+            // refused): two senders planning 1 M frames/s offered 4.5–5.2× with CI's
+            // emulated guest beside them, even at a lower priority, and the checks below
+            // are as strict at 4× as at 10×.
+            let floor = (1.0 + (factor - 1.0) / 2.0).min(4.0);
             if factor > 1.0 && offered_rate < floor * rate as f64 {
                 Err(format!(
                     "offered only {:.2}× the rate (want ≥ {floor:.1}×)",

@@ -11,7 +11,7 @@ use limiter_tests::{
     scenario::HOST_V4,
 };
 use limiter_user::{
-    config::XdpMode as ConfigXdpMode, object::BASELINE_OBJECT, program::AttachedMode,
+    attach::program::AttachedMode, config::XdpMode as ConfigXdpMode, host::object::BASELINE_OBJECT,
 };
 
 use super::nft::{NftLimit, NftTable};

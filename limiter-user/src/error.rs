@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use limiter_service::exit::Exit;
 
-use crate::{config::ConfigError, ruleset::RulesetError};
+use crate::{config::ConfigError, policy::ruleset::RulesetError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -20,10 +20,10 @@ pub enum Error {
     Load(#[source] Box<aya::EbpfError>),
     /// The verifier refused a build: which one, on which kernel, and the log's end.
     #[error("{0}")]
-    Refused(Box<crate::verifier::Refusal>),
+    Refused(Box<crate::host::verifier::Refusal>),
     /// The running kernel lacks something the configured mode needs.
     #[error(transparent)]
-    MissingFeature(#[from] crate::kernel::MissingFeature),
+    MissingFeature(#[from] crate::host::kernel::MissingFeature),
     #[error("{what}: {source}")]
     Program {
         what: String,
@@ -92,7 +92,7 @@ pub enum Error {
     NotPinned(PathBuf),
     /// The daemon lacks a capability, or a client is not root: which, and what for.
     #[error(transparent)]
-    Permission(#[from] crate::privilege::PermissionError),
+    Permission(#[from] crate::host::privilege::PermissionError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -111,7 +111,7 @@ pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
     if e.is::<ConfigError>() || e.is::<RulesetError>() || e.is::<crate::config::NoInterface>() {
         return Some(Exit::BadInput);
     }
-    if e.is::<crate::kernel::MissingFeature>() {
+    if e.is::<crate::host::kernel::MissingFeature>() {
         return Some(Exit::KernelRefused);
     }
     let e = e.downcast_ref::<Error>()?;

@@ -1,60 +1,36 @@
 //! The limiter daemon: configuration, rule compilation, loading the XDP program, and
 //! reading its counters. The binary `limiter` is a thin CLI over this library.
 //!
-//! The modules form layers. A module imports only from its own layer (never in a
-//! circle) or from the layers below it; `tests/tests/layers.rs` reads this list and
-//! fails on an import that goes up or round, and on a module the list does not place.
-//!
-//! 1. Definitions and probes: `config`, `object`, `hook`, `shutdown`, `sketch_regions`,
-//!    `saturation`, `kernel`, `ruleset`, `reload_plan`, `verifier`, `privilege`, `error`.
-//!    All pure but
-//!    `kernel` and `privilege`, which ask the kernel what it supports and what this
-//!    process may do, and `config`, which reads its file and the hostname.
-//! 2. The kernel's objects (maps, programs, links, pins, hooks): `netlink`,
-//!    `tc_filter`, `grace`, `maps`, `pins`, `handoff`, `libxdp`, `takeover`, `program`,
-//!    `teardown`.
-//! 3. State read from and written to the maps: `fleet` (pure), `stats`, `explain`,
-//!    `top` (its rates and screen pure), `monitor` (the sampled refusals; its decoding,
-//!    formats and rankings pure); and `relink` (pure), when to attach again to
-//!    an interface created again under its name.
-//! 4. The daemon, synchronous: `daemon`; and `reload_keys` (pure), which changed keys
-//!    a reload leaves for the next start.
-//! 5. The service loops on the async runtime: `control`, `metrics`, `reporter`,
-//!    `service`.
+//! The modules below are declared in the order data flows, from the config file to the
+//! service loops, and each imports only from itself and the modules declared above it
+//! (`tests/tests/layers.rs` reads this order and fails on an import that goes down the
+//! list or round in a circle, at every level of folders).
 
+/// The input: the config file's words, schema, types and checks.
 pub mod config;
-pub mod control;
-pub mod daemon;
+
+/// Pure: what the kernel must hold (compiled rules, sketch regions, fleet shares).
+pub mod policy;
+
+/// Read-only probes: kernel features, capabilities, the verifier's words, the objects.
+pub mod host;
+
+/// The daemon's error, which names what the layers above went wrong on.
 pub mod error;
-pub mod explain;
-pub mod fleet;
-pub mod grace;
-pub mod handoff;
-pub mod hook;
-pub mod kernel;
-pub mod libxdp;
-pub mod maps;
-pub mod metrics;
-pub mod monitor;
-pub mod netlink;
-pub mod object;
-pub mod pins;
-pub mod privilege;
-pub mod program;
-pub mod relink;
-pub mod reload_keys;
-pub mod reload_plan;
-pub mod reporter;
-pub mod ruleset;
-pub mod saturation;
-pub mod service;
-pub mod shutdown;
-pub mod sketch_regions;
-pub mod stats;
-pub mod takeover;
-pub mod tc_filter;
-pub mod teardown;
-pub mod top;
-pub mod verifier;
+
+/// The objects the daemon owns: maps, pins.
+pub mod bpf;
+
+/// Hooks: loading and attaching the program, the handoff, teardown.
+pub mod attach;
+
+/// Readers of the maps: stats, explain, top, monitor.
+pub mod observe;
+
+/// The running state: start, reload, the fleet's shares, status.
+pub mod daemon;
+
+/// Async loops and exporters: control socket, metrics, fleet reports.
+pub mod serve;
 
 pub use error::{exit_status, Error};

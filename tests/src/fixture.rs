@@ -10,12 +10,12 @@ use limiter_common::{
     drop::{ReasonCounters, NO_RULE},
 };
 use limiter_user::{
+    attach::program::{LoadOptions, Program},
+    bpf::maps::Maps,
     config::Config,
     daemon::{apply_rules, apply_tunnels},
-    maps::Maps,
-    object::Variant,
-    program::{LoadOptions, Program},
-    ruleset::RuleTable,
+    host::object::Variant,
+    policy::ruleset::RuleTable,
 };
 
 use crate::netns::require_root;

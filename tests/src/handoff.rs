@@ -11,9 +11,9 @@ use aya::{
 };
 use limiter_common::abi::Handoff;
 use limiter_user::{
-    maps::Maps,
-    object::{Variant, STANDIN_LB_OBJECT},
-    program::Program,
+    attach::program::Program,
+    bpf::maps::Maps,
+    host::object::{Variant, STANDIN_LB_OBJECT},
 };
 
 /// The LB program: counts in `LB_SEEN[0]`, returns XDP_TX.
@@ -169,5 +169,5 @@ pub fn hand_over(
 /// The program id in slot `index` of the prog array pinned at `path` (`None`: empty).
 pub fn slot(path: &Path, index: u32) -> Result<Option<u32>> {
     let data = MapData::from_pin(path).with_context(|| format!("opening {}", path.display()))?;
-    Ok(limiter_user::handoff::slot_program(&data, index)?)
+    Ok(limiter_user::attach::handoff::slot_program(&data, index)?)
 }

@@ -14,7 +14,7 @@ use aya::{
     programs::{xdp::XdpMode, TestRun, TestRunAttrs, TestRunOptions, Xdp},
     Ebpf,
 };
-use limiter_user::object::BASELINE_OBJECT;
+use limiter_user::host::object::BASELINE_OBJECT;
 
 use crate::{
     netns::{ifindex, ip, spawn_in_netns, VethPair},

@@ -12,7 +12,7 @@ use aya::{
     },
     Ebpf,
 };
-use limiter_user::object::BASELINE_OBJECT;
+use limiter_user::host::object::BASELINE_OBJECT;
 
 /// Frames and bytes, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl RxCounter {
             .context("no rx_count program")?
             .try_into()?;
         prog.load().context("loading rx_count")?;
-        if limiter_user::kernel::has_tcx() {
+        if limiter_user::host::kernel::has_tcx() {
             prog.attach(iface, TcAttachType::Ingress)
                 .with_context(|| format!("attaching rx_count to {iface} ingress"))?;
         } else {
@@ -56,7 +56,7 @@ impl RxCounter {
                 iface,
                 TcAttachType::Ingress,
                 TcAttachOptions::Netlink(NlOptions {
-                    priority: limiter_user::tc_filter::PRIORITY + 0x100,
+                    priority: limiter_user::attach::tc_filter::PRIORITY + 0x100,
                     handle: TcHandle::new(0, 1),
                     classid: None,
                 }),

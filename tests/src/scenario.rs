@@ -336,10 +336,10 @@ pub fn sent_of_entry(sent: u64, len: usize, i: usize) -> u64 {
 /// Fields drop in order: the counter and the program detach before the pair goes.
 pub struct Limited {
     pub rx: crate::rx::RxCounter,
-    pub maps: limiter_user::maps::Maps,
-    pub program: limiter_user::program::Program,
-    pub table: limiter_user::ruleset::RuleTable,
-    pub mode: limiter_user::program::AttachedMode,
+    pub maps: limiter_user::bpf::maps::Maps,
+    pub program: limiter_user::attach::program::Program,
+    pub table: limiter_user::policy::ruleset::RuleTable,
+    pub mode: limiter_user::attach::program::AttachedMode,
     pub pair: VethPair,
 }
 
@@ -354,9 +354,9 @@ impl Limited {
         pin_dir: Option<&Path>,
     ) -> Result<Limited> {
         use limiter_user::{
+            attach::program::{AttachedMode, LoadOptions, Program},
             config::{Config, XdpMode},
             daemon::apply_rules,
-            program::{AttachedMode, LoadOptions, Program},
         };
         let pair = VethPair::new(queues)?;
         let config = Config::parse(config_text, Path::new("<scenario config>"))?;
@@ -412,9 +412,9 @@ impl Limited {
     /// `l2_bytes` less per frame.
     pub fn rx_bytes_for(&self, bytes: u64, packets: u64, l2_bytes: u64) -> u64 {
         match self.mode {
-            limiter_user::program::AttachedMode::Native
-            | limiter_user::program::AttachedMode::Tc => bytes,
-            limiter_user::program::AttachedMode::Generic => bytes - packets * l2_bytes,
+            limiter_user::attach::program::AttachedMode::Native
+            | limiter_user::attach::program::AttachedMode::Tc => bytes,
+            limiter_user::attach::program::AttachedMode::Generic => bytes - packets * l2_bytes,
         }
     }
 }
@@ -434,7 +434,7 @@ pub enum SourceCount {
 impl SourceCount {
     /// Starts counting (before the traffic).
     pub fn start(rig: &Limited) -> Result<SourceCount> {
-        if rig.mode != limiter_user::program::AttachedMode::Generic {
+        if rig.mode != limiter_user::attach::program::AttachedMode::Generic {
             return Ok(SourceCount::Tc);
         }
         let counts = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));

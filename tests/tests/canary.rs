@@ -20,7 +20,7 @@ use limiter_tests::{
     fixture::{self, Loaded},
     frame::{self, with_ipv4_src, with_ipv6_src, FrameBuilder, TCP_ACK},
 };
-use limiter_user::object::Variant;
+use limiter_user::host::object::Variant;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;

@@ -22,7 +22,7 @@ use limiter_tests::{
     tools,
     traffic::SendPlan,
 };
-use limiter_user::maps::Maps;
+use limiter_user::bpf::maps::Maps;
 
 fn plan(frames: Vec<Vec<u8>>, rate: u64, duration: Duration) -> SendPlan {
     SendPlan {

@@ -1133,7 +1133,7 @@ mod joined {
         pub fn start() -> JoinedDaemon {
             let mut lb = StandinLb::load().unwrap();
             let lb_pins = PinDir::new();
-            limiter_user::program::prepare_pin_dir(&lb_pins.path).unwrap();
+            limiter_user::attach::program::prepare_pin_dir(&lb_pins.path).unwrap();
             let array = lb_pins.path.join("root_array");
             lb.pin_root_array(&array).unwrap();
             let lb_fd = lb.fd(LB).unwrap().try_clone().unwrap();

@@ -12,10 +12,10 @@ use limiter_tests::{
     traffic::SendPlan,
 };
 use limiter_user::{
+    attach::program::{AttachedMode, LoadOptions, Program},
     config::{Config, XdpMode},
     daemon::apply_rules,
-    object::Variant,
-    program::{AttachedMode, LoadOptions, Program},
+    host::object::Variant,
 };
 
 /// The rule's rate and burst (a tenth in an emulated guest, which cannot offer 2 × 20 k/s).

@@ -32,7 +32,7 @@ use limiter_tests::{
     },
     fixture::{self, delta, Loaded},
 };
-use limiter_user::{object::Variant, ruleset};
+use limiter_user::{host::object::Variant, policy::ruleset};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;

@@ -302,7 +302,7 @@ fn what_cannot_be_taken_is_refused_and_left_alone() {
     needs_freplace_refused();
     let lab = Lab::with_settings(WEB, "native", FALLBACK);
     {
-        let mut ebpf = aya::Ebpf::load(limiter_user::object::BASELINE_OBJECT).unwrap();
+        let mut ebpf = aya::Ebpf::load(limiter_user::host::object::BASELINE_OBJECT).unwrap();
         let prog: &mut aya::programs::Xdp = ebpf
             .program_mut("baseline_pass")
             .unwrap()

@@ -18,7 +18,7 @@ use std::{
 use common::{join, pki::Pki, Lab, LIMITER};
 use limiter_proto::pb::{allocator_client::AllocatorClient, ReportReply, ReportRequest};
 use limiter_tests::{frame::FrameBuilder, scenario::PEER_V4, traffic::SendPlan};
-use limiter_user::maps::Maps;
+use limiter_user::bpf::maps::Maps;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::{
     transport::{Channel, Endpoint},

@@ -21,9 +21,9 @@ use limiter_tests::{
     traffic::{send, PacketSocket, SendPlan},
 };
 use limiter_user::{
+    attach::program::{LoadOptions, Program},
     config::{Config, XdpMode},
     daemon::apply_rules,
-    program::{LoadOptions, Program},
 };
 
 const RATE: u64 = 50;

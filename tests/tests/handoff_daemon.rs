@@ -25,7 +25,7 @@ const RULE: &str = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nproto = 
 /// A pin directory for the LB's objects (made on bpffs; removed on drop).
 fn lb_pins() -> PinDir {
     let dir = PinDir::new();
-    limiter_user::program::prepare_pin_dir(&dir.path).unwrap();
+    limiter_user::attach::program::prepare_pin_dir(&dir.path).unwrap();
     dir
 }
 

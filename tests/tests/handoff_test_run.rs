@@ -12,7 +12,7 @@ use limiter_tests::{
     frame::{FrameBuilder, ETH_P_LLDP},
     handoff::{HandoffArrays, StandinLb, LB, LB_V2, ROOT, XDP_DROP, XDP_PASS, XDP_TX},
 };
-use limiter_user::object::Variant;
+use limiter_user::host::object::Variant;
 
 /// One rule with a burst of 3 and a rate too low to refill during the test.
 const RULES: &str = r#"
@@ -153,17 +153,18 @@ fn the_root_calls_the_limiter_which_calls_the_next_slot() {
     lb.pin_root_array(&root_pin).unwrap();
     // The limiter's linear build, loaded again with the root's array as its handoff
     // array, as the daemon does for join_program_array.
-    let mut joined = limiter_user::program::Program::load(&limiter_user::program::LoadOptions {
-        pin_dir: None,
-        max_sources: 1024,
-        handoff_array: Some(root_pin.clone()),
-    })
-    .unwrap();
+    let mut joined =
+        limiter_user::attach::program::Program::load(&limiter_user::attach::program::LoadOptions {
+            pin_dir: None,
+            max_sources: 1024,
+            handoff_array: Some(root_pin.clone()),
+        })
+        .unwrap();
     let mut jmaps = joined.maps().unwrap();
     limiter_user::daemon::apply_rules(&mut jmaps, &l.config).unwrap();
     jmaps
         .set_handoff(
-            limiter_user::handoff::plan(
+            limiter_user::attach::handoff::plan(
                 Some(&limiter_user::config::HandoffSpec::Join {
                     array: root_pin.clone(),
                     index: 0,
@@ -225,7 +226,7 @@ impl PinDir {
             "/sys/fs/bpf/limiter-handoff-test-{}",
             std::process::id()
         ));
-        limiter_user::program::prepare_pin_dir(&dir).unwrap();
+        limiter_user::attach::program::prepare_pin_dir(&dir).unwrap();
         PinDir(dir)
     }
 }

@@ -3,7 +3,7 @@
 //! build must load and every mode must attach; the table it writes is docs/testing.md's
 //! kernel × build × mode table (`cargo xtask test --kernel all` fills it for each kernel).
 //! Every build, the libxdp component included, must also stay within the verifier budget
-//! (`limiter_user::verifier::BUDGET_INSNS`) on every kernel this runs on.
+//! (`limiter_user::host::verifier::BUDGET_INSNS`) on every kernel this runs on.
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 use std::{
@@ -15,10 +15,12 @@ use aya::{programs::Program as AyaProgram, EbpfLoader};
 use limiter_common::abi::{map_name, DEFAULT_MAX_SOURCES};
 use limiter_tests::netns::VethPair;
 use limiter_user::{
+    attach::program::{LoadOptions, Program},
     config::{XdpMode, XdpShare, XdpShareFallback},
-    object::{Variant, OBJECT},
-    program::{LoadOptions, Program},
-    verifier::BUDGET_INSNS,
+    host::{
+        object::{Variant, OBJECT},
+        verifier::BUDGET_INSNS,
+    },
 };
 
 fn uname(flag: &str) -> String {
@@ -103,7 +105,7 @@ fn every_build_loads_and_every_mode_attaches() {
     let mut attached = Vec::new();
     for mode in [XdpMode::Native, XdpMode::Generic, XdpMode::Tc] {
         // The builds the daemon verifies for the mode: the rest are not needed to attach.
-        let builds = limiter_user::program::builds_for(
+        let builds = limiter_user::attach::program::builds_for(
             XdpShare::Exclusive,
             XdpShareFallback::None,
             false,

@@ -1,7 +1,9 @@
 //! The tree reads bottom-up. In every crate of the workspace no module reaches, directly
 //! or through others, a module that imports it (nor, inside a directory module such as
-//! limiter-user's `config/`, a submodule a sibling that imports it); and limiter-user's modules keep to the
-//! layers its lib.rs lists (an import goes to the module's own layer or one below).
+//! limiter-user's `config/` or `observe/monitor/`, at any depth, a submodule a sibling
+//! that imports it); and limiter-user's top-level modules, its folders by layer, keep to
+//! the order its lib.rs declares them in (an import goes to the module itself or to one
+//! declared above it).
 //!
 //! The scan is textual, like a reader's: a module names another when its code writes
 //! `crate::other::…`, or `other` inside a `use crate::{…};` statement. Test modules
@@ -137,12 +139,12 @@ fn graph_of(root: &Path) -> Graph {
         .collect()
 }
 
-/// The import graph among the submodules of the directory module `m/` of the crate
-/// whose source is `src` (declared in `m/mod.rs`): a submodule names a sibling by
-/// `super::sibling`, in a `use super::{…};` statement, or by `crate::m::sibling`.
-/// `None` when `m` is a file module.
-fn submodule_graph(src: &Path, m: &str) -> Option<Graph> {
-    let dir = src.join(m);
+/// The import graph among the submodules of the directory module at `path` (its
+/// segments below the crate root, declared in `path/mod.rs`) of the crate whose source
+/// is `src`: a submodule names a sibling by `super::sibling`, in a `use super::{…};`
+/// statement, or by `crate::path::sibling`. `None` when the module is a file module.
+fn submodule_graph(src: &Path, path: &[String]) -> Option<Graph> {
+    let dir = path.iter().fold(src.to_path_buf(), |d, s| d.join(s));
     let root = dir.join("mod.rs");
     if !root.exists() {
         return None;
@@ -152,8 +154,9 @@ fn submodule_graph(src: &Path, m: &str) -> Option<Graph> {
         .iter()
         .map(|s| (s.as_str(), code_only(&module_text(&dir, s))))
         .collect();
+    let in_crate = format!("crate::{}::", path.join("::"));
     let names_sibling = |text: &str, s: &str| {
-        let as_crate = text.replace(&format!("crate::{m}::"), "super::");
+        let as_crate = text.replace(&in_crate, "super::");
         as_crate.contains(&format!("super::{s}::"))
             || as_crate.contains(&format!("super::{s};"))
             || as_crate.split("use super::").skip(1).any(|rest| {
@@ -162,6 +165,10 @@ fn submodule_graph(src: &Path, m: &str) -> Option<Graph> {
                     .unwrap_or("")
                     .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                     .any(|word| word == s)
+            })
+            || use_crate_paths(text).iter().any(|p| {
+                p.strip_prefix(&in_crate)
+                    .is_some_and(|p| p == s || p.starts_with(&format!("{s}::")))
             })
     };
     Some(
@@ -177,6 +184,60 @@ fn submodule_graph(src: &Path, m: &str) -> Option<Graph> {
             })
             .collect(),
     )
+}
+
+/// The paths every `use crate::…;` statement of `text` imports, its groups expanded:
+/// `use crate::{a::{b, c}, d};` gives `crate::a::b`, `crate::a::c` and `crate::d`.
+fn use_crate_paths(text: &str) -> Vec<String> {
+    fn expand(prefix: &str, tree: &str, out: &mut Vec<String>) {
+        let tree = tree.trim();
+        match tree.split_once('{') {
+            Some((head, rest)) if rest.ends_with('}') => {
+                let inner = &rest[..rest.len() - 1];
+                let (mut depth, mut start) = (0, 0);
+                for (i, c) in inner.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            expand(&format!("{prefix}{head}"), &inner[start..i], out);
+                            start = i + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                expand(&format!("{prefix}{head}"), &inner[start..], out);
+            }
+            _ if !tree.is_empty() => out.push(format!("{prefix}{tree}")),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for rest in text.split("use crate::").skip(1) {
+        let statement: String = rest
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        expand("crate::", &statement, &mut out);
+    }
+    out
+}
+
+/// Every directory module under `path` (itself included when it is one), each with the
+/// import graph among its submodules.
+fn directory_graphs(src: &Path, path: Vec<String>, out: &mut Vec<(Vec<String>, Graph)>) {
+    let Some(graph) = submodule_graph(src, &path) else {
+        return;
+    };
+    for m in graph.keys() {
+        let mut inner = path.clone();
+        inner.push(m.clone());
+        directory_graphs(src, inner, out);
+    }
+    out.push((path, graph));
 }
 
 /// A cycle through `at`, if one is reachable from it.
@@ -212,51 +273,24 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
         .find_map(|m| cycle_from(graph, m, &mut Vec::new(), &mut done))
 }
 
-/// The layers a crate root's opening comment lists: items `//! N. …` (continued on
-/// indented `//!` lines), each naming its modules in backticks.
-fn listed_layers(root_text: &str) -> Vec<BTreeSet<String>> {
-    let mut layers: Vec<BTreeSet<String>> = Vec::new();
-    for line in root_text.lines().map_while(|l| l.strip_prefix("//!")) {
-        let body = line.trim_start();
-        let starts = body
-            .split_once(". ")
-            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
-        if starts {
-            layers.push(BTreeSet::new());
-        } else if !line.starts_with("    ") || body.is_empty() {
-            continue;
-        }
-        let Some(layer) = layers.last_mut() else {
-            continue;
-        };
-        layer.extend(body.split('`').skip(1).step_by(2).map(str::to_string));
-    }
-    layers
-}
-
-/// Every import that goes up a layer, and every module no layer places.
-fn layer_violations(graph: &Graph, layers: &[BTreeSet<String>]) -> Vec<String> {
-    let layer_of = |m: &str| layers.iter().position(|l| l.contains(m));
+/// Every import of a module declared later than the importer (`order` is the crate
+/// root's declaration order), and every module the order does not place.
+fn order_violations(graph: &Graph, order: &[String]) -> Vec<String> {
+    let place = |m: &str| order.iter().position(|o| o == m);
     let mut problems = Vec::new();
     for (module, imports) in graph {
-        let Some(own) = layer_of(module) else {
-            problems.push(format!("module {module} is in no layer"));
+        let Some(own) = place(module) else {
+            problems.push(format!("module {module} is not declared"));
             continue;
         };
         for import in imports {
-            match layer_of(import) {
-                Some(theirs) if theirs > own => problems.push(format!(
-                    "{module} (layer {}) imports {import} (layer {})",
+            if let Some(theirs) = place(import).filter(|&theirs| theirs > own) {
+                problems.push(format!(
+                    "{module} (declared {}.) imports {import} (declared {}.)",
                     own + 1,
                     theirs + 1
-                )),
-                _ => {}
+                ));
             }
-        }
-    }
-    for listed in layers.iter().flatten() {
-        if !graph.contains_key(listed) {
-            problems.push(format!("the layers list {listed}, which is not a module"));
         }
     }
     problems
@@ -275,20 +309,22 @@ fn no_crate_has_an_import_cycle() {
             if let Some(cycle) = find_cycle(&graph) {
                 panic!("{}: import cycle: {}", root.display(), cycle.join(" → "));
             }
-            // One level down: the submodules of a directory module among themselves.
+            // Every level down: the submodules of a directory module among themselves.
             let src = member.join("src");
+            let mut inner = Vec::new();
             for m in graph.keys() {
-                let Some(inner) = submodule_graph(&src, m) else {
-                    continue;
-                };
+                directory_graphs(&src, vec![m.clone()], &mut inner);
+            }
+            for (path, inner) in inner {
+                let dir = path.join("/");
                 if let Some(cycle) = find_cycle(&inner) {
                     panic!(
-                        "{}: import cycle inside {m}/: {}",
+                        "{}: import cycle inside {dir}/: {}",
                         root.display(),
                         cycle.join(" → ")
                     );
                 }
-                scanned.push((src.join(m).join("mod.rs"), inner));
+                scanned.push((src.join(&dir).join("mod.rs"), inner));
             }
             scanned.push((root, graph));
         }
@@ -301,43 +337,68 @@ fn no_crate_has_an_import_cycle() {
         })
     };
     assert!(sees("limiter-sim/src/lib.rs", "report", "claims"));
-    assert!(sees("limiter-user/src/lib.rs", "daemon", "maps"));
-    // And inside a directory module: the config's checker reads its types.
+    assert!(sees("limiter-user/src/lib.rs", "daemon", "bpf"));
+    // And inside a directory module: the config's checker reads its types; two levels
+    // down, the monitor's formats read its events.
     assert!(sees("limiter-user/src/config/mod.rs", "check", "types"));
+    assert!(sees(
+        "limiter-user/src/attach/mod.rs",
+        "teardown",
+        "takeover"
+    ));
+    assert!(sees(
+        "limiter-user/src/observe/monitor/mod.rs",
+        "format",
+        "event"
+    ));
 }
 
 #[test]
 fn limiter_user_keeps_to_its_layers() {
     let root = workspace().join("limiter-user/src/lib.rs");
-    let layers = listed_layers(&read(&root));
-    assert!(layers.len() >= 3, "{}: no layer list found", root.display());
-    let problems = layer_violations(&graph_of(&root), &layers);
+    let order = declared_modules(&read(&root));
+    assert!(
+        order.len() >= 5,
+        "{}: declares {} modules; its folders by layer are gone",
+        root.display(),
+        order.len()
+    );
+    let graph = graph_of(&root);
+    for m in &order {
+        assert!(
+            submodule_graph(&root.with_file_name(""), std::slice::from_ref(m)).is_some()
+                || m == "error",
+            "{}: {m} is a file; each layer is a folder (m/mod.rs)",
+            root.display()
+        );
+    }
+    let problems = order_violations(&graph, &order);
     assert!(
         problems.is_empty(),
-        "{} lists the layers; the code says:\n  {}",
+        "{} declares the layers in order; the code says:\n  {}",
         root.display(),
         problems.join("\n  ")
     );
 }
 
-/// The modules limiter-user's layer list calls pure: they compute, and the daemon does
-/// the I/O (maps, files, logs) with what they return.
-const PURE: [&str; 4] = ["fleet", "reload_plan", "ruleset", "sketch_regions"];
+/// limiter-user's pure layer: its modules compute, and the daemon does the I/O (maps,
+/// files, logs) with what they return.
+const PURE: &str = "policy";
 
 #[test]
-fn limiter_users_pure_modules_do_no_io() {
+fn limiter_users_pure_layer_does_no_io() {
     let src = workspace().join("limiter-user/src");
-    for m in PURE {
-        let code = code_only(&module_text(&src, m));
-        for io in [
-            "tracing::",
-            "fs::",
-            "aya::",
-            "tokio::",
-            "Maps",
-            "monotonic_ns",
-        ] {
-            assert!(!code.contains(io), "{m}, listed as pure, uses {io}");
+    let code = code_only(&module_text(&src, PURE));
+    for io in [
+        "tracing::",
+        "fs::",
+        "aya::",
+        "tokio::",
+        "Maps",
+        "monotonic_ns",
+    ] {
+        if let Some(line) = code.lines().find(|l| l.contains(io)) {
+            panic!("{PURE}/, the pure layer, uses {io}: {}", line.trim());
         }
     }
 }
@@ -363,21 +424,34 @@ fn the_cycle_finder_finds_a_cycle() {
 }
 
 #[test]
-fn the_layer_check_finds_an_import_that_goes_up() {
-    let text = "//! Intro.\n//!\n//! 1. Low: `a`,\n//!    `b`.\n//! 2. High: `c`.\n\npub mod a;\n";
-    let layers = listed_layers(text);
-    assert_eq!(layers.len(), 2);
+fn the_order_check_finds_an_import_that_goes_down_the_list() {
+    let order: Vec<String> = ["a", "b", "c"].map(String::from).into();
     let ok = graph(&[("c", "a"), ("b", "a")]);
-    assert_eq!(layer_violations(&ok, &layers), Vec::<String>::new());
-    let up = graph(&[("c", "a"), ("b", "c")]);
+    assert_eq!(order_violations(&ok, &order), Vec::<String>::new());
+    let down = graph(&[("c", "a"), ("a", "c")]);
     assert_eq!(
-        layer_violations(&up, &layers),
-        ["b (layer 1) imports c (layer 2)"]
+        order_violations(&down, &order),
+        ["a (declared 1.) imports c (declared 3.)"]
     );
     let unplaced = graph(&[("c", "a"), ("b", "a"), ("d", "a")]);
     assert_eq!(
-        layer_violations(&unplaced, &layers),
-        ["module d is in no layer"]
+        order_violations(&unplaced, &order),
+        ["module d is not declared"]
+    );
+}
+
+#[test]
+fn use_statements_are_expanded() {
+    let text = "use crate::{\n    a::{b, c::{d, e}},\n    f,\n};\nuse crate::g::h;\n";
+    assert_eq!(
+        use_crate_paths(text),
+        [
+            "crate::a::b",
+            "crate::a::c::d",
+            "crate::a::c::e",
+            "crate::f",
+            "crate::g::h"
+        ]
     );
 }
 

@@ -20,7 +20,7 @@ use limiter_tests::{
     scenario::{udp_to_host, HOST_V4, PEER_V4},
     traffic::SendPlan,
 };
-use limiter_user::maps::Maps;
+use limiter_user::bpf::maps::Maps;
 use serde_json::Value;
 
 const RATE: u64 = 2_000;

@@ -28,7 +28,7 @@ use limiter_tests::{
     scenario::{flood, udp_to_host, PEER_V4},
     traffic::SendPlan,
 };
-use limiter_user::maps::Maps;
+use limiter_user::bpf::maps::Maps;
 
 const RULE: &str = "[[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = 10\nburst = 10\n";
 

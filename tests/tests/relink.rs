@@ -14,7 +14,7 @@ use limiter_tests::{
     scenario::udp_to_host,
     traffic::SendPlan,
 };
-use limiter_user::maps::Maps;
+use limiter_user::bpf::maps::Maps;
 
 fn mac(m: [u8; 6]) -> String {
     m.iter()

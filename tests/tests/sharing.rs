@@ -421,7 +421,7 @@ fn xdp_filter_joins_the_dispatcher_the_limiter_installed() {
 fn a_program_that_is_not_a_dispatcher_is_named_and_left_alone() {
     let _state = LibxdpState::new();
     let mut lab = Lab::with_settings(WEB, "native", "xdp_share = \"libxdp\"");
-    let mut ebpf = aya::Ebpf::load(limiter_user::object::BASELINE_OBJECT).unwrap();
+    let mut ebpf = aya::Ebpf::load(limiter_user::host::object::BASELINE_OBJECT).unwrap();
     let prog: &mut aya::programs::Xdp = ebpf
         .program_mut("baseline_pass")
         .unwrap()

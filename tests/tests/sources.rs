@@ -17,7 +17,7 @@ use limiter_tests::{
     frame::{with_ipv4_src, FrameBuilder},
     tools,
 };
-use limiter_user::object::Variant;
+use limiter_user::host::object::Variant;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -242,8 +242,8 @@ fn cgroup_memory() -> Option<u64> {
 fn memory_per_source_at_1m_and_16m() {
     use limiter_common::sketch;
     use limiter_user::{
-        object::{Variant, BASELINE_OBJECT},
-        program::{LoadOptions, Program},
+        attach::program::{LoadOptions, Program},
+        host::object::{Variant, BASELINE_OBJECT},
     };
     limiter_tests::netns::require_root().unwrap();
     eprintln!("max_sources  sketch memlock  program memlock  cgroup delta  LRU memlock");
@@ -338,9 +338,9 @@ fn an_upgrade_carries_the_lru_state_into_the_sketch() {
     use aya::programs::{TestRun, TestRunOptions};
     use limiter_common::abi::{map_name, Bucket, SourceKey};
     use limiter_user::{
+        attach::program::{LoadOptions, Program},
         config::Config,
         daemon::apply_rules,
-        program::{LoadOptions, Program},
     };
     limiter_tests::netns::require_root().unwrap();
     let pins = limiter_tests::scenario::PinDir::new();
@@ -420,7 +420,7 @@ fn one_shared_cell_limits_nobody_two_do_and_explain_says_so() {
     use limiter_common::{abi::SourceKey, sketch};
     use limiter_user::{
         config::Proto,
-        explain::{explain, ExplainQuery},
+        observe::explain::{explain, ExplainQuery},
     };
     const DST6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
     let config = format!(

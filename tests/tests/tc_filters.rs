@@ -24,9 +24,8 @@ use limiter_tests::{
     traffic::SendPlan,
 };
 use limiter_user::{
-    kernel,
-    object::BASELINE_OBJECT,
-    tc_filter::{self, HANDLE, PRIORITY},
+    attach::tc_filter::{self, HANDLE, PRIORITY},
+    host::{kernel, object::BASELINE_OBJECT},
 };
 
 /// The rule's rate and burst: 2000/s and 200, a tenth in a guest (which moves only

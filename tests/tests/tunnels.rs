@@ -30,9 +30,9 @@ use limiter_tests::{
     traffic::{send, PacketSocket, SendPlan},
 };
 use limiter_user::{
+    attach::program::{LoadOptions, Program},
     config::{Config, XdpMode},
     daemon::{apply_rules, apply_tunnels},
-    program::{LoadOptions, Program},
 };
 
 const RATE: u64 = 100;

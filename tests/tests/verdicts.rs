@@ -13,7 +13,7 @@ use limiter_tests::{
     fixture::{self, delta, Loaded},
     frame::{self, FrameBuilder, Ipv6Ext, ETH_P_8021AD, ETH_P_8021Q, ETH_P_LLDP, TCP_ACK, TCP_SYN},
 };
-use limiter_user::object::Variant;
+use limiter_user::host::object::Variant;
 
 const XDP_ABORTED: u32 = 0;
 const XDP_DROP: u32 = 1;
@@ -1573,7 +1573,7 @@ const STANDALONE: [&str; 2] = ["standalone", "standalone-shadow"];
 fn install_fleet_state(loaded: &mut Loaded) {
     use limiter_common::{gcra, share::ShareState};
     use limiter_proto::pb::{ReportReply, RuleGrant};
-    use limiter_user::{fleet::FleetState, ruleset};
+    use limiter_user::policy::{fleet::FleetState, ruleset};
 
     let config = &loaded.config;
     let fleet_rules: Vec<_> = config
@@ -2279,7 +2279,7 @@ fn a_credit_admits_what_the_bucket_refuses_while_the_lease_holds() {
 fn explain_agrees_with_the_program_about_the_credit() {
     use limiter_user::{
         config::Proto,
-        explain::{self, ExplainQuery},
+        observe::explain::{self, ExplainQuery},
     };
     const HOUR: u64 = 3_600_000_000_000;
     let frame = v4([198, 18, 9, 12]).udp(1, 53).build();

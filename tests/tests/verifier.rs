@@ -44,7 +44,7 @@ fn section(elf: &[u8], name: &str) -> std::ops::Range<usize> {
 /// every relocation stay valid (the first instruction is no map load), so aya loads the
 /// object and only the verifier can refuse it.
 fn broken_object() -> Vec<u8> {
-    let mut elf = limiter_user::object::OBJECT.to_vec();
+    let mut elf = limiter_user::host::object::OBJECT.to_vec();
     let text = section(&elf, MULTI_BUFFER_SECTION);
     let first = &mut elf[text.start..text.start + 8];
     assert_ne!(
@@ -120,8 +120,8 @@ fn a_refused_build_says_why_and_the_running_program_keeps_enforcing() {
     eprintln!("--- stderr of the refused start ---\n{stderr}---");
     assert!(!status.success(), "a refused build exited with {status}");
 
-    let version = limiter_user::kernel::running().expect("kernel version");
-    let release = limiter_user::kernel::release().expect("uname release");
+    let version = limiter_user::host::kernel::running().expect("kernel version");
+    let release = limiter_user::host::kernel::release().expect("uname release");
     for needed in [
         // What the kernel check at start found, logged before loading.
         format!("kernel {version}: builds linear"),

@@ -50,9 +50,9 @@ use limiter_tests::{
     frame::{with_ipv4_src, FrameBuilder, TCP_ACK},
 };
 use limiter_user::{
+    attach::program::{LoadOptions, Program},
     config::MAX_MAX_SOURCES,
-    object::{Variant, BASELINE_OBJECT},
-    program::{LoadOptions, Program},
+    host::object::{Variant, BASELINE_OBJECT},
 };
 
 /// The BPF_PROG_TEST_RUN report, next to the end-to-end one.
@@ -761,10 +761,10 @@ fn handoff_scenarios(baselines: &Ebpf, alone: &Loaded) -> Result<Vec<Row>> {
 /// `baseline_pass` in the same rounds, next to the tail-call rows above. Needs freplace:
 /// an error says why the rows cannot be measured here.
 fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
-    if let Some(refusal) = limiter_user::libxdp::freplace_refusal() {
+    if let Some(refusal) = limiter_user::attach::libxdp::freplace_refusal() {
         anyhow::bail!("this kernel refuses freplace ({refusal})");
     }
-    use limiter_user::libxdp::{target_function, unattached_dispatcher};
+    use limiter_user::attach::libxdp::{target_function, unattached_dispatcher};
     let pins = limiter_tests::scenario::PinDir::new();
     let mut pinned = fixture::load_pinned(&config(SMALL_SOURCES), &pins.path)?;
     let lone = unattached_dispatcher(1)?;
@@ -788,7 +788,7 @@ fn dispatcher_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
         .context("linking the limiter's component to the second dispatcher")?;
     let mut lb_object = aya::EbpfLoader::new()
         .extension(limiter_tests::handoff::LB)
-        .load(limiter_user::object::STANDIN_LB_OBJECT)
+        .load(limiter_user::host::object::STANDIN_LB_OBJECT)
         .context("loading the stand-in LB as a component")?;
     let lb: &mut aya::programs::Extension = lb_object
         .program_mut(limiter_tests::handoff::LB)

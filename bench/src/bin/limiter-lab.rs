@@ -32,7 +32,7 @@ use limiter_tests::{
     netns::{ifindex, spawn_in_netns, VethPair},
     traffic::{send, PacketSocket, SendPlan},
 };
-use limiter_user::{maps::Maps, stats};
+use limiter_user::{bpf::maps::Maps, observe::stats};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

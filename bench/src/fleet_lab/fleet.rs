@@ -28,7 +28,7 @@ use limiter_tests::{
     scenario::PinDir,
     traffic::{send, PacketSocket, SendPlan},
 };
-use limiter_user::{maps::Maps, stats::share_state_at};
+use limiter_user::{bpf::maps::Maps, observe::stats::share_state_at};
 
 use super::{lease_age, HostReading, LabConfig, ReplicaReading};
 

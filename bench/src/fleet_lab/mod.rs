@@ -192,7 +192,7 @@ pub fn parse_script(text: &str, hosts: usize) -> Result<Vec<(Duration, Action)>>
 /// One host as read from its pinned maps at one moment.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostReading {
-    /// `bootstrap`, `leased`, `sticky`, `fail_open` (limiter_user::stats::share_state_at).
+    /// `bootstrap`, `leased`, `sticky`, `fail_open` (limiter_user::observe::stats::share_state_at).
     pub state: &'static str,
     /// The share in force, packets/s.
     pub share: u64,

@@ -4,8 +4,8 @@
 
 use limiter_common::abi::CONTROL_BYPASS;
 use limiter_user::{
-    control::{call, ControlError, Request},
-    maps::Maps,
+    bpf::maps::Maps,
+    serve::control::{call, ControlError, Request},
 };
 
 use super::{PinDirArg, SocketArg};

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use anyhow::Context as _;
-use limiter_user::{config::Config, ruleset};
+use limiter_user::{config::Config, policy::ruleset};
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {

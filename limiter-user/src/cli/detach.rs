@@ -1,9 +1,9 @@
 use std::time::{Duration, Instant};
 
 use limiter_user::{
-    control::{call, ControlError, Request},
-    pins,
-    teardown::{self, Cleanup},
+    attach::teardown::{self, Cleanup},
+    bpf::pins,
+    serve::control::{call, ControlError, Request},
 };
 
 use super::{PinDirArg, SocketArg};

@@ -3,8 +3,8 @@ use std::net::{IpAddr, SocketAddr};
 use anyhow::{bail, Context as _};
 use limiter_user::{
     config::Proto,
-    control::{call, Request},
-    explain::{render, ExplainQuery, Explanation},
+    observe::explain::{render, ExplainQuery, Explanation},
+    serve::control::{call, Request},
 };
 
 use super::{print_json, SocketArg};

@@ -1,6 +1,6 @@
 //! `limiter monitor`: the sampled refusals as they happen, read from the pinned
 //! `DROP_EVENTS` ring buffer (no daemon needed). Decoding, lines, JSON, pcapng and
-//! filters are `limiter_user::monitor`'s (pure); here are the loop, the clock, the
+//! filters are `limiter_user::observe::monitor`'s (pure); here are the loop, the clock, the
 //! signals and the files.
 
 use std::{
@@ -14,7 +14,7 @@ use std::{
 use anyhow::Context as _;
 use ipnet::IpNet;
 use limiter_common::drop::DropReason;
-use limiter_user::monitor::{
+use limiter_user::observe::monitor::{
     self,
     event::decode,
     filter::{parse_reason, parse_source, Filter},

@@ -1,6 +1,6 @@
 use clap::Subcommand;
 use limiter_service::cli_args::QuotaSetArgs;
-use limiter_user::control::{call, Request};
+use limiter_user::serve::control::{call, Request};
 
 use super::{print_json, SocketArg};
 

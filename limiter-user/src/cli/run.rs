@@ -1,7 +1,11 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use limiter_user::{config::Config, daemon::Daemon, reporter, service};
+use limiter_user::{
+    config::Config,
+    daemon::Daemon,
+    serve::{reporter, service},
+};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {

@@ -4,7 +4,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use limiter_user::{maps::Maps, stats, top::rates::counter_rate};
+use limiter_user::{
+    bpf::maps::Maps,
+    observe::{stats, top::rates::counter_rate},
+};
 
 use super::PinDirArg;
 

@@ -1,4 +1,4 @@
-use limiter_user::control::{call, Request};
+use limiter_user::serve::control::{call, Request};
 
 use super::{print_json, SocketArg};
 

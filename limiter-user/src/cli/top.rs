@@ -1,4 +1,4 @@
-//! `limiter top`: the live view. The rates and the screen are `limiter_user::top`'s
+//! `limiter top`: the live view. The rates and the screen are `limiter_user::observe::top`'s
 //! (pure); here are the terminal, the keys, the clock and the signals.
 
 use std::{
@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use limiter_user::top::{
+use limiter_user::observe::top::{
     self,
     view::{self, Mode, Screen},
     Sample,
@@ -309,7 +309,7 @@ const TOP_SOURCES: usize = 20;
 
 /// `limiter top --sources`: reads the ring buffer continuously, ranks each `interval`.
 fn sources(pin_dir: &Path, interval: Duration, window_s: u64) -> anyhow::Result<()> {
-    use limiter_user::monitor::{self, event::decode, sources::Window, ReaderClaim};
+    use limiter_user::observe::monitor::{self, event::decode, sources::Window, ReaderClaim};
     use ratatui::{text::Line, widgets::Paragraph};
 
     let mut reader = monitor::Reader::open(pin_dir)?;

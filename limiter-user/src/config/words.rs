@@ -115,7 +115,7 @@ config_enum!(
 
 config_enum!(
     /// What a rule's per-source limit does while the rule's part of the sketch is
-    /// saturated (crate::saturation: a flood has filled its cells so that honest sources
+    /// saturated (crate::policy::saturation: a flood has filled its cells so that honest sources
     /// under their limit are refused).
     OnSaturation, "on_saturation" {
         /// The per-source limit stands aside: what it would refuse goes on to the

@@ -11,7 +11,7 @@ use std::{
 };
 
 use limiter_tests::{frame::FrameBuilder, scenario::PEER_V4, tools, traffic::SendPlan};
-use limiter_user::maps::Maps;
+use limiter_user::bpf::maps::Maps;
 
 use super::{pki::Pki, Lab, LIMITER};
 

@@ -1,0 +1,175 @@
+//! An all-or-nothing start: a start failed after each of its steps in turn (the
+//! fault-injection seam of the test build, `limiter-user/fault-injection`) leaves the
+//! pins, the links, the interfaces' XDP programs and TC filters (and any dispatcher),
+//! the taken programs' pins and the control socket's directory exactly as they were
+//! before it (but for the socket's lock file, which stays by design, as after every run:
+//! limiter-instance). Then the same start, not failed, runs; and stopped with `detach`, the host
+//! is as before once more.
+//!
+//! Fresh starts, each configured interface empty before: an earlier daemon's link that a
+//! start adopts keeps the new program when the start then fails (documented in
+//! limiter-user/src/daemon/start.rs).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use limiter_tests::{
+    netns::VethPair,
+    scenario::PinDir,
+    tools::{bpftool, bpftool_links},
+};
+use limiter_user::{
+    config::Config,
+    daemon::{
+        start::{fault, StartStep},
+        Daemon,
+    },
+};
+use serde_json::Value;
+
+/// What a start may change on this host, as the tools see it.
+#[derive(Debug, PartialEq)]
+struct HostState {
+    /// pin_dir's entries (maps, links, programs, taken programs); `None`: no pin_dir.
+    pins: Option<Vec<String>>,
+    /// The control socket's directory's entries but its lock file.
+    socket_dir: Vec<String>,
+    /// Per interface: what `bpftool net show dev` lists (XDP programs and dispatchers,
+    /// cls_bpf filters), and the BPF links bpftool places on it (type, program). A tcx
+    /// link shows in neither on an older bpftool; it is seen by its pin (a start that
+    /// failed holds no descriptor: a link without a pin is gone).
+    hooks: Vec<Hook>,
+}
+
+/// One interface: its name, `bpftool net show dev`, its links (type, program).
+type Hook = (String, Value, Vec<(String, u32)>);
+
+fn entries(dir: &Path) -> Option<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Some(names)
+}
+
+fn host_state(pins: &Path, socket_dir: &Path, pairs: &[VethPair]) -> Result<HostState> {
+    let links = bpftool_links()?;
+    let mut hooks = Vec::new();
+    for pair in pairs {
+        let ifindex = pair.host_ifindex()?;
+        let net = bpftool(&["net", "show", "dev", &pair.host])
+            .with_context(|| format!("bpftool net show dev {}", pair.host))?;
+        let on: Vec<(String, u32)> = links
+            .iter()
+            .filter(|l| l.ifindex == Some(ifindex))
+            .map(|l| (l.kind.clone(), l.prog_id))
+            .collect();
+        hooks.push((pair.host.clone(), net, on));
+    }
+    Ok(HostState {
+        pins: entries(pins),
+        socket_dir: entries(socket_dir)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|name| name != "limiter.lock")
+            .collect(),
+        hooks,
+    })
+}
+
+fn config(pins: &Path, socket: &Path, pairs: &[VethPair], mode: &str) -> Config {
+    let ifaces: Vec<String> = pairs.iter().map(|p| format!("\"{}\"", p.host)).collect();
+    let text = format!(
+        "interfaces = [{}]\n\
+         pin_dir = \"{}\"\n\
+         control_socket = \"{}\"\n\
+         xdp_mode = \"{mode}\"\n\
+         [[rules]]\n\
+         name = \"rollback-rule\"\n\
+         dst = \"198.18.0.2/32\"\n\
+         rate = 100\n\
+         burst = 10\n",
+        ifaces.join(", "),
+        pins.display(),
+        socket.display()
+    );
+    Config::parse(&text, Path::new("/etc/limiter/limiter.toml")).unwrap()
+}
+
+/// Fails a start after each step in turn, then starts for real and detaches.
+fn every_step_undone(mode: &str) {
+    let pairs = [VethPair::new(1).unwrap(), VethPair::new(1).unwrap()];
+    let pins = PinDir::new();
+    let dir = tempfile::tempdir().unwrap();
+    // A directory the claim creates, so its removal is checked too.
+    let socket_dir: PathBuf = dir.path().join("run");
+    let socket = socket_dir.join("limiter.sock");
+    let ifaces: Vec<String> = pairs.iter().map(|p| p.host.clone()).collect();
+    let before = host_state(&pins.path, &socket_dir, &pairs).unwrap();
+    let mut left_behind = Vec::new();
+    for step in StartStep::ALL {
+        fault::fail_after(Some(step));
+        let started = Daemon::start(
+            Path::new("/etc/limiter/limiter.toml"),
+            config(&pins.path, &socket, &pairs, mode),
+            &ifaces,
+        );
+        fault::fail_after(None);
+        match started {
+            Ok(_) => panic!("{mode}: the start failed after {step:?} succeeded"),
+            Err(e) => assert!(
+                e.to_string().contains("fault injected"),
+                "{mode}: the start failed before the step {step:?}: {e}"
+            ),
+        }
+        let after = host_state(&pins.path, &socket_dir, &pairs).unwrap();
+        if after != before {
+            left_behind.push(format!(
+                "after {step:?}:\n    before {before:?}\n    after  {after:?}"
+            ));
+            // The next step starts from the same host as the first.
+            let _ = limiter_user::attach::teardown::remove_pins(&pins.path);
+            let _ = std::fs::remove_dir(&pins.path);
+            let _ = std::fs::remove_dir_all(&socket_dir);
+        }
+    }
+    assert!(
+        left_behind.is_empty(),
+        "{mode}: a failed start left things behind\n  {}",
+        left_behind.join("\n  ")
+    );
+    // The same start, not failed: it does change the host (the check above can fail),
+    // and detached it leaves it as before.
+    let daemon = Daemon::start(
+        Path::new("/etc/limiter/limiter.toml"),
+        config(&pins.path, &socket, &pairs, mode),
+        &ifaces,
+    )
+    .unwrap();
+    let running = host_state(&pins.path, &socket_dir, &pairs).unwrap();
+    assert_ne!(running, before, "{mode}: a start that changes nothing");
+    daemon.detach_all().unwrap();
+    assert_eq!(
+        host_state(&pins.path, &socket_dir, &pairs).unwrap(),
+        before,
+        "{mode}: detached"
+    );
+}
+
+#[test]
+fn a_failed_start_in_generic_mode_leaves_the_host_as_it_was() {
+    every_step_undone("generic");
+}
+
+#[test]
+fn a_failed_start_in_native_mode_leaves_the_host_as_it_was() {
+    every_step_undone("native");
+}
+
+#[test]
+fn a_failed_start_in_tc_mode_leaves_the_host_as_it_was() {
+    every_step_undone("tc");
+}

@@ -69,7 +69,8 @@ pub mod map_name {
     /// second's budget, and the refusal the current run stashed for its event.
     pub const MONITOR_STATE: &str = "MONITOR_STATE";
 
-    /// Every map the program owns, in a stable order.
+    /// Every map the program owns, in a stable order: the rows of the table of maps
+    /// ([`crate::maps::MAPS`]), in this order.
     pub const ALL: [&str; 27] = [
         CONTROL,
         RULES,

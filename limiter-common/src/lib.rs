@@ -7,7 +7,9 @@
 //! configuration, shared by the limiter's dispatcher program and the daemon. `sketch` holds
 //! the per-source cells (layout, hash, the cell step). `share` holds a rule's fleet share
 //! state, whose values its map entry carries. `drop` holds the reasons a frame is refused
-//! and the sampled drop event. `canary` picks the sources a rule enforces for when it
+//! and the sampled drop event. `maps` is the one table of the program's maps (name,
+//! kind, key and value sizes, flags, entries) that the kernel's declarations and the
+//! daemon's layout check, pins and map set read. `canary` picks the sources a rule enforces for when it
 //! enforces for a fraction of them.
 #![cfg_attr(not(test), no_std)]
 
@@ -17,5 +19,6 @@ pub mod clock;
 pub mod dispatcher;
 pub mod drop;
 pub mod gcra;
+pub mod maps;
 pub mod share;
 pub mod sketch;

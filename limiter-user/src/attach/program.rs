@@ -19,14 +19,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use limiter_common::{
-    abi::{
-        map_name, AggBucket, Bucket, Control, FragmentKey, FragmentRecord, GlobalCounters, Handoff,
-        HandoffCounters, HeaderCounters, HostEntry, PrefixRules, RuleConfig, RuleCpuState,
-        SynCounters, TunnelConfig, TunnelCounters, GENERATIONS, HOST_SLOTS, MAX_FRAGMENT_RECORDS,
-        MAX_PREFIXES, MAX_RULES, MAX_TUNNEL_INTERFACES, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_TC,
-    },
-    drop::{MonitorConfig, MonitorCounters, MonitorState, ReasonCounters, DROP_EVENTS_BYTES},
-    sketch::{self, SketchCounters, SketchMeta},
+    abi::{map_name, PROGRAM_NAME_LIBXDP, PROGRAM_NAME_TC},
+    maps::{map_spec, MAPS},
 };
 
 use crate::{
@@ -322,142 +316,12 @@ impl Attachment {
     }
 }
 
-/// One map as the program expects it: (name, type, key size, value size, max entries).
-fn expected_layout(max_sources: u32) -> [(&'static str, u32, u32, u32); 27] {
-    use std::mem::size_of;
-    let sz = |n: usize| n as u32;
-    [
-        (map_name::CONTROL, 4, sz(size_of::<Control>()), 1),
-        (
-            map_name::RULES,
-            4,
-            sz(size_of::<RuleConfig>()),
-            GENERATIONS * MAX_RULES,
-        ),
-        (
-            map_name::PREFIXES_V4_0,
-            8,
-            sz(size_of::<PrefixRules>()),
-            MAX_PREFIXES,
-        ),
-        (
-            map_name::PREFIXES_V4_1,
-            8,
-            sz(size_of::<PrefixRules>()),
-            MAX_PREFIXES,
-        ),
-        (
-            map_name::PREFIXES_V6_0,
-            20,
-            sz(size_of::<PrefixRules>()),
-            MAX_PREFIXES,
-        ),
-        (
-            map_name::PREFIXES_V6_1,
-            20,
-            sz(size_of::<PrefixRules>()),
-            MAX_PREFIXES,
-        ),
-        (
-            map_name::AGG_BUCKETS,
-            4,
-            sz(size_of::<AggBucket>()),
-            MAX_RULES,
-        ),
-        (
-            map_name::SRC_SKETCH,
-            4,
-            sz(size_of::<Bucket>()),
-            sketch::cells_for(max_sources),
-        ),
-        (map_name::SKETCH_META, 4, sz(size_of::<SketchMeta>()), 1),
-        (
-            map_name::SKETCH_COUNTS,
-            4,
-            sz(size_of::<SketchCounters>()),
-            1,
-        ),
-        (
-            map_name::RULE_COUNTERS,
-            4,
-            sz(size_of::<RuleCpuState>()),
-            MAX_RULES,
-        ),
-        (
-            map_name::GLOBAL_COUNTERS,
-            4,
-            sz(size_of::<GlobalCounters>()),
-            1,
-        ),
-        (
-            map_name::HOSTS,
-            4,
-            sz(size_of::<HostEntry>()),
-            GENERATIONS * HOST_SLOTS,
-        ),
-        (
-            map_name::FRAGMENTS,
-            sz(size_of::<FragmentKey>()),
-            sz(size_of::<FragmentRecord>()),
-            MAX_FRAGMENT_RECORDS,
-        ),
-        (
-            map_name::HEADER_COUNTERS,
-            4,
-            sz(size_of::<HeaderCounters>()),
-            1,
-        ),
-        (
-            map_name::RULE_SYNS,
-            4,
-            sz(size_of::<SynCounters>()),
-            MAX_RULES,
-        ),
-        (map_name::HANDOFF, 4, sz(size_of::<Handoff>()), 1),
-        (
-            map_name::HANDOFF_COUNTS,
-            4,
-            sz(size_of::<HandoffCounters>()),
-            1,
-        ),
-        (
-            map_name::TUNNELS,
-            4,
-            sz(size_of::<TunnelConfig>()),
-            MAX_TUNNEL_INTERFACES,
-        ),
-        (
-            map_name::TUNNEL_COUNTS,
-            4,
-            sz(size_of::<TunnelCounters>()),
-            1,
-        ),
-        (
-            map_name::DROP_REASONS,
-            4,
-            sz(size_of::<ReasonCounters>()),
-            MAX_RULES + 1,
-        ),
-        // A ring buffer: no key, no value, its size in bytes.
-        (map_name::DROP_EVENTS, 0, 0, DROP_EVENTS_BYTES),
-        (map_name::MONITOR, 4, sz(size_of::<MonitorConfig>()), 1),
-        (
-            map_name::MONITOR_COUNTS,
-            4,
-            sz(size_of::<MonitorCounters>()),
-            1,
-        ),
-        (map_name::MONITOR_STATE, 4, sz(size_of::<MonitorState>()), 1),
-        // Prog arrays: a u32 slot, a u32 program fd (an id when read back).
-        (map_name::HANDOFF_LINEAR, 4, 4, 1),
-        (map_name::HANDOFF_MULTI, 4, 4, 1),
-    ]
-}
-
-/// Refuses pinned maps whose layout differs from this build's: reusing them blindly
-/// would let the program read one struct as another.
+/// Refuses pinned maps whose layout differs from this build's (the table of maps):
+/// reusing them blindly would let the program read one struct as another.
 pub fn check_pinned_layout(pin_dir: &Path, max_sources: u32) -> Result<(), Error> {
-    for (name, key_size, value_size, max_entries) in expected_layout(max_sources) {
+    for map in &MAPS {
+        let (name, key_size, value_size) = (map.name, map.key_size, map.value_size);
+        let max_entries = map.max_entries(max_sources);
         let path = pin_dir.join(name);
         if fs::symlink_metadata(&path).is_err() {
             continue;
@@ -608,12 +472,13 @@ impl Program {
             return Err(Error::NoObject);
         }
         let mut loader = EbpfLoader::new();
-        loader.map_max_entries(map_name::SRC_SKETCH, sketch::cells_for(opts.max_sources));
+        let sketch = map_spec(map_name::SRC_SKETCH);
+        loader.map_max_entries(sketch.name, sketch.max_entries(opts.max_sources));
         if let Some(dir) = &opts.pin_dir {
             prepare_pin_dir(dir)?;
             check_pinned_layout(dir, opts.max_sources)?;
-            for name in map_name::ALL {
-                loader.map_pin_path(name, dir.join(name));
+            for map in &MAPS {
+                loader.map_pin_path(map.name, dir.join(map.name));
             }
         }
         let lb_array = match &opts.handoff_array {
@@ -1228,12 +1093,10 @@ impl Program {
     pub fn component(&mut self, pin_dir: &Path) -> Result<&mut Extension, Error> {
         if self.component.is_none() {
             let mut loader = EbpfLoader::new();
-            loader.map_max_entries(
-                map_name::SRC_SKETCH,
-                sketch::cells_for(self.opts.max_sources),
-            );
-            for name in map_name::ALL {
-                loader.map_pin_path(name, pin_dir.join(name));
+            let sketch = map_spec(map_name::SRC_SKETCH);
+            loader.map_max_entries(sketch.name, sketch.max_entries(self.opts.max_sources));
+            for map in &MAPS {
+                loader.map_pin_path(map.name, pin_dir.join(map.name));
             }
             loader.extension(PROGRAM_NAME_LIBXDP);
             self.component = Some(

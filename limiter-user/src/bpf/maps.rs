@@ -25,6 +25,7 @@ use limiter_common::{
     },
     drop::{MonitorConfig, MonitorCounters, ReasonCounters},
     gcra::Limit,
+    maps::map_spec,
     sketch::{self, SketchCounters, SketchMeta},
 };
 
@@ -148,6 +149,22 @@ where
     T::try_from(map).map_err(map_err(format!("opening map {name}")))
 }
 
+/// A map the first pinned layout lacked (the table's `in_first_layout`): `None` where an
+/// older daemon's pins do not have it. One the first layout had is required.
+fn added_later<T>(
+    take: &mut impl FnMut(&'static str) -> Result<Map, Error>,
+    name: &'static str,
+) -> Result<Option<T>, Error>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    match take(name) {
+        Ok(map) => typed(map, name).map(Some),
+        Err(_) if !map_spec(name).in_first_layout => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 impl Maps {
     /// Takes the maps out of a loaded object.
     /// Sets up the per-source sketch if the maps are new.
@@ -212,48 +229,18 @@ impl Maps {
             sketch_counts,
             rule_counters: typed(take(map_name::RULE_COUNTERS)?, map_name::RULE_COUNTERS)?,
             global_counters: typed(take(map_name::GLOBAL_COUNTERS)?, map_name::GLOBAL_COUNTERS)?,
-            header_counters: take(map_name::HEADER_COUNTERS)
-                .ok()
-                .map(|m| typed(m, map_name::HEADER_COUNTERS))
-                .transpose()?,
-            fragments: take(map_name::FRAGMENTS)
-                .ok()
-                .map(|m| typed(m, map_name::FRAGMENTS))
-                .transpose()?,
+            header_counters: added_later(&mut take, map_name::HEADER_COUNTERS)?,
+            fragments: added_later(&mut take, map_name::FRAGMENTS)?,
             hosts: typed(take(map_name::HOSTS)?, map_name::HOSTS)?,
             rule_syns: typed(take(map_name::RULE_SYNS)?, map_name::RULE_SYNS)?,
-            handoff: take(map_name::HANDOFF)
-                .ok()
-                .map(|m| typed(m, map_name::HANDOFF))
-                .transpose()?,
-            handoff_counters: take(map_name::HANDOFF_COUNTS)
-                .ok()
-                .map(|m| typed(m, map_name::HANDOFF_COUNTS))
-                .transpose()?,
-            tunnels: take(map_name::TUNNELS)
-                .ok()
-                .map(|m| typed(m, map_name::TUNNELS))
-                .transpose()?,
-            tunnel_counters: take(map_name::TUNNEL_COUNTS)
-                .ok()
-                .map(|m| typed(m, map_name::TUNNEL_COUNTS))
-                .transpose()?,
-            drop_reasons: take(map_name::DROP_REASONS)
-                .ok()
-                .map(|m| typed(m, map_name::DROP_REASONS))
-                .transpose()?,
-            monitor: take(map_name::MONITOR)
-                .ok()
-                .map(|m| typed(m, map_name::MONITOR))
-                .transpose()?,
-            monitor_counts: take(map_name::MONITOR_COUNTS)
-                .ok()
-                .map(|m| typed(m, map_name::MONITOR_COUNTS))
-                .transpose()?,
-            drop_events: take(map_name::DROP_EVENTS)
-                .ok()
-                .map(|m| typed(m, map_name::DROP_EVENTS))
-                .transpose()?,
+            handoff: added_later(&mut take, map_name::HANDOFF)?,
+            handoff_counters: added_later(&mut take, map_name::HANDOFF_COUNTS)?,
+            tunnels: added_later(&mut take, map_name::TUNNELS)?,
+            tunnel_counters: added_later(&mut take, map_name::TUNNEL_COUNTS)?,
+            drop_reasons: added_later(&mut take, map_name::DROP_REASONS)?,
+            monitor: added_later(&mut take, map_name::MONITOR)?,
+            monitor_counts: added_later(&mut take, map_name::MONITOR_COUNTS)?,
+            drop_events: added_later(&mut take, map_name::DROP_EVENTS)?,
             hosts_used: [None, None],
         })
     }

@@ -1602,7 +1602,7 @@ fn install_fleet_state(loaded: &mut Loaded) {
         report_interval_ms: 1_000,
         ..ReportReply::default()
     };
-    let refused = fleet.apply(&reply, now);
+    let refused = fleet.apply_from(0, &reply, now).refused;
     assert!(refused.is_empty(), "grants refused: {refused:?}");
 
     let shaped = fleet.shape(&config.rules);
@@ -1612,7 +1612,7 @@ fn install_fleet_state(loaded: &mut Loaded) {
     loaded.maps.install(&table).unwrap();
     let at = gcra::ticks_from_ns(now);
     let empty = |rule: &str| (rule.to_string(), 0);
-    let takeovers = std::mem::take(&mut fleet.pending_tokens);
+    let takeovers = fleet.take_pending_tokens();
     for (rule, tokens) in takeovers
         .into_iter()
         .chain(STANDALONE.iter().map(|r| empty(r)))

@@ -646,7 +646,7 @@ impl Daemon {
         if let Some(fleet) = &mut self.fleet {
             self.installed_states = fleet.states(now);
             // A first grant takes over with its token count, not a fresh burst.
-            for (rule, tokens) in std::mem::take(&mut fleet.pending_tokens) {
+            for (rule, tokens) in fleet.take_pending_tokens() {
                 let (Some(slot), Some(config)) = (
                     self.table.slots.get(&rule).copied(),
                     self.table
@@ -738,15 +738,15 @@ impl Daemon {
             .collect()
     }
 
-    /// Writes the fleet's pending credits into their rules' buckets (`FleetState::
-    /// pending_credit`), each replacing what was left, which the ledger counts as spent
-    /// or not. A credit is an extra, so a write that fails is logged and dropped: the
+    /// Writes the fleet's pending credits into their rules' buckets
+    /// ([`FleetState::take_pending_credit`]), each replacing what was left, which the
+    /// ledger counts as spent or not. A credit is an extra, so a write that fails is logged and dropped: the
     /// shares were installed, and the rule runs on its bucket alone until the next grant.
     fn write_credits(&mut self, now: u64) {
         let Some(fleet) = &mut self.fleet else {
             return;
         };
-        for (rule, credit) in std::mem::take(&mut fleet.pending_credit) {
+        for (rule, credit) in fleet.take_pending_credit() {
             let Some(&slot) = self.table.slots.get(&rule) else {
                 continue;
             };
@@ -857,7 +857,7 @@ impl Daemon {
         Ok(fleet.wants_early_report_to(group, &self.fleet_totals()?, monotonic_ns()))
     }
 
-    /// Applies the allocator's grants (each checked first: `FleetState::apply`) and
+    /// Applies the allocator's grants (each checked first: `FleetState::apply_from`) and
     /// installs the new shares. If the install fails the fleet state goes back to what
     /// is installed.
     /// `group`: the group of allocators that replied (0 without sharding). Returns the

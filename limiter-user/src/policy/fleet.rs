@@ -20,7 +20,7 @@
 //! and a share at TC a GRO-built buffer. Demand is reported in the rule's unit (bytes,
 //! SYNs or packets offered: [`offered_units`]).
 //!
-//! A grant is checked before it is stored ([`FleetState::apply`]): one whose share does
+//! A grant is checked before it is stored ([`FleetState::apply_from`]): one whose share does
 //! not compile (rate above the maximum, a burst that takes over a year to refill) is
 //! refused and counted (the daemon logs it), and the rule keeps what it had; its TTL is clamped to
 //! `MAX_GRANT_TTL_LEASES` lease TTLs. A restart within a lease resumes the share the
@@ -231,10 +231,10 @@ pub struct FleetState {
     /// allocators, a rule's reports go to its group on that group's schedule.
     last: BTreeMap<String, (Sample, u64)>,
     /// Rules whose bucket a grant (or a rejoin) takes over, with the units it holds then.
-    pub pending_tokens: BTreeMap<String, u64>,
+    pending_tokens: BTreeMap<String, u64>,
     /// Credits to write into rules' buckets (a grant's, or a re-arm), replacing what is
     /// left: [`FleetState::credit_written`] after each write.
-    pub pending_credit: BTreeMap<String, u64>,
+    pending_credit: BTreeMap<String, u64>,
     /// Each credit-taking rule's [`CreditLedger`].
     credits: BTreeMap<String, CreditLedger>,
     /// Closed shares that rejoined: their group's report goes at once (their grant
@@ -389,6 +389,18 @@ impl FleetState {
     }
 
     /// Grants refused since start (their share did not compile).
+    /// The rules whose bucket a grant (or a rejoin) takes over since the last call, with
+    /// the units it holds then: the daemon writes them into the buckets.
+    pub fn take_pending_tokens(&mut self) -> BTreeMap<String, u64> {
+        std::mem::take(&mut self.pending_tokens)
+    }
+
+    /// The credits to write into rules' buckets since the last call (a grant's, or a
+    /// re-arm), each replacing what is left; [`FleetState::credit_written`] after each.
+    pub fn take_pending_credit(&mut self) -> BTreeMap<String, u64> {
+        std::mem::take(&mut self.pending_credit)
+    }
+
     pub fn grants_refused(&self) -> u64 {
         self.grants_refused
     }
@@ -496,12 +508,6 @@ impl FleetState {
             .collect()
     }
 
-    /// The report for this interval from counter totals (every rule: one group of
-    /// allocators).
-    pub fn report(&mut self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> ReportRequest {
-        self.report_to(0, totals, now)
-    }
-
     /// The group of allocators each rule is reported to.
     pub fn routing(&self) -> &Routing {
         &self.routing
@@ -579,13 +585,8 @@ impl FleetState {
         refused.saturating_sub(last)
     }
 
-    /// Whether refusals since the last report call for an early one, or a closed share
-    /// rejoined and asks for its grant.
-    pub fn wants_early_report(&self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> bool {
-        self.wants_early_report_to(0, totals, now)
-    }
-
-    /// [`FleetState::wants_early_report`] for the rules routed to group `group`.
+    /// Whether, for the rules routed to group `group`, refusals since the last report
+    /// call for an early one, or a closed share rejoined and asks for its grant.
     pub fn wants_early_report_to(
         &self,
         group: usize,
@@ -665,16 +666,11 @@ impl FleetState {
         self.credits.values().map(|l| l.total).sum()
     }
 
-    /// Applies the allocator's grants. Each is checked before it is stored: a grant
+    /// Applies the grants of a reply of group `group`, whose `elsewhere` routes rules to
+    /// other groups ([`Routing::learn`]). Each grant is checked before it is stored: one
     /// whose share does not compile in the rule's unit is refused (logged, counted in
     /// [`FleetState::grants_refused`]) and the rule keeps what it had, so one bad grant
-    /// neither blocks the others nor stops reporting. Returns the grants refused.
-    pub fn apply(&mut self, reply: &ReportReply, now: u64) -> Vec<Refusal> {
-        self.apply_from(0, reply, now).refused
-    }
-
-    /// [`FleetState::apply`] for a reply of group `group`, whose `elsewhere` routes rules
-    /// to other groups ([`Routing::learn`]).
+    /// neither blocks the others nor stops reporting.
     pub fn apply_from(&mut self, group: usize, reply: &ReportReply, now: u64) -> Applied {
         let mut applied = Applied::default();
         let named = (reply.fleet_size != 0).then_some(reply.fleet_size);
@@ -833,7 +829,7 @@ mod tests {
         assert_eq!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
         let bootstrap = c.aggregate;
 
-        fleet.apply(&reply(0, false), S);
+        fleet.apply_from(0, &reply(0, false), S);
         let t = installed(&fleet, &rules, S);
         let (_, c) = t.rules[0];
         // Closed until the lease lapses; then the bootstrap share applies.
@@ -848,12 +844,12 @@ mod tests {
         // Out of BOOTSTRAP: no token.
         assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
         // Reported as holding 0.
-        let r = fleet.report(&BTreeMap::new(), S + S / 2);
+        let r = fleet.report_to(0, &BTreeMap::new(), S + S / 2);
         assert_eq!(r.rules[0].held, 0);
 
         // A real grant afterwards takes over (its token count) and opens the limit.
         fleet.pending_tokens.clear();
-        fleet.apply(&reply(250, true), 2 * S);
+        fleet.apply_from(0, &reply(250, true), 2 * S);
         assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
         let t = installed(&fleet, &rules, 2 * S);
         let (_, c) = t.rules[0];
@@ -867,7 +863,7 @@ mod tests {
     fn the_allocators_fleet_size_is_compared_with_the_hosts() {
         let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 4, XdpMode::Auto, &rules, 0);
-        assert_eq!(fleet.report(&BTreeMap::new(), S).fleet_size, 4);
+        assert_eq!(fleet.report_to(0, &BTreeMap::new(), S).fleet_size, 4);
         let named = |n: u32| ReportReply {
             fleet_size: n,
             ..reply(250, false)
@@ -898,7 +894,7 @@ mod tests {
     fn refusals_on_a_closed_unsaturated_share_report_at_once() {
         let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
-        fleet.apply(&reply(0, false), S);
+        fleet.apply_from(0, &reply(0, false), S);
         let totals = |dropped: u64| {
             BTreeMap::from([(
                 "contoso".to_string(),
@@ -909,9 +905,9 @@ mod tests {
                 },
             )])
         };
-        let _ = fleet.report(&totals(0), S);
-        assert!(!fleet.wants_early_report(&totals(0), S + 1));
-        assert!(fleet.wants_early_report(&totals(3), S + 1));
+        let _ = fleet.report_to(0, &totals(0), S);
+        assert!(!fleet.wants_early_report_to(0, &totals(0), S + 1));
+        assert!(fleet.wants_early_report_to(0, &totals(3), S + 1));
         // Leased: the allocator is there to ask, no rejoin.
         assert!(fleet.rejoin(&totals(3), S + 1).is_empty());
     }
@@ -921,7 +917,7 @@ mod tests {
         for fail_mode in [FailMode::Open, FailMode::Static] {
             let rules = [rule(fail_mode)];
             let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
-            fleet.apply(&reply(0, false), S);
+            fleet.apply_from(0, &reply(0, false), S);
             fleet.pending_tokens.clear();
             let totals = |dropped: u64| {
                 BTreeMap::from([(
@@ -933,7 +929,7 @@ mod tests {
                     },
                 )])
             };
-            let _ = fleet.report(&totals(0), 4 * S);
+            let _ = fleet.report_to(0, &totals(0), 4 * S);
             // STICKY (lease lapsed at 4 s), no refusals: stays closed.
             assert!(fleet.rejoin(&totals(0), 5 * S).is_empty());
             let t = installed(&fleet, &rules, 5 * S);
@@ -941,7 +937,7 @@ mod tests {
             // Refusals: BOOTSTRAP at 10,000 ÷ 500 with one token, and a report at once.
             assert_eq!(fleet.rejoin(&totals(7), 5 * S), ["contoso"]);
             assert_eq!(fleet.pending_tokens.get("contoso"), Some(&1));
-            assert!(fleet.wants_early_report(&totals(7), 5 * S));
+            assert!(fleet.wants_early_report_to(0, &totals(7), 5 * S));
             let t = installed(&fleet, &rules, 5 * S);
             let (_, c) = t.rules[0];
             assert_eq!(
@@ -954,9 +950,9 @@ mod tests {
                 FailMode::Static => 0,
             };
             assert_eq!(c.fail_open_at_ns, want);
-            let r = fleet.report(&totals(7), 5 * S);
+            let r = fleet.report_to(0, &totals(7), 5 * S);
             assert_eq!(r.rules[0].held, 0, "held like a joiner");
-            assert!(!fleet.wants_early_report(&totals(7), 5 * S + 1));
+            assert!(!fleet.wants_early_report_to(0, &totals(7), 5 * S + 1));
         }
     }
 
@@ -1021,7 +1017,7 @@ mod tests {
             // A maximal admission of the unit fits the installed bucket.
             assert!(c.aggregate.cost(floor) <= c.aggregate.tolerance);
             // A grant whose burst is below the floor: LEASED at the floor.
-            fleet.apply(&grant_reply("r", 300_000, 1, 1, 3_000), S);
+            fleet.apply_from(0, &grant_reply("r", 300_000, 1, 1, 3_000), S);
             assert_eq!(
                 fleet.pending_tokens.get("r"),
                 Some(&floor),
@@ -1041,7 +1037,7 @@ mod tests {
             );
             // Zero grant, lapsed, refusing: rejoins at the bootstrap share and the floor.
             fleet.pending_tokens.clear();
-            fleet.apply(&grant_reply("r", 0, 0, 0, 3_000), 6 * S);
+            fleet.apply_from(0, &grant_reply("r", 0, 0, 0, 3_000), 6 * S);
             let t = installed(&fleet, &rules, 6 * S);
             assert_eq!(
                 entry(&t, "r").aggregate,
@@ -1058,7 +1054,7 @@ mod tests {
                     },
                 )])
             };
-            let _ = fleet.report(&refused(0), 9 * S);
+            let _ = fleet.report_to(0, &refused(0), 9 * S);
             assert_eq!(fleet.rejoin(&refused(4), 10 * S), ["r"]);
             assert_eq!(fleet.pending_tokens.get("r"), Some(&floor));
             let t = installed(&fleet, &rules, 10 * S);
@@ -1125,8 +1121,8 @@ mod tests {
                 },
             )])
         };
-        let _ = fleet.report(&at(&RuleCounters::default()), 0);
-        let r = fleet.report(&at(&c), 2 * S);
+        let _ = fleet.report_to(0, &at(&RuleCounters::default()), 0);
+        let r = fleet.report_to(0, &at(&c), 2 * S);
         assert_eq!(r.rules[0].demand, 7_500, "bytes per second");
         assert_eq!(r.rules[0].denials, 5, "frames");
         // No credit for a bytes rule: its refusals are frames, its shares bytes.
@@ -1160,7 +1156,7 @@ mod tests {
     fn a_grants_credit_is_written_and_what_was_spent_of_it_is_reported() {
         let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
-        let first = fleet.report(&totals(0, 0, 0), 0);
+        let first = fleet.report_to(0, &totals(0, 0, 0), 0);
         assert_eq!(
             (
                 first.rules[0].admitted,
@@ -1169,28 +1165,28 @@ mod tests {
             ),
             (Some(0), Some(0), Some(0))
         );
-        fleet.apply(&credit_reply(40), S / 10);
+        fleet.apply_from(0, &credit_reply(40), S / 10);
         assert_eq!(fleet.pending_credit.get("contoso"), Some(&40));
         // The daemon swaps it in; the word held 0.
         fleet.pending_credit.clear();
         fleet.credit_written("contoso", 40, 0, S / 10);
         // 30 of it spent when the next grant replaces it with 10.
-        fleet.apply(&credit_reply(10), S / 2);
+        fleet.apply_from(0, &credit_reply(10), S / 2);
         assert_eq!(fleet.pending_credit.get("contoso"), Some(&10));
         fleet.credit_written("contoso", 10, 10, S / 2);
         // 4 of the second spent by the report: 34 credited of 1,200 admitted.
-        let r = fleet.report(&totals(1_500, 300, 6), S);
+        let r = fleet.report_to(0, &totals(1_500, 300, 6), S);
         assert_eq!(
             (r.rules[0].admitted, r.rules[0].credited, r.rules[0].credit),
             (Some(1_200), Some(34), Some(10))
         );
         assert_eq!(r.rules[0].denials, 300);
         // Nothing spent since: nothing credited again.
-        let r = fleet.report(&totals(1_500, 300, 6), 2 * S);
+        let r = fleet.report_to(0, &totals(1_500, 300, 6), 2 * S);
         assert_eq!(r.rules[0].credited, Some(0));
         assert_eq!(fleet.credited_total(), 34);
         // A zero-credit grant still replaces what is left.
-        fleet.apply(&credit_reply(0), 2 * S);
+        fleet.apply_from(0, &credit_reply(0), 2 * S);
         assert_eq!(fleet.pending_credit.get("contoso"), Some(&0));
     }
 
@@ -1200,9 +1196,9 @@ mod tests {
     fn a_pinned_credit_word_is_not_counted_as_spent() {
         let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
-        let r = fleet.report(&totals(0, 0, 25), 0);
+        let r = fleet.report_to(0, &totals(0, 0, 25), 0);
         assert_eq!(r.rules[0].credited, Some(0));
-        let r = fleet.report(&totals(100, 0, 20), S);
+        let r = fleet.report_to(0, &totals(100, 0, 20), S);
         assert_eq!(r.rules[0].credited, Some(5));
         // A word the daemon could not read: no counts at all (the allocator then grants
         // no credit), rather than a guess or a failed report.
@@ -1210,13 +1206,13 @@ mod tests {
         if let Some(t) = unreadable.get_mut("contoso") {
             t.credit_left = None;
         }
-        let r = fleet.report(&unreadable, 2 * S);
+        let r = fleet.report_to(0, &unreadable, 2 * S);
         assert_eq!(
             (r.rules[0].admitted, r.rules[0].credited, r.rules[0].credit),
             (None, None, None)
         );
         // Spending seen at the next readable look is counted from the last one.
-        let r = fleet.report(&totals(300, 0, 18), 3 * S);
+        let r = fleet.report_to(0, &totals(300, 0, 18), 3 * S);
         assert_eq!(r.rules[0].credited, Some(2));
     }
 
@@ -1226,7 +1222,7 @@ mod tests {
     fn a_failed_report_rearms_the_credit_while_the_lease_holds() {
         let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
-        fleet.apply(&credit_reply(40), S);
+        fleet.apply_from(0, &credit_reply(40), S);
         fleet.pending_credit.clear();
         fleet.credit_written("contoso", 40, 0, S);
         fleet.rearm_credit(0, S + S / 2);
@@ -1244,7 +1240,7 @@ mod tests {
         fleet.rearm_credit(0, 4 * S + 1);
         assert!(fleet.pending_credit.is_empty(), "lease lapsed");
         // A grant without credit: nothing to re-arm.
-        fleet.apply(&credit_reply(0), 5 * S);
+        fleet.apply_from(0, &credit_reply(0), 5 * S);
         fleet.pending_credit.clear();
         fleet.credit_written("contoso", 0, 0, 5 * S);
         fleet.rearm_credit(0, 7 * S);
@@ -1262,7 +1258,7 @@ mod tests {
             unit_rule("b", Unit::Bytes, 1_000_000, 10_000),
         ];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
-        fleet.apply(&grant_reply("a", 500, 50, 1, 3_000), 0);
+        fleet.apply_from(0, &grant_reply("a", 500, 50, 1, 3_000), 0);
         let before = entry(&installed(&fleet, &rules, 0), "a").aggregate;
         let bad = [(limiter_common::gcra::MAX_RATE + 1, 50), (1_000, u64::MAX)];
         for (i, (rate, burst)) in bad.into_iter().enumerate() {
@@ -1270,7 +1266,7 @@ mod tests {
             reply
                 .grants
                 .push(grant_reply("b", 4_000, 4_000, 1, 3_000).grants[0].clone());
-            let refused = fleet.apply(&reply, S);
+            let refused = fleet.apply_from(0, &reply, S).refused;
             assert_eq!(refused.len(), 1, "{refused:?}");
             assert_eq!(refused[0].rule, "a");
             assert_eq!(fleet.grants_refused(), i as u64 + 1);
@@ -1288,7 +1284,7 @@ mod tests {
     fn a_zero_grant_with_a_long_ttl_closes_the_rule_for_a_few_leases_at_most() {
         let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
-        fleet.apply(&grant_reply("contoso", 0, 0, 0, 86_400_000), S);
+        fleet.apply_from(0, &grant_reply("contoso", 0, 0, 0, 86_400_000), S);
         let t = installed(&fleet, &rules, S);
         let c = entry(&t, "contoso");
         assert_ne!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
@@ -1315,7 +1311,7 @@ mod tests {
         reply
             .grants
             .push(grant_reply("c", 0, 0, 0, 3_000).grants[0].clone());
-        old.apply(&reply, S);
+        old.apply_from(0, &reply, S);
         let t = installed(&old, &rules, S);
         let pinned: BTreeMap<String, RuleConfig> = t
             .slots
@@ -1344,7 +1340,7 @@ mod tests {
         assert!(new.pending_tokens.is_empty(), "the pinned bucket continues");
         // Past the lease: STICKY, as the kernel already applied it.
         assert_eq!(new.states(4 * S)["a"], ShareState::Sticky);
-        let r = new.report(&BTreeMap::new(), 3 * S);
+        let r = new.report_to(0, &BTreeMap::new(), 3 * S);
         assert_eq!(r.rules[0].held, 3_000, "reported as held");
     }
 

@@ -95,8 +95,11 @@ pub enum LinkOrigin {
     Adopted,
 }
 
-/// One interface running the program through a pinned bpf_link. The link lives as long
-/// as its pin, not as long as this process: enforcement survives the daemon.
+/// One interface running the program: through a pinned bpf_link (it lives as long as
+/// its pin), a cls_bpf filter or a netlink attachment in place of a taken program (they
+/// live on the interface), or a component of the interface's libxdp dispatcher (pinned
+/// under libxdp's directory); none lives only as long as this process, so enforcement
+/// survives the daemon. Tests alone make process-local ones ([`Program::attach`]).
 pub struct Attachment {
     pub iface: String,
     /// The mode requested for a new link (an adopted link keeps the mode it was made in).

@@ -9,7 +9,7 @@
 //! state, whose values its map entry carries. `drop` holds the reasons a frame is refused
 //! and the sampled drop event. `maps` is the one table of the program's maps (name,
 //! kind, key and value sizes, flags, entries) that the kernel's declarations and the
-//! daemon's layout check, pins and map set read. `canary` picks the sources a rule enforces for when it
+//! daemon's layout check, pins and map set read. `rule_name` is the grammar of a rule's name. `canary` picks the sources a rule enforces for when it
 //! enforces for a fraction of them.
 #![cfg_attr(not(test), no_std)]
 
@@ -20,5 +20,6 @@ pub mod dispatcher;
 pub mod drop;
 pub mod gcra;
 pub mod maps;
+pub mod rule_name;
 pub mod share;
 pub mod sketch;

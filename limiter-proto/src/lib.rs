@@ -30,7 +30,7 @@ pub const MAX_RULES_PER_REPORT: usize = 1024;
 pub const MIN_REPORT_SPACING_MS: u64 = 200;
 /// Longest host id and rule name.
 pub const MAX_HOST_LEN: usize = 253;
-pub const MAX_RULE_LEN: usize = 63;
+pub const MAX_RULE_LEN: usize = limiter_common::rule_name::MAX_LEN;
 /// The response metadata key in which a follower replica names the leader's address.
 pub const LEADER_METADATA: &str = "limiter-leader";
 
@@ -69,9 +69,10 @@ pub enum ReportError {
     DuplicateRule(String),
 }
 
-/// Whether `s` may name a rule: 1-[`MAX_RULE_LEN`] bytes of `[A-Za-z0-9._-]`.
+/// Whether `s` may name a rule: 1-[`MAX_RULE_LEN`] bytes of `[A-Za-z0-9._-]`
+/// (`limiter_common::rule_name`, the daemon's config holds names to the same).
 pub fn valid_rule_name(s: &str) -> bool {
-    valid_name(s, MAX_RULE_LEN)
+    limiter_common::rule_name::check(s).is_ok()
 }
 
 fn valid_name(s: &str, max: usize) -> bool {

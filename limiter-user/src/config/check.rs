@@ -1090,26 +1090,10 @@ fn default_host_id() -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-/// 1..=63 bytes of `[A-Za-z0-9._-]`.
+/// 1..=63 bytes of `[A-Za-z0-9._-]` (`limiter_common::rule_name`: the fleet protocol
+/// holds names to the same grammar).
 fn check_rule_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("name must not be empty".to_string());
-    }
-    if name.len() > MAX_RULE_NAME_LEN {
-        return Err(format!(
-            "name is {} bytes long; at most {MAX_RULE_NAME_LEN} are allowed",
-            name.len()
-        ));
-    }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(format!(
-            "name contains {bad:?}; only letters, digits, '.', '_' and '-' are allowed"
-        ));
-    }
-    Ok(())
+    limiter_common::rule_name::check(name).map_err(|p| p.to_string())
 }
 
 /// The kernel's rule for interface names (`dev_valid_name`).

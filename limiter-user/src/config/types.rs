@@ -17,9 +17,6 @@ use super::{
     words::*,
 };
 
-/// Longest rule name in bytes (the map keeps [`abi::RULE_NAME_LEN`] bytes, NUL padded).
-pub const MAX_RULE_NAME_LEN: usize = abi::RULE_NAME_LEN - 1;
-
 /// A validated configuration file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

@@ -24,7 +24,11 @@ use aya::{
 use limiter_common::abi::{Handoff, MAX_HANDOFF_SLOTS};
 use serde::Serialize;
 
-use crate::{config::HandoffSpec, error::Error, host::object::Variant};
+use crate::{
+    config::HandoffSpec,
+    error::Error,
+    host::{loaded::program_info, object::Variant},
+};
 
 /// What the LB's pinned prog array looks like (read before the program is loaded).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,10 +172,7 @@ pub fn slot_program(map: &MapData, index: u32) -> Result<Option<u32>, std::io::E
 
 /// A loaded program's name, by id (`None` if it is gone).
 pub fn program_name(id: u32) -> Option<String> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == id)
-        .map(|p| p.name_as_str().unwrap_or("?").to_string())
+    program_info(id).map(|p| p.name_as_str().unwrap_or("?").to_string())
 }
 
 fn prog_array(data: MapData, what: &str) -> Result<ProgramArray<MapData>, Error> {

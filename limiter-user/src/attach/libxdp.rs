@@ -49,6 +49,7 @@ use crate::{
     },
     config::XdpMode as ConfigXdpMode,
     error::Error,
+    host::loaded::program_info,
 };
 
 /// The limiter's dispatcher (limiter-ebpf's `dispatcher`), built by build.rs.
@@ -162,12 +163,6 @@ impl Lock {
         }
         Ok(Lock { _dir: fd })
     }
-}
-
-fn program_info(id: u32) -> Option<ProgramInfo> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == id)
 }
 
 /// What holds the XDP hook of `ifindex`; `control_id` marks the limiter's components.

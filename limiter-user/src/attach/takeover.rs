@@ -31,6 +31,7 @@ use crate::{
     bpf::pins::{self, taken_pin_path},
     config::XdpMode as ConfigXdpMode,
     error::Error,
+    host::loaded::program_info,
 };
 
 /// What holds one interface's XDP hook, as the fallback sees it.
@@ -279,12 +280,6 @@ pub fn give_back_unconfigured(
         }
     }
     Ok(done)
-}
-
-fn program_info(id: u32) -> Option<ProgramInfo> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == id)
 }
 
 /// Why [`program_info`] found no `program_id`: without CAP_SYS_ADMIN the kernel lists no

@@ -12,14 +12,15 @@
 
 use std::{io, path::Path};
 
-use aya::{maps::MapInfo, programs::loaded_programs};
+use aya::maps::MapInfo;
 use limiter_common::abi::map_name;
 
-use crate::attach::netlink::{
-    attributes, c_string, message, transact, u32_at, NLM_F_DUMP, NLM_F_REQUEST,
-};
 #[cfg(test)]
 use crate::attach::netlink::{NLMSG_DONE, NLMSG_ERROR, NLMSG_HDR};
+use crate::{
+    attach::netlink::{attributes, c_string, message, transact, u32_at, NLM_F_DUMP, NLM_F_REQUEST},
+    host::loaded::program_info,
+};
 
 /// Priority of the limiter's filter: 1, the first the kernel runs (lower runs earlier).
 pub const PRIORITY: u16 = 1;
@@ -129,9 +130,7 @@ pub fn control_map_id(pin_dir: &Path) -> Option<u32> {
 /// Whether program `id` uses map `control_id` (is a build of the limiter on this
 /// pin_dir's maps).
 pub fn program_uses_map(program_id: u32, control_id: u32) -> bool {
-    loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == program_id)
+    program_info(program_id)
         .and_then(|p| p.map_ids().ok().flatten())
         .is_some_and(|ids| ids.contains(&control_id))
 }

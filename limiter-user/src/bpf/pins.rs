@@ -23,7 +23,7 @@ use std::{
 use aya::{maps::MapInfo, programs::links::PinnedLink};
 use limiter_common::abi::{map_name, PROGRAM_NAME, PROGRAM_NAME_LINEAR, PROGRAM_NAME_TC};
 
-use crate::error::Error;
+use crate::{error::Error, host::loaded::program_info};
 
 /// Where the link of `iface` is pinned.
 pub fn link_pin_path(pin_dir: &Path, iface: &str) -> PathBuf {
@@ -189,10 +189,7 @@ pub fn check_ours(path: &Path, name: PinName<'_>) -> Result<(), String> {
             {
                 return Ok(());
             }
-            let name = aya::programs::loaded_programs()
-                .filter_map(Result::ok)
-                .find(|p| p.id() == prog_id)
-                .and_then(|p| p.name_as_str().map(str::to_string));
+            let name = program_info(prog_id).and_then(|p| p.name_as_str().map(str::to_string));
             match name {
                 Some(n) if is_limiter_program(&n) => Ok(()),
                 Some(n) => Err(format!("a link running program {n:?}, not the limiter")),

@@ -41,6 +41,9 @@ pub const TARGET: f64 = 0.9;
 pub const RULE: &str = "rate = 1000\nburst = 100";
 /// Other load (CPUs) beside a run that marks its round disturbed.
 pub const DISTURBED: f64 = 0.1;
+/// Sources the flood comes from, in turn (the rule has no per-source limit: for it, and
+/// for XDP_DROP, they are the same frames; for sampling, events with many sources).
+pub const FLOOD_SOURCES: u32 = 4096;
 /// Events per second and CPU the sampling run allows (`[monitor] events_per_sec`).
 pub const SAMPLING_BUDGET: u32 = 1_000;
 
@@ -245,7 +248,7 @@ fn run_once(
     let link_before = LinkStats::read(&pair.host)?;
     let offer = Offer {
         backend,
-        frames: udp_frames(pair, 1, FRAME_LEN)?,
+        frames: udp_frames(pair, FLOOD_SOURCES, FRAME_LEN)?,
         rate_per_sender: None,
         lump: Duration::ZERO,
         duration: WARMUP + WINDOW + TAIL,

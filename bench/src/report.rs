@@ -160,7 +160,8 @@ impl Doc {
     fn drop_rate(&mut self, rows: &Result<Vec<DropRateRow>>) {
         self.line("## 1. Drop rate: limiter vs plain XDP_DROP\n");
         self.line(&format!(
-            "Both senders as fast as they go; rule `{}` (almost every frame over it); the \
+            "Both senders as fast as they go, from {} sources in turn; rule `{}` (almost every \
+             frame over it); the \
              rate is the host end's `rx_packets` (every frame XDP ran on) over a 1.2 s window \
              after 0.4 s of warm-up. Each round runs XDP_DROP, the limiter, then the limiter sampling; 3 rounds, \
              median (min–max) of the undisturbed ones. The rule's counters must account for \
@@ -171,6 +172,7 @@ impl Doc {
              when more than {:.1} CPUs of other work ran beside it. The target is judged on \
              frames/s from undisturbed rounds, or on the per-CPU-second ratio when every \
              round was disturbed.\n",
+            drop_rate::FLOOD_SOURCES,
             drop_rate::RULE.replace('\n', ", "),
             drop_rate::DISTURBED
         ));

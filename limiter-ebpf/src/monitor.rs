@@ -13,7 +13,9 @@
 //! second is read on the jiffy the kernel keeps, as the meter's tick clock is. (Saying
 //! "stashed" in the run's result instead of in `MONITOR_STATE` would save the second
 //! lookup, but the result's two values kept the verifier's states apart after every
-//! refusal: 369 k instructions processed instead of 177 k, for no time measured.)
+//! refusal: 369 k instructions processed instead of 177 k, for no time measured. Checking
+//! the budget in [`sample`] instead, after an unconditional stash, cost 240 k here and
+//! 67-69 ns per refusal over the budget, against 177 k and 49-51 ns.)
 
 use aya_ebpf::helpers::{bpf_ktime_get_ns, generated::bpf_jiffies64};
 use limiter_common::{

@@ -4,6 +4,11 @@
 //! end's `rx_packets`) over a window after a warm-up. Each round runs XDP_DROP and the
 //! limiter back to back; the figure is the median of the per-round ratios.
 //!
+//! Each round also runs the limiter sampling its refusals at [`SAMPLING_BUDGET`] events
+//! per second and CPU, the ring buffer drained by a thread (`limiter monitor`'s path): a
+//! flood's frames past each second's first events meet a spent budget. That run must
+//! write no more than the budget allows, skip the rest as counted, and lose none.
+//!
 //! A second ratio divides by CPU time (scheduler runtime of this process and ksoftirqd)
 //! instead of wall time: frames per CPU-second, which neither other load on the machine
 //! nor the live-frames generator's idle gaps distort. A round with other load beside it
@@ -20,7 +25,7 @@ use limiter_tests::netns::VethPair;
 use super::{
     cpu::{self, CpuSample, OwnSample},
     gen::{self, Backend, Offer},
-    host::{Installed, LinkStats, Setup},
+    host::{Installed, LinkStats, SamplingTally, Setup},
     stats::Spread,
     udp_frames, FRAME_LEN, SENDER_CPUS,
 };
@@ -36,6 +41,11 @@ pub const TARGET: f64 = 0.9;
 pub const RULE: &str = "rate = 1000\nburst = 100";
 /// Other load (CPUs) beside a run that marks its round disturbed.
 pub const DISTURBED: f64 = 0.1;
+/// Sources the flood comes from, in turn (the rule has no per-source limit: for it, and
+/// for XDP_DROP, they are the same frames; for sampling, events with many sources).
+pub const FLOOD_SOURCES: u32 = 4096;
+/// Events per second and CPU the sampling run allows (`[monitor] events_per_sec`).
+pub const SAMPLING_BUDGET: u32 = 1_000;
 
 /// One measurement window.
 #[derive(Clone, Copy, Debug)]
@@ -47,16 +57,29 @@ pub struct Run {
     pub other_load: f64,
 }
 
-/// XDP_DROP and the limiter, back to back.
+/// XDP_DROP, the limiter, and the limiter sampling its refusals, back to back.
 #[derive(Clone, Copy, Debug)]
 pub struct Round {
     pub xdp_drop: Run,
     pub limiter: Run,
+    pub sampling: Run,
 }
 
 impl Round {
     pub fn disturbed(&self) -> bool {
-        self.xdp_drop.other_load > DISTURBED || self.limiter.other_load > DISTURBED
+        [self.xdp_drop, self.limiter, self.sampling]
+            .iter()
+            .any(|run| run.other_load > DISTURBED)
+    }
+
+    /// Sampling on ÷ off, frames per second.
+    pub fn sampling_ratio(&self) -> f64 {
+        self.sampling.frames_per_second / self.limiter.frames_per_second
+    }
+
+    /// Sampling on ÷ off, frames per CPU-second.
+    pub fn sampling_cpu_ratio(&self) -> f64 {
+        self.sampling.frames_per_cpu_second / self.limiter.frames_per_cpu_second
     }
 
     pub fn ratio(&self) -> f64 {
@@ -115,6 +138,18 @@ impl DropRateRow {
         self.spread(Round::cpu_ratio)
     }
 
+    pub fn sampling(&self) -> Result<Spread> {
+        self.spread(|r| r.sampling.frames_per_second)
+    }
+
+    pub fn sampling_ratio(&self) -> Result<Spread> {
+        self.spread(Round::sampling_ratio)
+    }
+
+    pub fn sampling_cpu_ratio(&self) -> Result<Spread> {
+        self.spread(Round::sampling_cpu_ratio)
+    }
+
     pub fn disturbed_rounds(&self) -> usize {
         self.rounds.iter().filter(|r| r.disturbed()).count()
     }
@@ -156,6 +191,10 @@ fn measure_backend(pair: &VethPair, backend: Backend, softirqd: &[u32]) -> Resul
     let limiter = Setup::Limiter {
         limits: RULE.to_string(),
     };
+    let sampling = Setup::LimiterSampling {
+        limits: RULE.to_string(),
+        events_per_sec: SAMPLING_BUDGET,
+    };
     let mut measure = |setup: &Setup| {
         let (run, delivered) = run_once(pair, backend, setup, softirqd)
             .with_context(|| format!("drop rate, {}, {setup:?}", backend.label()))?;
@@ -166,7 +205,12 @@ fn measure_backend(pair: &VethPair, backend: Backend, softirqd: &[u32]) -> Resul
     for _ in 0..ROUNDS {
         let xdp_drop = measure(&Setup::XdpDrop)?;
         let limiter = measure(&limiter)?;
-        rounds.push(Round { xdp_drop, limiter });
+        let sampling = measure(&sampling)?;
+        rounds.push(Round {
+            xdp_drop,
+            limiter,
+            sampling,
+        });
     }
     row.rounds = rounds;
     Ok(row)
@@ -198,12 +242,13 @@ fn run_once(
     setup: &Setup,
     softirqd: &[u32],
 ) -> Result<(Run, f64)> {
-    let installed = Installed::new(&pair.host, setup)?;
+    let mut installed = Installed::new(&pair.host, setup)?;
+    let started = Instant::now();
     let verdicts_before = installed.verdicts()?;
     let link_before = LinkStats::read(&pair.host)?;
     let offer = Offer {
         backend,
-        frames: udp_frames(pair, 1, FRAME_LEN)?,
+        frames: udp_frames(pair, FLOOD_SOURCES, FRAME_LEN)?,
         rate_per_sender: None,
         lump: Duration::ZERO,
         duration: WARMUP + WINDOW + TAIL,
@@ -234,6 +279,13 @@ fn run_once(
             "only {dropped} of {seen} frames dropped: not a drop rate"
         );
     }
+    if let Some(tally) = installed.finish_sampling()? {
+        check_sampling(
+            &tally,
+            dropped_since(&installed, verdicts_before)?,
+            started.elapsed(),
+        )?;
+    }
     let frames = end.link.since(&start.link).rx_packets as f64;
     ensure!(frames > 0.0, "no frame reached XDP in the measuring window");
     let wall = end.at.duration_since(start.at).as_secs_f64();
@@ -245,4 +297,43 @@ fn run_once(
         other_load: ((busy - own) / wall).max(0.0),
     };
     Ok((run, seen as f64 / sent.frames as f64))
+}
+
+/// The rule's drops since `before` (0 without a rule).
+fn dropped_since(installed: &Installed, before: Option<crate::host::Verdicts>) -> Result<u64> {
+    Ok(match (before, installed.verdicts()?) {
+        (Some(before), Some(after)) => after.dropped - before.dropped,
+        _ => 0,
+    })
+}
+
+/// A sampling run kept its budget (per CPU and second: at most ceil(T) + 1 seconds of
+/// the clock on each sender's CPU), counted every refusal it did not sample, lost none
+/// with a reader draining the ring, and the reader read what was written.
+fn check_sampling(tally: &SamplingTally, dropped: u64, elapsed: Duration) -> Result<()> {
+    let c = tally.counters;
+    let allowed = u64::from(SAMPLING_BUDGET) * SENDER_CPUS.len() as u64 * (elapsed.as_secs() + 2);
+    ensure!(
+        c.sampled > 0 && c.sampled <= allowed,
+        "sampling wrote {} events in {elapsed:?}, its budget allows 1..={allowed}",
+        c.sampled
+    );
+    ensure!(
+        c.lost_full == 0,
+        "{} events lost to a full ring buffer with a reader draining it",
+        c.lost_full
+    );
+    ensure!(
+        c.sampled + c.skipped_budget == dropped,
+        "{} sampled + {} skipped for the budget, but the rule dropped {dropped}",
+        c.sampled,
+        c.skipped_budget
+    );
+    ensure!(
+        tally.read == c.sampled,
+        "the reader read {} events of {} written",
+        tally.read,
+        c.sampled
+    );
+    Ok(())
 }

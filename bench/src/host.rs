@@ -1,11 +1,21 @@
 //! What sits on the limited (host) end of the pair in a measurement, and the interface's
 //! own counters, which count every frame that reached it whatever handled it.
 
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
 use anyhow::{Context as _, Result};
 use aya::{
     programs::{SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf,
 };
+use limiter_common::drop::{MonitorConfig, MonitorCounters};
 use limiter_tests::{
     fixture::{self, Loaded, Snapshot},
     scenario::HOST_V4,
@@ -135,6 +145,10 @@ pub enum Setup {
     Limiter { limits: String },
     /// The same, its TC build at TC ingress (`xdp_mode = "tc"`).
     LimiterTc { limits: String },
+    /// The limiter as in `Limiter`, sampling its refusals at `events_per_sec` per CPU
+    /// (`[monitor] events_per_sec`), the ring buffer drained by a thread as `limiter
+    /// monitor` drains it.
+    LimiterSampling { limits: String, events_per_sec: u32 },
     /// nftables in netdev ingress; `xdp_pass` puts `baseline_pass` in front (live path).
     Nft { limit: NftLimit, xdp_pass: bool },
 }
@@ -152,6 +166,67 @@ pub struct Installed {
     _baseline: Option<Baseline>,
     limiter: Option<Limiter>,
     nft: Option<NftTable>,
+    sampling: Option<Sampling>,
+}
+
+/// The ring buffer's reader of a `LimiterSampling` setup.
+struct Sampling {
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<u64>>,
+    before: MonitorCounters,
+}
+
+/// What sampling did over a run: the program's counters' change and the events read.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SamplingTally {
+    pub counters: MonitorCounters,
+    pub read: u64,
+}
+
+impl Drop for Sampling {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+impl Sampling {
+    fn start(limiter: &mut Limiter, events_per_sec: u32) -> Result<Sampling> {
+        let maps = &mut limiter.loaded.maps;
+        maps.set_monitor_config(MonitorConfig {
+            events_per_sec,
+            snap_len: 128,
+        })
+        .context("turning sampling on")?;
+        let mut ring = maps
+            .take_drop_events()
+            .context("the program has no DROP_EVENTS ring buffer")?;
+        let before = maps.monitor_counters()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut read = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    while ring.next().is_some() {
+                        read += 1;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                while ring.next().is_some() {
+                    read += 1;
+                }
+                read
+            })
+        };
+        Ok(Sampling {
+            stop,
+            reader: Some(reader),
+            before,
+        })
+    }
 }
 
 impl Installed {
@@ -160,6 +235,7 @@ impl Installed {
             _baseline: None,
             limiter: None,
             nft: None,
+            sampling: None,
         };
         match setup {
             Setup::Stack => {}
@@ -171,6 +247,15 @@ impl Installed {
             Setup::Limiter { limits } => {
                 let config = super::limiter_config(RULE_NAME, limits);
                 installed.limiter = Some(Limiter::attach(iface, &config, ConfigXdpMode::Native)?);
+            }
+            Setup::LimiterSampling {
+                limits,
+                events_per_sec,
+            } => {
+                let config = super::limiter_config(RULE_NAME, limits);
+                let mut limiter = Limiter::attach(iface, &config, ConfigXdpMode::Native)?;
+                installed.sampling = Some(Sampling::start(&mut limiter, *events_per_sec)?);
+                installed.limiter = Some(limiter);
             }
             Setup::LimiterTc { limits } => {
                 let config = super::limiter_config(RULE_NAME, limits);
@@ -188,6 +273,31 @@ impl Installed {
 
     pub fn limiter(&self) -> Option<&Limiter> {
         self.limiter.as_ref()
+    }
+
+    /// Stops a `LimiterSampling` setup's reader (after it has drained the ring) and says
+    /// what sampling did since it started; `None` for other setups.
+    pub fn finish_sampling(&mut self) -> Result<Option<SamplingTally>> {
+        let (Some(sampling), Some(limiter)) = (&mut self.sampling, &self.limiter) else {
+            return Ok(None);
+        };
+        sampling.stop.store(true, Ordering::Relaxed);
+        let read = match sampling.reader.take() {
+            Some(reader) => reader
+                .join()
+                .map_err(|_| anyhow::anyhow!("the ring buffer's reader panicked"))?,
+            None => 0,
+        };
+        let now = limiter.loaded.maps.monitor_counters()?;
+        let before = sampling.before;
+        Ok(Some(SamplingTally {
+            counters: MonitorCounters {
+                sampled: now.sampled.wrapping_sub(before.sampled),
+                skipped_budget: now.skipped_budget.wrapping_sub(before.skipped_budget),
+                lost_full: now.lost_full.wrapping_sub(before.lost_full),
+            },
+            read,
+        }))
     }
 
     /// Totals so far of the limiting rule, if the setup has one.

@@ -160,9 +160,10 @@ impl Doc {
     fn drop_rate(&mut self, rows: &Result<Vec<DropRateRow>>) {
         self.line("## 1. Drop rate: limiter vs plain XDP_DROP\n");
         self.line(&format!(
-            "Both senders as fast as they go; rule `{}` (almost every frame over it); the \
+            "Both senders as fast as they go, from {} sources in turn; rule `{}` (almost every \
+             frame over it); the \
              rate is the host end's `rx_packets` (every frame XDP ran on) over a 1.2 s window \
-             after 0.4 s of warm-up. Each round runs XDP_DROP then the limiter; 3 rounds, \
+             after 0.4 s of warm-up. Each round runs XDP_DROP, the limiter, then the limiter sampling; 3 rounds, \
              median (min–max) of the undisturbed ones. The rule's counters must account for \
              every frame and have dropped ≥ 99 % of them. **per CPU-second**: the same \
              ratio with frames divided by the CPU time of the senders (and the softirq work \
@@ -171,6 +172,7 @@ impl Doc {
              when more than {:.1} CPUs of other work ran beside it. The target is judged on \
              frames/s from undisturbed rounds, or on the per-CPU-second ratio when every \
              round was disturbed.\n",
+            drop_rate::FLOOD_SOURCES,
             drop_rate::RULE.replace('\n', ", "),
             drop_rate::DISTURBED
         ));
@@ -185,6 +187,23 @@ impl Doc {
                 self.failed(&format!("drop rate, {}", row.backend.label()), &e);
             }
         }
+        self.line(&format!(
+            "\nThe same rounds with sampling on: the limiter sampling its refusals at {} \
+             events/s per CPU, the ring buffer drained by a thread as `limiter monitor` \
+             drains it (each run checked: at most the budget written, every other refusal \
+             counted as skipped, none lost). On ÷ off, the cost of sampling under a flood:\n",
+            drop_rate::SAMPLING_BUDGET
+        ));
+        self.line("| generator | sampling off frames/s | sampling on frames/s | on ÷ off | per CPU-second |");
+        self.line("|---|---:|---:|---:|---:|");
+        for row in rows {
+            if let Err(e) = self.sampling_row(row) {
+                self.failed(
+                    &format!("drop rate with sampling, {}", row.backend.label()),
+                    &e,
+                );
+            }
+        }
         let delivered: Vec<String> = rows
             .iter()
             .map(|r| format!("{} {:.1} %", r.backend.label(), r.min_delivered * 100.0))
@@ -194,6 +213,20 @@ impl Doc {
              when its ring was full.\n",
             delivered.join(", ")
         ));
+    }
+
+    fn sampling_row(&mut self, row: &DropRateRow) -> Result<()> {
+        let mega =
+            |s: Spread| format!("{} ({:.2}–{:.2})", mpps(s.median), s.min / 1e6, s.max / 1e6);
+        self.line(&format!(
+            "| {} | {} | {} | **{}** | {} |",
+            row.backend.label(),
+            mega(row.limiter()?),
+            mega(row.sampling()?),
+            row.sampling_ratio()?.show(2),
+            row.sampling_cpu_ratio()?.show(2),
+        ));
+        Ok(())
     }
 
     fn drop_rate_row(&mut self, row: &DropRateRow) -> Result<()> {

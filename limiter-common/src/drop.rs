@@ -246,9 +246,11 @@ pub const PENDING_EVENT: u32 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MonitorState {
-    /// The second (CLOCK_MONOTONIC) `used` counts in.
+    /// The second (CLOCK_MONOTONIC) `used` counts in, read at the first refusal of each
+    /// jiffy (`jiffy`): a flood over the budget costs no clock read per frame.
     pub second: u64,
-    /// Events written in `second` on this CPU.
+    /// Events stashed in `second` on this CPU (a stash whose record the ring buffer then
+    /// cannot take is counted here too: the budget bounds attempts).
     pub used: u32,
     /// [`PENDING_EVENT`] or 0.
     pub pending: u32,
@@ -263,7 +265,9 @@ pub struct MonitorState {
     pub dst: [u32; 4],
     pub src_port: u16,
     pub dst_port: u16,
-    pub _pad: u32,
+    /// The low 32 bits of jiffies when `second` was read. A match 2^32 jiffies later
+    /// (49 days at HZ = 1000) keeps a stale `second` only until the next jiffy.
+    pub jiffy: u32,
 }
 
 #[cfg(feature = "user")]

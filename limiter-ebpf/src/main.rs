@@ -210,7 +210,7 @@ pub fn limiter_tc(ctx: TcContext) -> i32 {
 }
 
 /// The XDP action of a run's result; a refusal (`monitor::REFUSED`) is sampled first,
-/// when sampling is on (`frame` is read only then).
+/// when it was stashed (`frame` is read only then).
 #[inline(always)]
 fn verdict(result: Result<u32, ()>, frame: impl FnOnce() -> Frame) -> u32 {
     match result {
@@ -308,8 +308,7 @@ fn refused_without_rule(generation: u32, reason: DropReason, size: impl Fn() -> 
             dst: &none,
             dst_port: 0,
         },
-    );
-    result
+    )
 }
 
 /// Increments one tunnel counter on this CPU.

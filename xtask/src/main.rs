@@ -7,6 +7,7 @@ mod guest;
 mod lanes;
 mod setup;
 mod sim;
+mod systemd_guest;
 mod timed_tests;
 
 use std::{
@@ -27,7 +28,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Install what this machine lacks: nightly rust-src, LLVM 22, bpf-linker, bpftool,
-    /// iproute2, nftables, and for `test --kernel` qemu, virtme-ng, udev, xdp-tools.
+    /// iproute2, nftables, and for `test --kernel` qemu, virtme-ng, udev, xdp-tools, and
+    /// for `systemd-guest` mmdebstrap and e2fsprogs.
     /// Idempotent; quick when everything is present.
     Setup,
     /// Build the XDP program and the `limiter` binary (release).
@@ -107,6 +109,16 @@ enum Task {
         #[arg(long)]
         no_build: bool,
     },
+    /// The Debian packages under a real systemd: boots a Debian 12 guest whose PID 1 is
+    /// systemd (root built once with mmdebstrap, cached under target/systemd-guest/;
+    /// qemu, TCG) and there installs, enables, reloads, kill -9s, detaches, stops,
+    /// upgrades under traffic, removes and purges them with the real systemctl and
+    /// journalctl, one PASS or FAIL line a step (root; docs/testing.md).
+    SystemdGuest {
+        /// Build the guest's root again even if the cached image is there.
+        #[arg(long)]
+        rebuild_root: bool,
+    },
     /// Fleet simulator in virtual time (500 hosts, the fleet's failure cases in
     /// docs/design.md); writes
     /// target/sim/report.md. Needs no root or eBPF. `cargo xtask sim -- --help` for options.
@@ -122,7 +134,8 @@ fn main() -> Result<()> {
     match cli.task {
         Task::Setup => {
             setup::run()?;
-            setup::guest()
+            setup::guest()?;
+            setup::systemd_guest()
         }
         Task::Build => {
             setup::run()?;
@@ -190,6 +203,13 @@ fn main() -> Result<()> {
                 build()?;
             }
             dist::run().map(drop)
+        }
+        Task::SystemdGuest { rebuild_root } => {
+            setup::run()?;
+            setup::systemd_guest()?;
+            build()?;
+            let debs = dist::run()?;
+            systemd_guest::run(&debs, rebuild_root)
         }
         Task::Sim { args } => sim::run(&args),
         Task::Fuzz { cases, seed } => {
@@ -411,7 +431,7 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
 
 unsafe extern "C" {
     #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
+    pub(crate) fn libc_geteuid() -> u32;
 }
 
 /// What `cargo xtask run -- ARGS` starts: a lab, or the daemon. Every lab takes

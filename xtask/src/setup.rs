@@ -60,6 +60,16 @@ const GUEST_APT_PACKAGES: &[&str] = &[
     "busybox-static",
     "xdp-tools",
 ];
+/// What `cargo xtask systemd-guest` needs: qemu to boot the guest, mmdebstrap to build its
+/// Debian root, e2fsprogs for its disk images (mkfs.ext4 -d) and reading the guest's
+/// journal back (debugfs).
+const SYSTEMD_GUEST_APT_PACKAGES: &[&str] = &["qemu-system-x86", "mmdebstrap", "e2fsprogs"];
+
+/// The systemd guest's tools (`cargo xtask setup` installs them too). Idempotent.
+pub fn systemd_guest() -> Result<()> {
+    install_apt(SYSTEMD_GUEST_APT_PACKAGES)
+}
+
 /// virtme-ng from PyPI, at the version this harness was written against.
 const VIRTME_NG: &str = "virtme-ng==1.42";
 

@@ -125,7 +125,7 @@ section! {
     MONITOR_KEYS = "[monitor]", Reload => #[derive(Debug, Clone, Copy, PartialEq, Eq)] struct MonitorKeys {
         MONITOR_EVENTS_PER_SEC = "events_per_sec" => events_per_sec: u32, Int(0),
             Integer { min: 0, max: limiter_common::drop::MAX_EVENTS_PER_SEC as u64 },
-            "refusals each CPU samples per second at most; 0: off (the default: sampling costs every refused frame a clock read, and the drop path is an attack's)";
+            "refusals each CPU samples per second at most; 0: off (the default: events carry the first bytes of customers' frames, and with nobody reading them the ring buffer fills and every later sample counts as lost)";
         MONITOR_SNAP_LEN = "snap_len" => snap_len: u32, Int(limiter_common::drop::MAX_SNAP_LEN as u64),
             Integer { min: 0, max: limiter_common::drop::MAX_SNAP_LEN as u64 },
             "bytes of each sampled frame an event carries, in whole 8-byte words (rounded down)";

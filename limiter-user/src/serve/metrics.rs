@@ -361,19 +361,9 @@ pub fn render(s: &Snapshot) -> String {
             g.headers.long_header_chains,
         ),
         (
-            "limiter_deep_vlan_stack_packets_total",
-            "Frames with more VLAN tags than the program walks (dropped).",
-            g.headers.deep_vlan_stacks,
-        ),
-        (
             "limiter_tunnel_decapsulated_packets_total",
             "Frames of a tunnel their interface decapsulates, classified by their inner header.",
             g.tunnels.decapsulated,
-        ),
-        (
-            "limiter_tunnel_unreadable_packets_total",
-            "Frames of a decapsulated tunnel whose outer first fragment does not hold the inner headers (dropped).",
-            g.tunnels.unreadable,
         ),
         (
             "limiter_handoff_missing_packets_total",
@@ -841,7 +831,9 @@ mod tests {
         assert!(text.contains("limiter_bypass 1\n"));
         assert!(text.contains("limiter_contended_packets_total 5\n"));
         assert!(text.contains("limiter_tiny_fragment_packets_total 7\n"));
-        assert!(text.contains("limiter_deep_vlan_stack_packets_total 11\n"));
+        // Said once, as `limiter_dropped_packets_total{reason="deep_vlan"}` above.
+        assert!(!text.contains("limiter_deep_vlan_stack_packets_total"));
+        assert!(!text.contains("limiter_tunnel_unreadable_packets_total"));
         assert!(text.contains("limiter_handoff_missing_packets_total 12\n"));
         assert!(!text.contains("limiter_program_runs_total"));
         // Every sample line belongs to a family announced with HELP and TYPE.

@@ -171,39 +171,19 @@ pub struct Installed {
 
 /// The ring buffer's reader of a `LimiterSampling` setup.
 struct Sampling {
-    stop: Arc<AtomicBool>,
-    reader: Option<JoinHandle<u64>>,
+    reader: RingReader,
     before: MonitorCounters,
 }
 
-/// What sampling did over a run: the program's counters' change and the events read.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SamplingTally {
-    pub counters: MonitorCounters,
-    pub read: u64,
+/// A thread draining a `DROP_EVENTS` ring buffer as `limiter monitor` drains it (every
+/// 10 ms), counting the events; stopped by [`RingReader::finish`] or on drop.
+pub struct RingReader {
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<u64>>,
 }
 
-impl Drop for Sampling {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-    }
-}
-
-impl Sampling {
-    fn start(limiter: &mut Limiter, events_per_sec: u32) -> Result<Sampling> {
-        let maps = &mut limiter.loaded.maps;
-        maps.set_monitor_config(MonitorConfig {
-            events_per_sec,
-            snap_len: 128,
-        })
-        .context("turning sampling on")?;
-        let mut ring = maps
-            .take_drop_events()
-            .context("the program has no DROP_EVENTS ring buffer")?;
-        let before = maps.monitor_counters()?;
+impl RingReader {
+    pub fn start(mut ring: aya::maps::RingBuf<aya::maps::MapData>) -> RingReader {
         let stop = Arc::new(AtomicBool::new(false));
         let reader = {
             let stop = stop.clone();
@@ -221,9 +201,51 @@ impl Sampling {
                 read
             })
         };
-        Ok(Sampling {
+        RingReader {
             stop,
             reader: Some(reader),
+        }
+    }
+
+    /// Stops the thread once it has drained the ring; the events it read.
+    pub fn finish(&mut self) -> Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.reader.take() {
+            Some(reader) => reader
+                .join()
+                .map_err(|_| anyhow::anyhow!("the ring buffer's reader panicked")),
+            None => Ok(0),
+        }
+    }
+}
+
+impl Drop for RingReader {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// What sampling did over a run: the program's counters' change and the events read.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SamplingTally {
+    pub counters: MonitorCounters,
+    pub read: u64,
+}
+
+impl Sampling {
+    fn start(limiter: &mut Limiter, events_per_sec: u32) -> Result<Sampling> {
+        let maps = &mut limiter.loaded.maps;
+        maps.set_monitor_config(MonitorConfig {
+            events_per_sec,
+            snap_len: 128,
+        })
+        .context("turning sampling on")?;
+        let ring = maps
+            .take_drop_events()
+            .context("the program has no DROP_EVENTS ring buffer")?;
+        let before = maps.monitor_counters()?;
+        Ok(Sampling {
+            reader: RingReader::start(ring),
             before,
         })
     }
@@ -281,13 +303,7 @@ impl Installed {
         let (Some(sampling), Some(limiter)) = (&mut self.sampling, &self.limiter) else {
             return Ok(None);
         };
-        sampling.stop.store(true, Ordering::Relaxed);
-        let read = match sampling.reader.take() {
-            Some(reader) => reader
-                .join()
-                .map_err(|_| anyhow::anyhow!("the ring buffer's reader panicked"))?,
-            None => 0,
-        };
+        let read = sampling.reader.finish()?;
         let now = limiter.loaded.maps.monitor_counters()?;
         let before = sampling.before;
         Ok(Some(SamplingTally {

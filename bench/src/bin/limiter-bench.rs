@@ -827,10 +827,6 @@ const SAMPLING_BUDGET: u32 = 1_000;
 /// thread drains the ring buffer as `limiter monitor` would. Fails if more events were
 /// written than the budget allows over the time, or any was lost.
 fn sampling_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
-    use std::sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    };
     let off = load_limiter(SMALL_SOURCES)?;
     let mut on = load_limiter(SMALL_SOURCES)?;
     on.maps
@@ -839,27 +835,11 @@ fn sampling_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
             snap_len: 128,
         })
         .context("turning sampling on")?;
-    let mut ring = on
+    let ring = on
         .maps
         .take_drop_events()
         .context("the program has no DROP_EVENTS ring buffer")?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let reader = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut read = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                while ring.next().is_some() {
-                    read += 1;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            while ring.next().is_some() {
-                read += 1;
-            }
-            read
-        })
-    };
+    let mut reader = bench::host::RingReader::start(ring);
     let before = on.maps.monitor_counters()?;
     let started = Instant::now();
     let cases: [(&'static str, Prog<'_>, u32); 3] = [
@@ -881,10 +861,7 @@ fn sampling_scenarios(baselines: &Ebpf) -> Result<Vec<Row>> {
     ];
     let rows = measure_repeat(&cases, frame(Ipv4Addr::new(198, 18, 0, 1), DST_HOT_DROP));
     let elapsed = started.elapsed();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let read = reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("the ring buffer's reader panicked"))?;
+    let read = reader.finish()?;
     let rows = rows?;
     let after = on.maps.monitor_counters()?;
     let sampled = after.sampled - before.sampled;

@@ -68,7 +68,7 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
     };
     let result = meter::meter(&input);
     if result & monitor::REFUSED != 0 {
-        return Ok(monitor::stash(
+        monitor::stash(
             generation,
             slot,
             result,
@@ -79,7 +79,7 @@ pub fn decide(generation: u32, pkt: &Packet, size: impl Fn() -> Size) -> Result<
                 dst: &pkt.dst,
                 dst_port: if pkt.has_ports { pkt.dst_port } else { 0 },
             },
-        ));
+        );
     }
     Ok(result)
 }

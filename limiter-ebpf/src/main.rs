@@ -308,7 +308,8 @@ fn refused_without_rule(generation: u32, reason: DropReason, size: impl Fn() -> 
             dst: &none,
             dst_port: 0,
         },
-    )
+    );
+    result
 }
 
 /// Increments one tunnel counter on this CPU.

@@ -71,27 +71,27 @@ pub struct Headers<'a> {
     pub dst_port: u16,
 }
 
-/// Keeps a refusal (`result`, as [`refused`] made it, and returned as it is) for
-/// [`sample`] when sampling is on and this CPU's budget for the second allows. While
-/// sampling is off this one array lookup is all it costs; over the budget, the refusal
-/// is counted as skipped before anything is copied.
+/// Keeps a refusal (`result`, as [`refused`] made it) for [`sample`] when sampling is on
+/// and this CPU's budget for the second allows. While sampling is off this one array
+/// lookup is all it costs; over the budget, the refusal is counted as skipped before
+/// anything is copied.
 #[inline(always)]
-pub fn stash(generation: u32, slot: u32, result: u32, headers: &Headers) -> u32 {
+pub fn stash(generation: u32, slot: u32, result: u32, headers: &Headers) {
     let Some(config) = maps::MONITOR.get(0) else {
-        return result;
+        return;
     };
     let budget = config.events_per_sec;
     if budget == 0 {
-        return result;
+        return;
     }
     let Some(state) = maps::MONITOR_STATE.get_ptr_mut(0) else {
-        return result;
+        return;
     };
     // SAFETY: a per-CPU array value, touched only by this CPU's program run.
     let state = unsafe { &mut *state };
     if !take_budget(state, budget) {
         count_monitor(|c| &mut c.skipped_budget);
-        return result;
+        return;
     }
     state.pending = PENDING_EVENT;
     state.slot = slot;
@@ -108,7 +108,6 @@ pub fn stash(generation: u32, slot: u32, result: u32, headers: &Headers) -> u32 
     state.dst = *headers.dst;
     state.src_port = 0;
     state.dst_port = headers.dst_port;
-    result
 }
 
 /// One event of this CPU's budget for the current second, if any is left. The second is
@@ -158,7 +157,7 @@ pub fn sample(frame: impl FnOnce() -> Frame) {
         return;
     }
     state.pending = 0;
-    // Sampling turned off since the stash: the snap length is read again, the stash kept.
+    // The stash keeps the headers, not the config: the snap length is read here.
     let snap_len = maps::MONITOR.get(0).map_or(0, |c| c.snap_len);
     let Some(mut entry) = maps::DROP_EVENTS.reserve(0) else {
         count_monitor(|c| &mut c.lost_full);

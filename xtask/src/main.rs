@@ -407,18 +407,28 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
     };
     let (waiting, busy, alone) = (pick(&plan.waiting), pick(&plan.busy), pick(&plan.alone));
     println!(
-        "\nxtask: {} test files one at a time, then {} that need the CPUs to themselves, \
-         last ({})",
+        "\nxtask: {} test files in two lanes side by side (beside the others: {}), then {} \
+         that need the CPUs to themselves, one at a time ({})",
         waiting.len() + busy.len(),
+        plan.waiting.join(", "),
         alone.len(),
         plan.alone.join(", ")
     );
     let mut timings = Vec::new();
-    for lane in [&busy, &waiting] {
-        let (t, f) = run(lane, timed_tests::Output::Live);
+    std::thread::scope(|scope| {
+        // Each file's output whole when it ends, so that the lanes do not interleave.
+        let beside = scope.spawn(|| run(&waiting, timed_tests::Output::Whole));
+        let (t, f) = run(&busy, timed_tests::Output::Whole);
         timings.extend(t);
         failed.extend(f);
-    }
+        match beside.join() {
+            Ok((t, f)) => {
+                timings.extend(t);
+                failed.extend(f);
+            }
+            Err(_) => failed.push("the waiting lane's thread panicked".to_string()),
+        }
+    });
     let (t, f) = run(&alone, timed_tests::Output::Live);
     timings.extend(t);
     failed.extend(f);

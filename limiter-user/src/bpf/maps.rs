@@ -481,7 +481,20 @@ impl Maps {
             })?;
         self.rule_syns
             .set(slot, zeros, 0)
-            .map_err(map_err(format!("resetting RULE_SYNS slot {slot}")))
+            .map_err(map_err(format!("resetting RULE_SYNS slot {slot}")))?;
+        // The reasons too: a rule that takes a slot over must not be born with the removed
+        // rule's refusals in its `reasons` and in `limiter_rule_dropped_packets_total`.
+        let Some(map) = self.drop_reasons.as_mut() else {
+            return Ok(());
+        };
+        let zeros = PerCpuValues::try_from(vec![ReasonCounters::default(); cpus]).map_err(|e| {
+            Error::Io {
+                what: "building per-CPU zeros".into(),
+                source: e,
+            }
+        })?;
+        map.set(slot, zeros, 0)
+            .map_err(map_err(format!("resetting DROP_REASONS slot {slot}")))
     }
 
     /// SYNs a syn rule metered, summed over CPUs (wrapping, as the kernel's adds wrap).

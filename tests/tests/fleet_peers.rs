@@ -217,9 +217,16 @@ fn admitted_rate(lab: &Lab, window: Duration) -> f64 {
         let slot = maps.live_slots().unwrap()["web"];
         maps.rule_counters(slot).unwrap().passed_packets
     };
-    let (before, start) = (passed(), Instant::now());
+    // Each reading timed at its middle (see common::fleet::admitted_rate).
+    let timed = || {
+        let start = Instant::now();
+        let n = passed();
+        (n, start + start.elapsed() / 2)
+    };
+    let (before, before_at) = timed();
     std::thread::sleep(window);
-    (passed() - before) as f64 / start.elapsed().as_secs_f64()
+    let (after, after_at) = timed();
+    (after - before) as f64 / (after_at - before_at).as_secs_f64()
 }
 
 fn wait_leased(lab: &Lab, within: Duration) {

@@ -8,8 +8,10 @@
 //! [`REFUSED`] and the reason above the XDP action, so the entry points know a would-drop
 //! (which passes) from a pass without another map lookup on the passed frames' path.
 //!
-//! What a flood over the budget pays is what it pays with sampling off, two array lookups
-//! per refusal, and a clock read once per jiffy and CPU, not per frame: the budget's
+//! With sampling off, a refusal reads the sampling config twice (a plain array, whose
+//! lookup every kernel inlines) and nothing else here. A flood over the budget pays on
+//! top of that the per-CPU state's lookups and the skipped counter, and a clock read once
+//! per jiffy and CPU, not per frame: the budget's
 //! second is read on the jiffy the kernel keeps, as the meter's tick clock is. (Saying
 //! "stashed" in the run's result instead of in `MONITOR_STATE` would save the second
 //! lookup, but the result's two values kept the verifier's states apart after every
@@ -148,6 +150,18 @@ pub struct Frame {
 /// Never changes the verdict.
 #[inline(always)]
 pub fn sample(frame: impl FnOnce() -> Frame) {
+    // Sampling off, the config's array is all a refusal reads here: its lookup is inlined
+    // on every kernel, the per-CPU state's is a helper call before 6.10. (A stash left
+    // by a run that saw sampling switched off between `stash` and here is overwritten by
+    // the next stash, or written, stamped late, by the next sample that finds it.)
+    let Some(config) = maps::MONITOR.get(0) else {
+        return;
+    };
+    if config.events_per_sec == 0 {
+        return;
+    }
+    // The stash keeps the headers, not the config: the snap length is read here.
+    let snap_len = config.snap_len;
     let Some(state) = maps::MONITOR_STATE.get_ptr_mut(0) else {
         return;
     };
@@ -157,8 +171,6 @@ pub fn sample(frame: impl FnOnce() -> Frame) {
         return;
     }
     state.pending = 0;
-    // The stash keeps the headers, not the config: the snap length is read here.
-    let snap_len = maps::MONITOR.get(0).map_or(0, |c| c.snap_len);
     let Some(mut entry) = maps::DROP_EVENTS.reserve(0) else {
         count_monitor(|c| &mut c.lost_full);
         return;

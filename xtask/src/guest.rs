@@ -92,6 +92,10 @@ pub const MATRIX: &[Suite] = &[
         filters: &[],
     },
     Suite {
+        file: "start_rollback",
+        filters: &["a_failed_start_in_a_libxdp_dispatcher_leaves_the_host_as_it_was"],
+    },
+    Suite {
         file: "privilege",
         filters: &[
             "every_mode_starts_and_restarts_over_its_own_attachment_with_the_units_capabilities",
@@ -180,6 +184,11 @@ pub const KERNEL_DEPENDENT: &[Suite] = &[
     Suite {
         file: "sharing",
         filters: &[],
+    },
+    // A failed start undone in libxdp's dispatcher (freplace, refused here).
+    Suite {
+        file: "start_rollback",
+        filters: &["a_failed_start_in_a_libxdp_dispatcher_leaves_the_host_as_it_was"],
     },
     // What each mode needs of the unit's capabilities, which the kernel decides (CAP_BPF,
     // CAP_NET_ADMIN, CAP_PERFMON on 6.1).

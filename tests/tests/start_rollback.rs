@@ -19,6 +19,7 @@ use limiter_tests::{
     netns::VethPair,
     scenario::PinDir,
     tools::{bpftool, bpftool_links},
+    xdp_tools::{libxdp_installs_a_dispatcher, LibxdpState, XdpFilter},
 };
 use limiter_user::{
     config::Config,
@@ -125,19 +126,24 @@ fn config(pins: &Path, socket: &Path, pairs: &[VethPair], mode: &str, share: &st
 /// what the tools saw while the started daemon ran.
 fn every_step_undone(mode: &str, share: &str) -> String {
     let pairs = [VethPair::new(1).unwrap(), VethPair::new(1).unwrap()];
+    undone_on(&pairs, mode, share)
+}
+
+/// [`every_step_undone`] over `pairs`, whose hooks may hold programs already.
+fn undone_on(pairs: &[VethPair], mode: &str, share: &str) -> String {
     let pins = PinDir::new();
     let dir = tempfile::tempdir().unwrap();
     // A directory the claim creates, so its removal is checked too.
     let socket_dir: PathBuf = dir.path().join("run");
     let socket = socket_dir.join("limiter.sock");
     let ifaces: Vec<String> = pairs.iter().map(|p| p.host.clone()).collect();
-    let before = host_state(&pins.path, &socket_dir, &pairs).unwrap();
+    let before = host_state(&pins.path, &socket_dir, pairs).unwrap();
     let mut left_behind = Vec::new();
     for step in StartStep::ALL {
         fault::fail_after(Some(step));
         let started = Daemon::start(
             Path::new("/etc/limiter/limiter.toml"),
-            config(&pins.path, &socket, &pairs, mode, share),
+            config(&pins.path, &socket, pairs, mode, share),
             &ifaces,
         );
         fault::fail_after(None);
@@ -148,7 +154,7 @@ fn every_step_undone(mode: &str, share: &str) -> String {
                 "{mode}: the start failed before the step {step:?}: {e}"
             ),
         }
-        let after = host_state(&pins.path, &socket_dir, &pairs).unwrap();
+        let after = host_state(&pins.path, &socket_dir, pairs).unwrap();
         if after != before {
             left_behind.push(format!(
                 "after {step:?}:\n    before {before:?}\n    after  {after:?}"
@@ -168,15 +174,15 @@ fn every_step_undone(mode: &str, share: &str) -> String {
     // and detached it leaves it as before.
     let daemon = Daemon::start(
         Path::new("/etc/limiter/limiter.toml"),
-        config(&pins.path, &socket, &pairs, mode, share),
+        config(&pins.path, &socket, pairs, mode, share),
         &ifaces,
     )
     .unwrap();
-    let running = host_state(&pins.path, &socket_dir, &pairs).unwrap();
+    let running = host_state(&pins.path, &socket_dir, pairs).unwrap();
     assert_ne!(running, before, "{mode}: a start that changes nothing");
     daemon.detach_all().unwrap();
     assert_eq!(
-        host_state(&pins.path, &socket_dir, &pairs).unwrap(),
+        host_state(&pins.path, &socket_dir, pairs).unwrap(),
         before,
         "{mode}: detached"
     );
@@ -233,5 +239,33 @@ fn a_failed_start_in_a_libxdp_dispatcher_leaves_the_host_as_it_was() {
     assert!(
         running.contains("xdp_dispatcher") && running.contains("dispatch-"),
         "no libxdp dispatcher while the daemon ran: {running}"
+    );
+}
+
+/// The fallback taking over a program already on a hook (xdp-filter, attached by libxdp
+/// through netlink where freplace is refused): a failed start puts the very program it
+/// took back on the hook and leaves no `taken_*` pin; detached, the same.
+#[test]
+fn a_failed_takeover_gives_the_hook_back_to_the_program_it_took() {
+    // First: the check below runs libxdp, which makes its state directory.
+    let _state = LibxdpState::new();
+    assert!(
+        !libxdp_installs_a_dispatcher(),
+        "this kernel accepts freplace, so the fallback takes nothing over here: the \
+         dispatcher's rollback is a_failed_start_in_a_libxdp_dispatcher_leaves_the_host_as_it_was"
+    );
+    // One interface: the fallback hands over to one program only, and refuses a
+    // takeover with other interfaces configured (a test of its own: fallback.rs).
+    let pairs = [VethPair::new(1).unwrap()];
+    let _filter = XdpFilter::load(&pairs[0].host, 5353);
+    let running = undone_on(
+        &pairs,
+        "native",
+        "xdp_share = \"libxdp\"\nxdp_share_fallback = \"tail-call\"",
+    );
+    // It was taken over: pinned while the daemon ran, the limiter on the hook.
+    assert!(
+        running.contains(&format!("taken_{}", pairs[0].host)) && running.contains("limiter_linear"),
+        "the fallback took nothing over: {running}"
     );
 }

@@ -32,11 +32,7 @@
 //! [`CreditLedger`] works out from that word what was admitted on credit, for the
 //! report. Byte rules get no credit: their refusals are counted in frames.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use limiter_common::{
     abi::{RuleConfig, RuleCounters, RULE_CLOSED_UNTIL_LAPSE, RULE_IN_USE},
@@ -216,30 +212,186 @@ pub struct Applied {
     pub fleet_size_disagrees: Option<(u32, u32)>,
 }
 
-/// Counter totals of one rule at the last report.
-type Sample = RuleTotals;
+/// One fleet rule on this host: its share and all that is kept of it between reports and
+/// installs. It lives and goes as one: a rule a reload removes, or whose unit changes,
+/// leaves nothing behind (no tokens or credit queued for a bucket that is no longer its).
+#[derive(Clone)]
+struct FleetRule {
+    share: Share,
+    /// The share's unit (a rule whose unit changes starts a new share).
+    unit: Unit,
+    /// The rule's counter totals at its last report, and when that was: with sharded
+    /// allocators, a rule's reports go to its group on that group's schedule.
+    last_report: Option<(RuleTotals, u64)>,
+    /// The units its bucket holds when a grant (or a rejoin) takes it over, until the
+    /// daemon writes them ([`FleetState::take_pending_tokens`]).
+    pending_tokens: Option<u64>,
+    /// The credit to write into its bucket (a grant's, or a re-arm), replacing what is
+    /// left: [`FleetState::credit_written`] after the write.
+    pending_credit: Option<u64>,
+    /// Its [`CreditLedger`], from its first credit look or grant (credit-taking units).
+    credit: Option<CreditLedger>,
+    /// A closed share that rejoined: its group's report goes at once (its grant request).
+    asking: bool,
+}
+
+impl FleetRule {
+    /// A new rule (or one whose unit changed): the bootstrap share, counted anew.
+    fn bootstrap(
+        rule: &RuleSpec,
+        quota: &RateSpec,
+        params: ShareParams,
+        xdp_mode: XdpMode,
+        now: u64,
+    ) -> FleetRule {
+        FleetRule {
+            share: Share::bootstrap(quota.rate, rule.fail_mode, params, now)
+                .with_min_burst(min_share_burst(rule, xdp_mode)),
+            unit: rule.unit,
+            last_report: None,
+            pending_tokens: None,
+            pending_credit: None,
+            credit: None,
+            asking: false,
+        }
+    }
+
+    /// The aggregate this host enforces: its share. A closed share (rate 0) is compiled
+    /// as the bootstrap share it rejoins at (quota ÷ fleet_size, burst 1);
+    /// [`FleetRule::annotate`] marks it closed until its lease lapses.
+    fn enforced(&self) -> RateSpec {
+        let share = &self.share;
+        if share.rate() == 0 {
+            RateSpec {
+                rate: share.rejoin_rate(),
+                burst: share.min_burst(),
+            }
+        } else {
+            RateSpec {
+                rate: share.rate(),
+                burst: share.burst(),
+            }
+        }
+    }
+
+    /// Writes the share's state and deadlines into the rule's map entry.
+    fn annotate(&self, entry: &mut RuleConfig, now: u64) {
+        let share = &self.share;
+        entry.share_state = share.state(now).into();
+        (entry.lease_expires_ns, entry.fail_open_at_ns) = share.deadlines();
+        if share.rate() == 0 {
+            // A zero grant: nothing passes until the lease lapses, then the bootstrap
+            // share `enforced` compiled (FAIL_OPEN still overrides it on its deadline).
+            // Shown as rate 0, burst 0.
+            entry.flags |= RULE_CLOSED_UNTIL_LAPSE;
+            entry.rate = 0;
+            entry.burst = 0;
+        }
+    }
+
+    /// Refusals since the last report, from the rule's counter totals (`None`: none read).
+    fn denials(&self, totals: Option<&RuleTotals>) -> u64 {
+        let refused = totals.map_or(0, |t| t.refused);
+        let last = self.last_report.map_or(refused, |(s, _)| s.refused);
+        refused.saturating_sub(last)
+    }
+
+    /// The rule's report from its counter totals `sample`: demand per second since its
+    /// own last report, and the credit it spent. Counts from here on.
+    fn report(&mut self, name: &str, sample: RuleTotals, now: u64) -> RuleReport {
+        let (last, at) = self.last_report.unwrap_or((sample, now));
+        let elapsed = now.saturating_sub(at).max(1) as f64 / 1e9;
+        let held = match self.share.state(now) {
+            ShareState::Leased | ShareState::Sticky => self.share.rate(),
+            _ => 0,
+        };
+        let offered = sample.offered.saturating_sub(last.offered);
+        let denials = sample.refused.saturating_sub(last.refused);
+        let (mut admitted, mut credited, mut credit) = (None, None, None);
+        if let (Some(left), true) = (sample.credit_left, takes_credit(self.unit)) {
+            let ledger = self.credit.get_or_insert_with(CreditLedger::default);
+            ledger.observe(left);
+            admitted = Some(offered.saturating_sub(denials));
+            credited = Some(ledger.take_credited());
+            credit = Some(ledger.granted);
+        }
+        self.last_report = Some((sample, now));
+        self.asking = false;
+        RuleReport {
+            rule: name.to_string(),
+            demand: (offered as f64 / elapsed) as u64,
+            held,
+            denials,
+            admitted,
+            credited,
+            credit,
+            unit: self.unit.as_str().to_string(),
+        }
+    }
+
+    /// A lapsed closed share refusing `denials` frames rejoins with one token and asks
+    /// for its grant at once; whether it did.
+    fn rejoin(&mut self, denials: u64, now: u64) -> bool {
+        if !self.share.rejoin(denials, now) {
+            return false;
+        }
+        self.pending_tokens = Some(self.share.token_units(1));
+        self.asking = true;
+        true
+    }
+
+    /// Takes grant `g` (why not, if its share does not compile in the rule's unit: the
+    /// rule then keeps what it had). Its credit replaces what is left of the last (0
+    /// too); a grant that takes the bucket over queues its token count.
+    fn apply(&mut self, g: &RuleGrant, now: u64) -> Result<(), String> {
+        check_grant(self.unit, &self.share, g)?;
+        let takes_credit = takes_credit(self.unit);
+        let grant = Grant {
+            rate: g.rate,
+            burst: g.burst,
+            tokens: g.tokens,
+            ttl: Duration::from_millis(g.ttl_ms),
+            saturated: g.saturated,
+            credit: if takes_credit { g.credit } else { 0 },
+        };
+        if takes_credit {
+            self.pending_credit = Some(grant.credit);
+            self.credit
+                .get_or_insert_with(CreditLedger::default)
+                .granted = grant.credit;
+        }
+        // Out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of 1 the bucket's TAT
+        // means no share's fill: the grant takes over with its token count (≤ 1; 0 for
+        // a zero grant), never a fresh burst (`Share::takes_over`).
+        if self.share.takes_over(&grant, now) {
+            self.pending_tokens = Some(self.share.token_units(g.tokens));
+        }
+        self.share.on_grant(&grant, now);
+        Ok(())
+    }
+
+    /// Queues the last grant's credit again if the lease holds, the grant had one and
+    /// it was written at least `interval` ns ago.
+    fn rearm_credit(&mut self, interval: u64, now: u64) {
+        let Some(ledger) = &self.credit else {
+            return;
+        };
+        if self.share.state(now) == ShareState::Leased
+            && ledger.granted > 0
+            && now.saturating_sub(ledger.written_at) >= interval
+        {
+            self.pending_credit = Some(ledger.granted);
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct FleetState {
-    pub spec: FleetSpec,
+    spec: FleetSpec,
     params: ShareParams,
     xdp_mode: XdpMode,
-    shares: BTreeMap<String, Share>,
-    /// Each share's unit (a rule whose unit changes starts a new share).
-    units: BTreeMap<String, Unit>,
-    /// Each rule's counter totals at its last report, and when that was: with sharded
-    /// allocators, a rule's reports go to its group on that group's schedule.
-    last: BTreeMap<String, (Sample, u64)>,
-    /// Rules whose bucket a grant (or a rejoin) takes over, with the units it holds then.
-    pending_tokens: BTreeMap<String, u64>,
-    /// Credits to write into rules' buckets (a grant's, or a re-arm), replacing what is
-    /// left: [`FleetState::credit_written`] after each write.
-    pending_credit: BTreeMap<String, u64>,
-    /// Each credit-taking rule's [`CreditLedger`].
-    credits: BTreeMap<String, CreditLedger>,
-    /// Closed shares that rejoined: their group's report goes at once (their grant
-    /// request).
-    asking: BTreeSet<String>,
+    /// Every fleet rule (each rule with an aggregate limit), by name.
+    rules: BTreeMap<String, FleetRule>,
     /// Which group of allocators each rule is reported to (sharded allocators; one group
     /// without).
     routing: Routing,
@@ -269,13 +421,7 @@ impl FleetState {
             params: share_params(&spec, fleet_size),
             spec,
             xdp_mode,
-            shares: BTreeMap::new(),
-            units: BTreeMap::new(),
-            last: BTreeMap::new(),
-            pending_tokens: BTreeMap::new(),
-            pending_credit: BTreeMap::new(),
-            credits: BTreeMap::new(),
-            asking: BTreeSet::new(),
+            rules: BTreeMap::new(),
             routing,
             grants_refused: 0,
             report_failures: 0,
@@ -287,38 +433,33 @@ impl FleetState {
         fleet
     }
 
-    /// After a (re)load: new rules bootstrap, removed ones go, quotas follow the file. A
-    /// rule whose unit changed bootstraps anew (its share was counted in another unit).
-    /// The caller commits this only with the rules it installs: a rejected reload keeps
-    /// the state from before it (`Daemon::reload` restores a copy).
+    /// The `[fleet]` section this state runs.
+    pub fn spec(&self) -> &FleetSpec {
+        &self.spec
+    }
+
+    /// After a (re)load: new rules bootstrap, removed ones go (whole), quotas follow the
+    /// file. A rule whose unit changed bootstraps anew (its share was counted in another
+    /// unit). The caller commits this only with the rules it installs: a rejected reload
+    /// keeps the state from before it (`Daemon::reload` restores a copy).
     pub fn sync_rules(&mut self, rules: &[RuleSpec], now: u64) {
         let fleet_rules: BTreeMap<&str, (&RateSpec, &RuleSpec)> = rules
             .iter()
             .filter_map(|r| r.aggregate.as_ref().map(|a| (r.name.as_str(), (a, r))))
             .collect();
-        self.shares.retain(|name, _| {
+        self.rules.retain(|name, kept| {
             fleet_rules
                 .get(name.as_str())
-                .is_some_and(|(_, r)| self.units.get(name) == Some(&r.unit))
+                .is_some_and(|(_, r)| r.unit == kept.unit)
         });
-        self.units.retain(|name, _| self.shares.contains_key(name));
-        let shares = &self.shares;
-        self.credits.retain(|name, _| shares.contains_key(name));
-        self.pending_credit
-            .retain(|name, _| shares.contains_key(name));
-        self.routing.retain(|name| shares.contains_key(name));
-        self.asking.retain(|name| shares.contains_key(name));
+        let kept = &self.rules;
+        self.routing.retain(|name| kept.contains_key(name));
         for (name, (quota, rule)) in fleet_rules {
-            match self.shares.get_mut(name) {
-                Some(share) => share.set_quota(quota.rate),
+            match self.rules.get_mut(name) {
+                Some(kept) => kept.share.set_quota(quota.rate),
                 None => {
-                    let share = Share::bootstrap(quota.rate, rule.fail_mode, self.params, now)
-                        .with_min_burst(min_share_burst(rule, self.xdp_mode));
-                    self.shares.insert(name.to_string(), share);
-                    self.units.insert(name.to_string(), rule.unit);
-                    // Counted anew (perhaps in another unit).
-                    self.last.remove(name);
-                    self.credits.remove(name);
+                    let new = FleetRule::bootstrap(rule, quota, self.params, self.xdp_mode, now);
+                    self.rules.insert(name.to_string(), new);
                 }
             }
         }
@@ -338,8 +479,8 @@ impl FleetState {
         let mut resumed = Vec::new();
         let mut refused = Vec::new();
         for rule in rules {
-            let (Some(share), Some(entry), Some(quota)) = (
-                self.shares.get(&rule.name),
+            let (Some(fleet_rule), Some(entry), Some(quota)) = (
+                self.rules.get_mut(&rule.name),
                 pinned.get(&rule.name),
                 rule.aggregate,
             ) else {
@@ -349,7 +490,7 @@ impl FleetState {
                 ShareState::try_from(entry.share_state),
                 Ok(ShareState::Leased | ShareState::Sticky)
             );
-            if share.state(now) != ShareState::Bootstrap
+            if fleet_rule.share.state(now) != ShareState::Bootstrap
                 || !held_state
                 || entry.flags & RULE_IN_USE == 0
                 || entry.unit != rule.unit.abi()
@@ -363,7 +504,7 @@ impl FleetState {
                 lease_expires: entry.lease_expires_ns,
                 fail_open_at: entry.fail_open_at_ns,
             };
-            let floor = share.min_burst();
+            let floor = fleet_rule.share.min_burst();
             let Some(share) =
                 Share::resume(quota.rate, rule.fail_mode, self.params, floor, held, now)
             else {
@@ -382,25 +523,31 @@ impl FleetState {
                 });
                 continue;
             }
-            self.shares.insert(rule.name.clone(), share);
+            fleet_rule.share = share;
             resumed.push(rule.name.clone());
         }
         (resumed, refused)
     }
 
-    /// Grants refused since start (their share did not compile).
     /// The rules whose bucket a grant (or a rejoin) takes over since the last call, with
     /// the units it holds then: the daemon writes them into the buckets.
     pub fn take_pending_tokens(&mut self) -> BTreeMap<String, u64> {
-        std::mem::take(&mut self.pending_tokens)
+        self.rules
+            .iter_mut()
+            .filter_map(|(name, r)| r.pending_tokens.take().map(|t| (name.clone(), t)))
+            .collect()
     }
 
     /// The credits to write into rules' buckets since the last call (a grant's, or a
     /// re-arm), each replacing what is left; [`FleetState::credit_written`] after each.
     pub fn take_pending_credit(&mut self) -> BTreeMap<String, u64> {
-        std::mem::take(&mut self.pending_credit)
+        self.rules
+            .iter_mut()
+            .filter_map(|(name, r)| r.pending_credit.take().map(|c| (name.clone(), c)))
+            .collect()
     }
 
+    /// Grants refused since start (their share did not compile).
     pub fn grants_refused(&self) -> u64 {
         self.grants_refused
     }
@@ -441,30 +588,20 @@ impl FleetState {
     }
 
     pub fn is_fleet_rule(&self, name: &str) -> bool {
-        self.shares.contains_key(name)
+        self.rules.contains_key(name)
     }
 
-    /// The rules as this host enforces them: each fleet rule's aggregate is its share.
-    /// A closed share (rate 0) is compiled as the bootstrap share it rejoins at (quota ÷
-    /// fleet_size, burst 1); [`FleetState::annotate`] marks it closed until its lease
-    /// lapses, so the kernel refuses everything until then and runs it as a joiner after.
+    /// The rules as this host enforces them: each fleet rule's aggregate is its share
+    /// (a closed one as the bootstrap share it rejoins at: [`FleetState::annotate`]
+    /// marks it closed until its lease lapses, so the kernel refuses everything until
+    /// then and runs it as a joiner after).
     pub fn shape(&self, rules: &[RuleSpec]) -> Vec<RuleSpec> {
         rules
             .iter()
             .map(|r| {
                 let mut r = r.clone();
-                if let Some(share) = self.shares.get(&r.name) {
-                    r.aggregate = Some(if share.rate() == 0 {
-                        RateSpec {
-                            rate: share.rejoin_rate(),
-                            burst: share.min_burst(),
-                        }
-                    } else {
-                        RateSpec {
-                            rate: share.rate(),
-                            burst: share.burst(),
-                        }
-                    });
+                if let Some(fleet_rule) = self.rules.get(&r.name) {
+                    r.aggregate = Some(fleet_rule.enforced());
                 }
                 r
             })
@@ -473,28 +610,17 @@ impl FleetState {
 
     /// Writes each fleet rule's state and deadlines into its map entry.
     pub fn annotate(&self, table: &mut RuleTable, now: u64) {
-        for (slot, rule) in &mut table.rules {
+        for (slot, entry) in &mut table.rules {
             let name = table
                 .slots
                 .iter()
                 .find(|(_, s)| *s == slot)
                 .map(|(n, _)| n.as_str());
-            match name.and_then(|n| self.shares.get(n)) {
-                Some(share) => {
-                    rule.share_state = share.state(now).into();
-                    (rule.lease_expires_ns, rule.fail_open_at_ns) = share.deadlines();
-                    if share.rate() == 0 {
-                        // A zero grant: nothing passes until the lease lapses, then the
-                        // bootstrap share `shape` compiled (FAIL_OPEN still overrides it
-                        // on its deadline). Shown as rate 0, burst 0.
-                        rule.flags |= RULE_CLOSED_UNTIL_LAPSE;
-                        rule.rate = 0;
-                        rule.burst = 0;
-                    }
-                }
+            match name.and_then(|n| self.rules.get(n)) {
+                Some(fleet_rule) => fleet_rule.annotate(entry, now),
                 None => {
-                    rule.share_state = ShareState::Standalone.into();
-                    (rule.lease_expires_ns, rule.fail_open_at_ns) = (0, 0);
+                    entry.share_state = ShareState::Standalone.into();
+                    (entry.lease_expires_ns, entry.fail_open_at_ns) = (0, 0);
                 }
             }
         }
@@ -502,9 +628,9 @@ impl FleetState {
 
     /// Every fleet rule's state now; a change calls for a reinstall.
     pub fn states(&self, now: u64) -> BTreeMap<String, ShareState> {
-        self.shares
+        self.rules
             .iter()
-            .map(|(n, s)| (n.clone(), s.state(now)))
+            .map(|(n, r)| (n.clone(), r.share.state(now)))
             .collect()
     }
 
@@ -515,7 +641,7 @@ impl FleetState {
 
     /// Whether any fleet rule is reported to `group` now.
     pub fn has_rules_for(&self, group: usize) -> bool {
-        self.shares
+        self.rules
             .keys()
             .any(|name| self.routing.group_of(name) == group)
     }
@@ -529,60 +655,19 @@ impl FleetState {
         totals: &BTreeMap<String, RuleTotals>,
         now: u64,
     ) -> ReportRequest {
-        let mut rules = Vec::new();
-        for (name, share) in &self.shares {
-            if self.routing.group_of(name) != group {
-                continue;
-            }
-            let sample = totals.get(name).copied().unwrap_or_default();
-            let (last, at) = self.last.get(name).copied().unwrap_or((sample, now));
-            let elapsed = now.saturating_sub(at).max(1) as f64 / 1e9;
-            let held = match share.state(now) {
-                ShareState::Leased | ShareState::Sticky => share.rate(),
-                _ => 0,
-            };
-            let offered = sample.offered.saturating_sub(last.offered);
-            let denials = sample.refused.saturating_sub(last.refused);
-            let (mut admitted, mut credited, mut credit) = (None, None, None);
-            if let (Some(left), true) = (
-                sample.credit_left,
-                self.units.get(name).is_some_and(|u| takes_credit(*u)),
-            ) {
-                let ledger = self.credits.entry(name.clone()).or_default();
-                ledger.observe(left);
-                admitted = Some(offered.saturating_sub(denials));
-                credited = Some(ledger.take_credited());
-                credit = Some(ledger.granted);
-            }
-            rules.push(RuleReport {
-                rule: name.clone(),
-                demand: (offered as f64 / elapsed) as u64,
-                held,
-                denials,
-                admitted,
-                credited,
-                credit,
-                unit: self
-                    .units
-                    .get(name)
-                    .map_or_else(String::new, |u| u.as_str().to_string()),
-            });
-            self.last.insert(name.clone(), (sample, now));
-            self.asking.remove(name);
-        }
+        let routing = &self.routing;
+        let rules = self
+            .rules
+            .iter_mut()
+            .filter(|(name, _)| routing.group_of(name) == group)
+            .map(|(name, r)| r.report(name, totals.get(name).copied().unwrap_or_default(), now))
+            .collect();
         ReportRequest {
             version: limiter_proto::VERSION,
             host: self.spec.host_id.clone(),
             rules,
             fleet_size: self.fleet_size,
         }
-    }
-
-    /// Refusals since the last report, per the counter totals.
-    fn denials(&self, name: &str, totals: &BTreeMap<String, RuleTotals>) -> u64 {
-        let refused = totals.get(name).map_or(0, |t| t.refused);
-        let last = self.last.get(name).map_or(refused, |(s, _)| s.refused);
-        refused.saturating_sub(last)
     }
 
     /// Whether, for the rules routed to group `group`, refusals since the last report
@@ -593,10 +678,9 @@ impl FleetState {
         totals: &BTreeMap<String, RuleTotals>,
         now: u64,
     ) -> bool {
-        self.shares.iter().any(|(name, share)| {
+        self.rules.iter().any(|(name, r)| {
             self.routing.group_of(name) == group
-                && (self.asking.contains(name)
-                    || share.wants_early_report(self.denials(name, totals), now))
+                && (r.asking || r.share.wants_early_report(r.denials(totals.get(name)), now))
         })
     }
 
@@ -604,8 +688,8 @@ impl FleetState {
     /// until a report reaches an allocator, so the reporter retries at once rather than
     /// an interval later (`limiter_fleet::share::FAIL_OPEN_RETRY_MS`).
     pub fn fails_open_to(&self, group: usize, now: u64) -> bool {
-        self.shares.iter().any(|(name, share)| {
-            self.routing.group_of(name) == group && share.state(now) == ShareState::FailOpen
+        self.rules.iter().any(|(name, r)| {
+            self.routing.group_of(name) == group && r.share.state(now) == ShareState::FailOpen
         })
     }
 
@@ -614,56 +698,42 @@ impl FleetState {
     /// the next report goes out at once. Returns the rules that did (they need a
     /// reinstall).
     pub fn rejoin(&mut self, totals: &BTreeMap<String, RuleTotals>, now: u64) -> Vec<String> {
-        let denials: Vec<(String, u64)> = self
-            .shares
-            .keys()
-            .map(|name| (name.clone(), self.denials(name, totals)))
-            .collect();
-        let mut rejoined = Vec::new();
-        for (name, d) in denials {
-            let Some(share) = self.shares.get_mut(&name) else {
-                continue;
-            };
-            if share.rejoin(d, now) {
-                self.pending_tokens
-                    .insert(name.clone(), share.token_units(1));
-                self.asking.insert(name.clone());
-                rejoined.push(name);
-            }
-        }
-        rejoined
+        self.rules
+            .iter_mut()
+            .filter_map(|(name, r)| {
+                let denials = r.denials(totals.get(name));
+                r.rejoin(denials, now).then(|| name.clone())
+            })
+            .collect()
     }
 
     /// `credit` was written into `rule`'s bucket, whose word held `left` just before.
     pub fn credit_written(&mut self, rule: &str, credit: u64, left: u64, now: u64) {
-        if let Some(ledger) = self.credits.get_mut(rule) {
+        if let Some(ledger) = self.rules.get_mut(rule).and_then(|r| r.credit.as_mut()) {
             ledger.written(credit, left, now);
         }
     }
 
     /// After a failed report to group `group`: each of its rules whose lease still holds
     /// gets its last grant's credit again, at most once a report interval (a leader's
-    /// crash would otherwise cut the credit for its gap). Queued in `pending_credit`.
+    /// crash would otherwise cut the credit for its gap). Queued for
+    /// [`FleetState::take_pending_credit`].
     pub fn rearm_credit(&mut self, group: usize, now: u64) {
         let interval = self.params.report_interval.as_nanos() as u64;
-        for (name, ledger) in &self.credits {
-            let leased = self
-                .shares
-                .get(name)
-                .is_some_and(|s| s.state(now) == ShareState::Leased);
-            if leased
-                && ledger.granted > 0
-                && self.routing.group_of(name) == group
-                && now.saturating_sub(ledger.written_at) >= interval
-            {
-                self.pending_credit.insert(name.clone(), ledger.granted);
+        for (name, r) in &mut self.rules {
+            if self.routing.group_of(name) == group {
+                r.rearm_credit(interval, now);
             }
         }
     }
 
     /// Frames admitted on credit since start, over every rule.
     pub fn credited_total(&self) -> u64 {
-        self.credits.values().map(|l| l.total).sum()
+        self.rules
+            .values()
+            .filter_map(|r| r.credit.as_ref())
+            .map(|l| l.total)
+            .sum()
     }
 
     /// Applies the grants of a reply of group `group`, whose `elsewhere` routes rules to
@@ -681,7 +751,7 @@ impl FleetState {
                 .map(|n| (self.fleet_size, n));
         }
         for e in &reply.elsewhere {
-            if !self.shares.contains_key(&e.rule) {
+            if !self.rules.contains_key(&e.rule) {
                 continue;
             }
             match self.routing.learn(group, &e.rule, &e.group) {
@@ -690,49 +760,23 @@ impl FleetState {
                 Learned::Unchanged => {}
             }
         }
-        let mut refused = Vec::new();
         for g in &reply.grants {
             // A grant of a group the rule is no longer routed to (a late reply of the
             // group it left) must not override the group that grants it now.
             if self.routing.group_of(&g.rule) != group {
                 continue;
             }
-            let (Some(share), Some(unit)) = (self.shares.get_mut(&g.rule), self.units.get(&g.rule))
-            else {
+            let Some(fleet_rule) = self.rules.get_mut(&g.rule) else {
                 continue;
             };
-            if let Err(reason) = check_grant(*unit, share, g) {
-                refused.push(Refusal {
+            if let Err(reason) = fleet_rule.apply(g, now) {
+                applied.refused.push(Refusal {
                     rule: g.rule.clone(),
                     reason,
                 });
-                continue;
             }
-            let takes_credit = takes_credit(*unit);
-            let grant = Grant {
-                rate: g.rate,
-                burst: g.burst,
-                tokens: g.tokens,
-                ttl: Duration::from_millis(g.ttl_ms),
-                saturated: g.saturated,
-                credit: if takes_credit { g.credit } else { 0 },
-            };
-            if takes_credit {
-                // Every grant replaces what is left of the last one's credit (0 too).
-                self.pending_credit.insert(g.rule.clone(), grant.credit);
-                self.credits.entry(g.rule.clone()).or_default().granted = grant.credit;
-            }
-            // Out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of 1 the bucket's TAT
-            // means no share's fill: the grant takes over with its token count (≤ 1; 0
-            // for a zero grant), never a fresh burst (`Share::takes_over`).
-            if share.takes_over(&grant, now) {
-                self.pending_tokens
-                    .insert(g.rule.clone(), share.token_units(g.tokens));
-            }
-            share.on_grant(&grant, now);
         }
-        self.grants_refused += refused.len() as u64;
-        applied.refused = refused;
+        self.grants_refused += applied.refused.len() as u64;
         applied
     }
 }
@@ -750,6 +794,17 @@ mod tests {
     };
 
     const S: u64 = 1_000_000_000;
+
+    /// What is queued for the buckets, without taking it.
+    impl FleetState {
+        fn pending_tokens(&self) -> BTreeMap<String, u64> {
+            self.clone().take_pending_tokens()
+        }
+
+        fn pending_credit(&self) -> BTreeMap<String, u64> {
+            self.clone().take_pending_credit()
+        }
+    }
 
     fn rule(fail_mode: FailMode) -> RuleSpec {
         RuleSpec {
@@ -842,15 +897,15 @@ mod tests {
         );
         assert_ne!(c.flags & limiter_common::abi::RULE_HAS_AGGREGATE, 0);
         // Out of BOOTSTRAP: no token.
-        assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
+        assert_eq!(fleet.pending_tokens().get("contoso"), Some(&0));
         // Reported as holding 0.
         let r = fleet.report_to(0, &BTreeMap::new(), S + S / 2);
         assert_eq!(r.rules[0].held, 0);
 
         // A real grant afterwards takes over (its token count) and opens the limit.
-        fleet.pending_tokens.clear();
+        let _ = fleet.take_pending_tokens();
         fleet.apply_from(0, &reply(250, true), 2 * S);
-        assert_eq!(fleet.pending_tokens.get("contoso"), Some(&0));
+        assert_eq!(fleet.pending_tokens().get("contoso"), Some(&0));
         let t = installed(&fleet, &rules, 2 * S);
         let (_, c) = t.rules[0];
         assert_eq!(c.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
@@ -918,7 +973,7 @@ mod tests {
             let rules = [rule(fail_mode)];
             let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
             fleet.apply_from(0, &reply(0, false), S);
-            fleet.pending_tokens.clear();
+            let _ = fleet.take_pending_tokens();
             let totals = |dropped: u64| {
                 BTreeMap::from([(
                     "contoso".to_string(),
@@ -936,7 +991,7 @@ mod tests {
             assert_ne!(t.rules[0].1.flags & RULE_CLOSED_UNTIL_LAPSE, 0);
             // Refusals: BOOTSTRAP at 10,000 ÷ 500 with one token, and a report at once.
             assert_eq!(fleet.rejoin(&totals(7), 5 * S), ["contoso"]);
-            assert_eq!(fleet.pending_tokens.get("contoso"), Some(&1));
+            assert_eq!(fleet.pending_tokens().get("contoso"), Some(&1));
             assert!(fleet.wants_early_report_to(0, &totals(7), 5 * S));
             let t = installed(&fleet, &rules, 5 * S);
             let (_, c) = t.rules[0];
@@ -1019,7 +1074,7 @@ mod tests {
             // A grant whose burst is below the floor: LEASED at the floor.
             fleet.apply_from(0, &grant_reply("r", 300_000, 1, 1, 3_000), S);
             assert_eq!(
-                fleet.pending_tokens.get("r"),
+                fleet.pending_tokens().get("r"),
                 Some(&floor),
                 "one token = one admission"
             );
@@ -1036,7 +1091,7 @@ mod tests {
                 (floor, u32::from(ShareState::Sticky))
             );
             // Zero grant, lapsed, refusing: rejoins at the bootstrap share and the floor.
-            fleet.pending_tokens.clear();
+            let _ = fleet.take_pending_tokens();
             fleet.apply_from(0, &grant_reply("r", 0, 0, 0, 3_000), 6 * S);
             let t = installed(&fleet, &rules, 6 * S);
             assert_eq!(
@@ -1056,7 +1111,7 @@ mod tests {
             };
             let _ = fleet.report_to(0, &refused(0), 9 * S);
             assert_eq!(fleet.rejoin(&refused(4), 10 * S), ["r"]);
-            assert_eq!(fleet.pending_tokens.get("r"), Some(&floor));
+            assert_eq!(fleet.pending_tokens().get("r"), Some(&floor));
             let t = installed(&fleet, &rules, 10 * S);
             let c = entry(&t, "r");
             assert_eq!(
@@ -1166,13 +1221,13 @@ mod tests {
             (Some(0), Some(0), Some(0))
         );
         fleet.apply_from(0, &credit_reply(40), S / 10);
-        assert_eq!(fleet.pending_credit.get("contoso"), Some(&40));
+        assert_eq!(fleet.pending_credit().get("contoso"), Some(&40));
         // The daemon swaps it in; the word held 0.
-        fleet.pending_credit.clear();
+        let _ = fleet.take_pending_credit();
         fleet.credit_written("contoso", 40, 0, S / 10);
         // 30 of it spent when the next grant replaces it with 10.
         fleet.apply_from(0, &credit_reply(10), S / 2);
-        assert_eq!(fleet.pending_credit.get("contoso"), Some(&10));
+        assert_eq!(fleet.pending_credit().get("contoso"), Some(&10));
         fleet.credit_written("contoso", 10, 10, S / 2);
         // 4 of the second spent by the report: 34 credited of 1,200 admitted.
         let r = fleet.report_to(0, &totals(1_500, 300, 6), S);
@@ -1187,7 +1242,7 @@ mod tests {
         assert_eq!(fleet.credited_total(), 34);
         // A zero-credit grant still replaces what is left.
         fleet.apply_from(0, &credit_reply(0), 2 * S);
-        assert_eq!(fleet.pending_credit.get("contoso"), Some(&0));
+        assert_eq!(fleet.pending_credit().get("contoso"), Some(&0));
     }
 
     /// A restarted daemon finds a credit word pinned: not counted as spent at its first
@@ -1223,28 +1278,28 @@ mod tests {
         let rules = [rule(FailMode::Open)];
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
         fleet.apply_from(0, &credit_reply(40), S);
-        fleet.pending_credit.clear();
+        let _ = fleet.take_pending_credit();
         fleet.credit_written("contoso", 40, 0, S);
         fleet.rearm_credit(0, S + S / 2);
         assert!(
-            fleet.pending_credit.is_empty(),
+            fleet.pending_credit().is_empty(),
             "within an interval of the write"
         );
         fleet.rearm_credit(1, 2 * S);
-        assert!(fleet.pending_credit.is_empty(), "another group's failure");
+        assert!(fleet.pending_credit().is_empty(), "another group's failure");
         fleet.rearm_credit(0, 2 * S);
-        assert_eq!(fleet.pending_credit.get("contoso"), Some(&40));
-        fleet.pending_credit.clear();
+        assert_eq!(fleet.pending_credit().get("contoso"), Some(&40));
+        let _ = fleet.take_pending_credit();
         fleet.credit_written("contoso", 40, 12, 2 * S);
         // The lease (3 s from the grant at 1 s) lapsed at 4 s: STICKY spends no credit.
         fleet.rearm_credit(0, 4 * S + 1);
-        assert!(fleet.pending_credit.is_empty(), "lease lapsed");
+        assert!(fleet.pending_credit().is_empty(), "lease lapsed");
         // A grant without credit: nothing to re-arm.
         fleet.apply_from(0, &credit_reply(0), 5 * S);
-        fleet.pending_credit.clear();
+        let _ = fleet.take_pending_credit();
         fleet.credit_written("contoso", 0, 0, 5 * S);
         fleet.rearm_credit(0, 7 * S);
-        assert!(fleet.pending_credit.is_empty(), "no credit granted");
+        assert!(fleet.pending_credit().is_empty(), "no credit granted");
     }
 
     /// A grant that does not compile is refused before it is stored: counted, the rule
@@ -1337,11 +1392,48 @@ mod tests {
             0,
             "closed stays closed"
         );
-        assert!(new.pending_tokens.is_empty(), "the pinned bucket continues");
+        assert!(
+            new.pending_tokens().is_empty(),
+            "the pinned bucket continues"
+        );
         // Past the lease: STICKY, as the kernel already applied it.
         assert_eq!(new.states(4 * S)["a"], ShareState::Sticky);
         let r = new.report_to(0, &BTreeMap::new(), 3 * S);
         assert_eq!(r.rules[0].held, 3_000, "reported as held");
+    }
+
+    /// A rule a reload removes goes whole, and one whose unit changed starts anew: none
+    /// of the old share's tokens or credit is queued for a bucket afterwards. Old code:
+    /// `sync_rules` pruned each per-rule collection by hand but `pending_tokens`, so a
+    /// grant's tokens queued before the reload survived it, and a rule whose unit changed
+    /// had its fresh bucket taken over with the old share's tokens (in the old unit).
+    #[test]
+    fn a_rule_removed_or_changed_by_a_reload_leaves_nothing_queued() {
+        let rules = [
+            unit_rule("a", Unit::Packets, 10_000, 1_000),
+            unit_rule("b", Unit::Packets, 10_000, 1_000),
+            unit_rule("c", Unit::Packets, 10_000, 1_000),
+        ];
+        let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
+        let mut reply = grant_reply("a", 3_000, 300, 1, 3_000);
+        for rule in ["b", "c"] {
+            reply
+                .grants
+                .push(grant_reply(rule, 3_000, 300, 1, 3_000).grants[0].clone());
+        }
+        for grant in &mut reply.grants {
+            grant.credit = 40;
+        }
+        // Out of BOOTSTRAP: each grant takes its bucket over and brings a credit.
+        fleet.apply_from(0, &reply, S);
+        // The reload (its reinstall not yet run): `a` removed, `b` now counts SYNs.
+        let mut reloaded = vec![rules[1].clone(), rules[2].clone()];
+        reloaded[0].unit = Unit::Syn;
+        fleet.sync_rules(&reloaded, 2 * S);
+        let queued = |m: BTreeMap<String, u64>| m.into_keys().collect::<Vec<_>>();
+        assert_eq!(queued(fleet.take_pending_tokens()), ["c"], "tokens");
+        assert_eq!(queued(fleet.take_pending_credit()), ["c"], "credit");
+        assert_eq!(fleet.states(2 * S)["b"], ShareState::Bootstrap);
     }
 
     /// The allocator's report interval is held to [200 ms, lease TTL / 2]. Old code: any

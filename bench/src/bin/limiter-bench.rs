@@ -1242,9 +1242,9 @@ fn check_source_counters(scenario: &str, delta: &Snapshot, frames: u64) -> Resul
         .get("per-source")
         .with_context(|| format!("{scenario}: no counters for rule per-source"))?;
     ensure!(
-        delta.global.insert_failures == 0,
+        delta.global.sketch_unseeded == 0,
         "{scenario}: {} frames found no sketch set up",
-        delta.global.insert_failures
+        delta.global.sketch_unseeded
     );
     ensure!(
         rule.passed_packets + rule.dropped_packets == frames,

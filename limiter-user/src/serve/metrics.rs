@@ -318,7 +318,7 @@ pub fn render(s: &Snapshot) -> String {
         (
             "limiter_source_insert_failed_packets_total",
             "Frames a per-source limit could not meter (the sketch not set up yet).",
-            g.counters.insert_failures,
+            g.counters.sketch_unseeded,
         ),
         (
             "limiter_new_source_packets_total",
@@ -699,7 +699,7 @@ mod tests {
                         malformed: 1,
                         non_ip: 2,
                         unmatched: 3,
-                        insert_failures: 4,
+                        sketch_unseeded: 4,
                         contended: 5,
                     },
                     headers: HeaderCounters {

@@ -1228,9 +1228,9 @@ impl Daemon {
             .into_iter()
             .map(|r| ShareStatus {
                 rule: r.name,
-                mode: r.mode,
+                mode: r.mode.as_str(),
                 enforce_percent: r.enforce_percent,
-                state: r.state,
+                state: r.state.as_str(),
                 rate: r.rate,
                 burst: r.burst,
             })

@@ -166,16 +166,7 @@ fn refusals_on_a_closed_unsaturated_share_report_at_once() {
     let rules = [rule(FailMode::Open)];
     let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
     fleet.apply_from(0, &reply(0, false), S);
-    let totals = |dropped: u64| {
-        BTreeMap::from([(
-            "contoso".to_string(),
-            RuleTotals {
-                offered: dropped,
-                refused: dropped,
-                credit_left: None,
-            },
-        )])
-    };
+    let totals = |dropped: u64| refusing("contoso", dropped);
     let _ = fleet.report_to(0, &totals(0), S);
     assert!(!fleet.wants_early_report_to(0, &totals(0), S + 1));
     assert!(fleet.wants_early_report_to(0, &totals(3), S + 1));
@@ -190,16 +181,7 @@ fn a_lapsed_closed_share_rejoins_at_the_bootstrap_rate_on_refusals() {
         let mut fleet = FleetState::new(spec(), 500, XdpMode::Auto, &rules, 0);
         fleet.apply_from(0, &reply(0, false), S);
         let _ = fleet.take_pending_tokens();
-        let totals = |dropped: u64| {
-            BTreeMap::from([(
-                "contoso".to_string(),
-                RuleTotals {
-                    offered: dropped,
-                    refused: dropped,
-                    credit_left: None,
-                },
-            )])
-        };
+        let totals = |dropped: u64| refusing("contoso", dropped);
         let _ = fleet.report_to(0, &totals(0), 4 * S);
         // STICKY (lease lapsed at 4 s), no refusals: stays closed.
         assert!(fleet.rejoin(&totals(0), 5 * S).is_empty());
@@ -315,16 +297,7 @@ fn installed_shares_keep_the_floor_of_their_unit_in_every_state() {
             Limit::new(unit.granularity(), 250_000, floor).unwrap(),
             "closed: the bootstrap share it rejoins at, at the floor"
         );
-        let refused = |n: u64| {
-            BTreeMap::from([(
-                "r".to_string(),
-                RuleTotals {
-                    offered: n,
-                    refused: n,
-                    credit_left: None,
-                },
-            )])
-        };
+        let refused = |n: u64| refusing("r", n);
         let _ = fleet.report_to(0, &refused(0), 9 * S);
         assert_eq!(fleet.rejoin(&refused(4), 10 * S), ["r"]);
         assert_eq!(fleet.pending_tokens().get("r"), Some(&floor));
@@ -401,6 +374,18 @@ fn demand_is_reported_in_the_rule_unit() {
         (r.rules[0].admitted, r.rules[0].credited, r.rules[0].credit),
         (None, None, None)
     );
+}
+
+/// `rule`'s counter totals when all `n` frames it was offered were refused (no credit).
+fn refusing(rule: &str, n: u64) -> BTreeMap<String, RuleTotals> {
+    BTreeMap::from([(
+        rule.to_string(),
+        RuleTotals {
+            offered: n,
+            refused: n,
+            credit_left: None,
+        },
+    )])
 }
 
 fn totals(offered: u64, refused: u64, credit_left: u64) -> BTreeMap<String, RuleTotals> {

@@ -356,10 +356,10 @@ fn check(
         rule.dropped_packets
     );
     ensure!(
-        global.contended == 0 && global.insert_failures == 0,
+        global.contended == 0 && global.sketch_unseeded == 0,
         "{} frames went unmetered (contended), {} insert failures",
         global.contended,
-        global.insert_failures
+        global.sketch_unseeded
     );
     Ok(())
 }

@@ -598,16 +598,25 @@ pub struct RuleCpuState {
 /// fields: `accumulate` (adds another CPU's copy), `since` (the change from an earlier
 /// reading) and `named` (each field with its name, in order: what `limiter stats`,
 /// `limiter top` and the tests list). Both wrap, as the kernel's increments do.
+///
+/// A field written `pub field: u64 as "name"` is named `name` where users see it (`named`,
+/// `stats --json`): a counter renamed in the code keeps the name operators rely on.
 macro_rules! counters {
+    (@external $field:ident) => { stringify!($field) };
+    (@external $field:ident $external:literal) => { $external };
     ($(#[$meta:meta])* pub struct $name:ident {
-        $($(#[$fmeta:meta])* pub $field:ident: u64,)+
+        $($(#[$fmeta:meta])* pub $field:ident: u64 $(as $external:literal)?,)+
     }) => {
         $(#[$meta])*
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
         #[cfg_attr(feature = "user", derive(serde::Serialize))]
         pub struct $name {
-            $($(#[$fmeta])* pub $field: u64,)+
+            $(
+                $(#[$fmeta])*
+                $(#[cfg_attr(feature = "user", serde(rename = $external))])?
+                pub $field: u64,
+            )+
         }
 
         impl $name {
@@ -628,7 +637,7 @@ macro_rules! counters {
 
             /// Each counter with its field name, in declaration order.
             pub fn named(&self) -> [(&'static str, u64); $name::COUNT] {
-                [$((stringify!($field), self.$field)),+]
+                [$((counters!(@external $field $($external)?), self.$field)),+]
             }
         }
     };
@@ -674,9 +683,11 @@ counters! {
         pub non_ip: u64,
         /// IP frames no rule matched (passed).
         pub unmatched: u64,
-        /// Frames a per-source limit could not meter (the sketch not set up yet: no seed);
-        /// metered by the aggregate only. The name is the LRU's, whose inserts could fail.
-        pub insert_failures: u64,
+        /// Frames a per-source limit could not meter because the sketch was not set up
+        /// yet (no seed written); metered by the aggregate only. Shown as
+        /// `insert_failures`, the name it had when an LRU's inserts could fail (`stats`,
+        /// and `limiter_source_insert_failed_packets_total`).
+        pub sketch_unseeded: u64 as "insert_failures",
         /// Bucket updates that lost the CAS race too often and were passed.
         pub contended: u64,
     }
@@ -685,6 +696,23 @@ counters! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `named` (what `limiter stats` and `limiter top` list) gives a counter renamed in
+    /// the code the name users see; the others keep their field's.
+    #[test]
+    fn counters_are_named_as_users_see_them() {
+        let names = GlobalCounters::default().named().map(|(name, _)| name);
+        assert_eq!(
+            names,
+            [
+                "malformed",
+                "non_ip",
+                "unmatched",
+                "insert_failures",
+                "contended"
+            ]
+        );
+    }
 
     /// The kernel keeps 15 bytes of a map's name, and pins are recognised as the
     /// limiter's by their map's name: a longer name would never match.

@@ -1,8 +1,10 @@
 //! limiter's XDP program: parse -> classify -> meter -> verdict -> count.
 //!
 //! The one rule: a failure may make the limiter less accurate, never take traffic down.
-//! Anything the program cannot parse or match passes and is counted; it never returns
-//! XDP_ABORTED.
+//! What the program cannot match passes and is counted, and so does a frame it cannot
+//! parse that no stack would deliver; the frames whose headers it cannot see whole but a
+//! stack could deliver are refused or dropped (docs/when-things-fail.md, "Frames the
+//! program cannot read"). It never returns XDP_ABORTED.
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics, asm_experimental_arch)]

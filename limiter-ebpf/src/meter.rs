@@ -402,7 +402,7 @@ fn meter_source(
     let seed = meta.seed;
     if mask == 0 {
         // Not set up yet: the daemon writes the seed before any rule.
-        count_global(|g| &mut g.insert_failures);
+        count_global(|g| &mut g.sketch_unseeded);
         return Outcome::Unmetered;
     }
     let hash = sketch::hash(&seed, key, limit);

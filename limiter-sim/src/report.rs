@@ -592,7 +592,7 @@ const MODEL: &str = "\
 limiter-fleet `RuleAllocator` per rule; buckets are limiter-common GCRA (`Limit::new`, \
 `conform`, `tat_with_tokens`) exactly as the kernel calls them, with the kernel's \
 FAIL_OPEN check on the `fail_open_at` deadline. The daemon-side glue follows \
-limiter-user's `fleet.rs`: `held` is the share in LEASED/STICKY and 0 otherwise; a grant \
+limiter-user's `policy/fleet/`: `held` is the share in LEASED/STICKY and 0 otherwise; a grant \
 that takes a share out of BOOTSTRAP, FAIL_OPEN, a zero grant or a burst of 1 \
 (`Share::takes_over`) sets the bucket's token count (≤ 1; 0 for a zero grant), a renewal keeps the TAT; out-of-cycle reports when `wants_early_report` (checked every \
 100 ms, at most one per 200 ms).

@@ -14,8 +14,34 @@ pub enum Error {
     Ruleset(#[from] RulesetError),
     #[error("this build has no XDP program (built with LIMITER_EBPF_SKIP=1); rebuild without it")]
     NoObject,
-    #[error("the object has no XDP program named `limiter`")]
-    NoProgram,
+    /// A build of the limiter's program is missing from the eBPF object this binary
+    /// carries (or is not of its program type): the binary, not the host, is at fault.
+    #[error(
+        "the eBPF object built into this binary has no {} build of the limiter (program \
+         `{}`): this binary is incomplete or damaged; install the limiter again",
+        .0.as_str(),
+        .0.program_name()
+    )]
+    ProgramNotInObject(crate::host::object::Variant),
+    /// The libxdp component build is asked for while it is not loaded: it is loaded only
+    /// to share a hook through libxdp.
+    #[error(
+        "the limiter's libxdp component is not loaded: it is loaded only for an interface \
+         with xdp_share = \"libxdp\""
+    )]
+    ComponentNotLoaded,
+    /// The libxdp dispatcher this binary carries has no dispatcher program.
+    #[error(
+        "the libxdp dispatcher built into this binary has no XDP program `{0}`: this \
+         binary is incomplete or damaged; install the limiter again"
+    )]
+    DispatcherNotInObject(&'static str),
+    /// The attach code met a case its own plan rules out: a bug, not the operator's doing.
+    #[error(
+        "{iface}: {what}; this is a bug in the limiter (please report it with the log), \
+         the interface's XDP hook was left as it was"
+    )]
+    AttachPlan { iface: String, what: &'static str },
     #[error("loading the eBPF object: {0}")]
     Load(#[source] Box<aya::EbpfError>),
     /// The verifier refused a build: which one, on which kernel, and the log's end.
@@ -130,7 +156,10 @@ pub fn exit_status(e: &(dyn std::error::Error + 'static)) -> Option<Exit> {
         // Their sources (an I/O error, a map's) may say more: a permission, say.
         Error::Map { .. } | Error::Io { .. } | Error::Instance(_) => None,
         Error::NoObject
-        | Error::NoProgram
+        | Error::ProgramNotInObject(_)
+        | Error::ComponentNotLoaded
+        | Error::DispatcherNotInObject(_)
+        | Error::AttachPlan { .. }
         | Error::Fleet(_)
         | Error::Service(_)
         | Error::Handoff { .. }

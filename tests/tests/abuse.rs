@@ -257,7 +257,7 @@ fn phase_a(rig: &Limited, srcs: &Path, checks: &mut Checks) -> Premise {
         100.0 * slack,
         c.dropped_packets,
         sketch::cells_for(MAX_SOURCES),
-        g.insert_failures,
+        g.sketch_unseeded,
         g.contended,
     );
     let label = "[native] abuse A";
@@ -406,8 +406,8 @@ fn phase_b(rig: &Limited, srcs: &Path, checks: &mut Checks, cpus: &[usize]) -> P
         good_sent as f64 / t,
         5.0 * sigma,
         sketch::cells_for(MAX_SOURCES),
-        g.insert_failures,
-        g.insert_failures - g_before.insert_failures,
+        g.sketch_unseeded,
+        g.sketch_unseeded - g_before.sketch_unseeded,
         g.contended,
     );
     let label = format!("[native] abuse B, {} CPU(s)", cpus.len());

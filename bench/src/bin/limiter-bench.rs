@@ -23,7 +23,8 @@
 //!   harness's own clock read, so `baseline_pass` is measured the same way for them.
 //!
 //! Every verdict is checked, and so are the counters that prove a scenario took the path
-//! it is named after (e.g. no per-source insert failed, the full LRU really evicts).
+//! it is named after (e.g. every per-source frame found the sketch set up, and a throttled
+//! source is still throttled after churn).
 //! Output: a table on stdout and the same as Markdown in `target/bench/prog-test-run.md`.
 //!
 //! Run as root (but for `allocator-capacity` alone): `cargo run --release -p limiter-bench
@@ -1146,7 +1147,8 @@ fn per_frame_scenarios(baselines: &Ebpf, large: &Loaded, small: &Loaded) -> Resu
         .collect())
 }
 
-/// Row labels of one candidate structure.
+/// Row labels of one per-source structure (docs/per-source-limits.md's cost table: the
+/// LRU rows measure the structure the limiter used before the sketch, for comparison).
 struct CandidateLabel {
     new: &'static str,
     known: &'static str,
@@ -1158,43 +1160,43 @@ const CANDIDATES: [(&str, CandidateLabel); 6] = [
     (
         "cand_lru",
         CandidateLabel {
-            new: "candidate LRU hash (common LRU): new source",
-            known: "candidate LRU hash (common LRU): known source",
+            new: "structure: LRU hash, one LRU for all CPUs (the limiter's before the sketch): new source",
+            known: "structure: LRU hash, one LRU for all CPUs (the limiter's before the sketch): known source",
         },
     ),
     (
         "cand_lru_nocommon",
         CandidateLabel {
-            new: "candidate LRU hash, BPF_F_NO_COMMON_LRU: new source",
-            known: "candidate LRU hash, BPF_F_NO_COMMON_LRU: known source",
+            new: "structure: LRU hash, BPF_F_NO_COMMON_LRU (per-CPU lists): new source",
+            known: "structure: LRU hash, BPF_F_NO_COMMON_LRU (per-CPU lists): known source",
         },
     ),
     (
         "cand_lru_percpu",
         CandidateLabel {
-            new: "candidate LRU_PERCPU hash: new source",
-            known: "candidate LRU_PERCPU hash: known source",
+            new: "structure: LRU_PERCPU hash (limits per CPU, cost only): new source",
+            known: "structure: LRU_PERCPU hash (limits per CPU, cost only): known source",
         },
     ),
     (
         "cand_hash",
         CandidateLabel {
-            new: "candidate preallocated hash: new source",
-            known: "candidate preallocated hash: known source",
+            new: "structure: preallocated hash: new source",
+            known: "structure: preallocated hash: known source",
         },
     ),
     (
         "cand_sketch",
         CandidateLabel {
-            new: "candidate sketch, 2 rows of GCRA cells: new source",
-            known: "candidate sketch, 2 rows of GCRA cells: known source",
+            new: "structure: sketch, 2 rows of GCRA cells (the limiter's): new source",
+            known: "structure: sketch, 2 rows of GCRA cells (the limiter's): known source",
         },
     ),
     (
         "cand_sketch_line",
         CandidateLabel {
-            new: "candidate sketch, 2 cells in one cache line: new source",
-            known: "candidate sketch, 2 cells in one cache line: known source",
+            new: "structure: sketch, 2 cells in one cache line: new source",
+            known: "structure: sketch, 2 cells in one cache line: known source",
         },
     ),
 ];
@@ -1242,9 +1244,9 @@ fn check_source_counters(scenario: &str, delta: &Snapshot, frames: u64) -> Resul
         .get("per-source")
         .with_context(|| format!("{scenario}: no counters for rule per-source"))?;
     ensure!(
-        delta.global.insert_failures == 0,
+        delta.global.sketch_unseeded == 0,
         "{scenario}: {} frames found no sketch set up",
-        delta.global.insert_failures
+        delta.global.sketch_unseeded
     );
     ensure!(
         rule.passed_packets + rule.dropped_packets == frames,
@@ -1255,8 +1257,8 @@ fn check_source_counters(scenario: &str, delta: &Snapshot, frames: u64) -> Resul
     Ok(())
 }
 
-/// Proves churn buys a throttled source nothing (the LRU of earlier versions evicted it
-/// here): a marker source, then twice the sketch's width of newer sources; the marker's
+/// Proves churn buys a throttled source nothing (the per-source LRU of versions before
+/// the sketch evicted it here): a marker source, then twice the sketch's width of newer sources; the marker's
 /// next frame within its second still drops.
 fn check_no_eviction(churn: &mut Stream<'_>) -> Result<()> {
     let started = Instant::now();
@@ -1371,8 +1373,8 @@ fn set_affinity(set: &libc::cpu_set_t) -> Result<()> {
     Ok(())
 }
 
-/// Pins this thread to the CPU it runs on: per-CPU state (LRU free lists, counters) and
-/// caches stay put for the whole run.
+/// Pins this thread to the CPU it runs on: per-CPU state (the LRU structures' free lists,
+/// counters) and caches stay put for the whole run.
 fn pin_to_current_cpu() -> Result<usize> {
     // SAFETY: no arguments, no preconditions.
     let cpu = unsafe { libc::sched_getcpu() };

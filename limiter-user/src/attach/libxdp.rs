@@ -523,7 +523,7 @@ fn build(
     let dispatcher: &mut Xdp = ebpf
         .program_mut(PROGRAM_NAME)
         .and_then(|p| p.try_into().ok())
-        .ok_or_else(|| Attempt::Failed(Error::NoProgram))?;
+        .ok_or(Attempt::Failed(Error::DispatcherNotInObject(PROGRAM_NAME)))?;
     dispatcher
         .load()
         .map_err(|e| link_err(iface, "loading the dispatcher".into())(describe(&e)))?;
@@ -591,7 +591,11 @@ fn link_components(
         let ext: &mut Extension = match p.from_slot {
             Some(from) => {
                 let Some((ifindex, d)) = old else {
-                    return Err(Attempt::Failed(Error::NoProgram));
+                    return Err(Attempt::Failed(Error::AttachPlan {
+                        iface: iface.to_string(),
+                        what: "the plan keeps a component of the old libxdp dispatcher, \
+                               but there is no old dispatcher",
+                    }));
                 };
                 let pin = dispatch_dir(ifindex, d.program_id).join(format!("prog{from}-prog"));
                 foreign = Extension::from_pin(&pin)
@@ -600,7 +604,13 @@ fn link_components(
             }
             None => match ours.as_deref_mut() {
                 Some(e) => e,
-                None => return Err(Attempt::Failed(Error::NoProgram)),
+                None => {
+                    return Err(Attempt::Failed(Error::AttachPlan {
+                        iface: iface.to_string(),
+                        what: "the plan links the limiter's libxdp component, but it is \
+                               not loaded",
+                    }))
+                }
             },
         };
         let what = format!("linking {} over {target} of the new dispatcher", p.name);
@@ -739,7 +749,7 @@ pub fn unattached_dispatcher(n: usize) -> Result<aya::Ebpf, Error> {
     let dispatcher: &mut Xdp = ebpf
         .program_mut(PROGRAM_NAME)
         .and_then(|p| p.try_into().ok())
-        .ok_or(Error::NoProgram)?;
+        .ok_or(Error::DispatcherNotInObject(PROGRAM_NAME))?;
     dispatcher
         .load()
         .map_err(|e| load("the dispatcher", describe(&e)))?;

@@ -569,7 +569,7 @@ impl Program {
         self.ebpf
             .program(variant.program_name())
             .and_then(|p| <&Xdp>::try_from(p).ok())
-            .ok_or(Error::NoProgram)
+            .ok_or(Error::ProgramNotInObject(variant))
     }
 
     /// The TC build.
@@ -577,7 +577,7 @@ impl Program {
         self.ebpf
             .program(PROGRAM_NAME_TC)
             .and_then(|p| <&SchedClassifier>::try_from(p).ok())
-            .ok_or(Error::NoProgram)
+            .ok_or(Error::ProgramNotInObject(Variant::Tc))
     }
 
     /// Pins every build loaded for the hooks as `prog_<id>` under `pin_dir`, so that a
@@ -611,9 +611,10 @@ impl Program {
             Variant::Libxdp => self
                 .component
                 .as_ref()
-                .and_then(|c| c.program(PROGRAM_NAME_LIBXDP))
+                .ok_or(Error::ComponentNotLoaded)?
+                .program(PROGRAM_NAME_LIBXDP)
                 .and_then(|p| <&Extension>::try_from(p).ok())
-                .ok_or(Error::NoProgram)?
+                .ok_or(Error::ProgramNotInObject(Variant::Libxdp))?
                 .info(),
             v => self.xdp_variant(v)?.info(),
         };
@@ -1112,7 +1113,7 @@ impl Program {
             .as_mut()
             .and_then(|c| c.program_mut(PROGRAM_NAME_LIBXDP))
             .and_then(|p| p.try_into().ok())
-            .ok_or(Error::NoProgram)
+            .ok_or(Error::ProgramNotInObject(Variant::Libxdp))
     }
 
     /// Makes the limiter a component of `iface`'s libxdp dispatcher at run priority
@@ -1343,7 +1344,7 @@ fn xdp_mut(ebpf: &mut Ebpf, variant: Variant) -> Result<&mut Xdp, Error> {
     let prog = ebpf
         .program_mut(variant.program_name())
         .and_then(|p| <&mut Xdp>::try_from(p).ok())
-        .ok_or(Error::NoProgram)?;
+        .ok_or(Error::ProgramNotInObject(variant))?;
     if prog.fd().is_err() {
         prog.load().map_err(|e| refused(variant, e))?;
     }
@@ -1355,7 +1356,7 @@ fn tc_mut(ebpf: &mut Ebpf) -> Result<&mut SchedClassifier, Error> {
     let prog = ebpf
         .program_mut(PROGRAM_NAME_TC)
         .and_then(|p| <&mut SchedClassifier>::try_from(p).ok())
-        .ok_or(Error::NoProgram)?;
+        .ok_or(Error::ProgramNotInObject(Variant::Tc))?;
     if prog.fd().is_err() {
         prog.load().map_err(|e| refused(Variant::Tc, e))?;
     }

@@ -445,7 +445,11 @@ pub fn attach(
     };
     let _lock = crate::attach::libxdp::Lock::acquire()?;
     match step {
-        Step::Join => Err(Error::NoProgram),
+        Step::Join => Err(Error::AttachPlan {
+            iface: iface.to_string(),
+            what: "asked to attach through netlink where the plan is to join a libxdp \
+                   dispatcher",
+        }),
         Step::Take {
             program_id, mode, ..
         }

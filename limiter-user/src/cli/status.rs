@@ -1,4 +1,8 @@
-use limiter_user::serve::control::{call, Request};
+use limiter_user::{
+    attach::program::AttachedMode,
+    config::Mode,
+    serve::control::{call, Request},
+};
 
 use super::{print_json, SocketArg};
 
@@ -46,7 +50,7 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
         println!(
             "interface {}: {}, program {}, {} {} ({}), program id {}",
             i["name"].as_str().unwrap_or("?"),
-            if mode == "tc" {
+            if mode == AttachedMode::Tc.as_str() {
                 "TC ingress".to_string()
             } else {
                 format!("{mode} XDP")
@@ -114,16 +118,17 @@ pub fn execute(args: StatusArgs) -> anyhow::Result<()> {
 /// says for which share of its sources it drops, so that an operator rolling one out
 /// sees it where they look first.
 fn rule_line(r: &serde_json::Value) -> String {
-    let mode = match r["mode"].as_str().unwrap_or("?") {
-        "shadow" => "shadow (would-drop only)".to_string(),
-        "enforce" if r["enforce_percent"].as_f64().is_some_and(|p| p < 100.0) => {
+    let spelled = r["mode"].as_str().unwrap_or("?");
+    let mode = match spelled.parse::<Mode>() {
+        Ok(Mode::Shadow) => "shadow (would-drop only)".to_string(),
+        Ok(Mode::Enforce) if r["enforce_percent"].as_f64().is_some_and(|p| p < 100.0) => {
             let percent = &r["enforce_percent"];
             format!(
                 "canary {percent} % (enforced for {percent} % of sources, would-drop for the \
                  rest)"
             )
         }
-        mode => mode.to_string(),
+        _ => spelled.to_string(),
     };
     format!(
         "rule {}: {} (rate {}, burst {}), {mode}",

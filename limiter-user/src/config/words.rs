@@ -162,6 +162,11 @@ impl Unit {
         }
     }
 
+    /// The unit a rule's map entry holds (`abi::UNIT_*`); `None` for a value no unit has.
+    pub fn from_abi(abi: u32) -> Option<Unit> {
+        Unit::ALL.iter().copied().find(|u| u.abi() == abi)
+    }
+
     /// The unit as a rule's map entry holds it (`abi::UNIT_*`).
     pub const fn abi(self) -> u32 {
         match self {

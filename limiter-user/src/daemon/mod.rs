@@ -1228,9 +1228,9 @@ impl Daemon {
             .into_iter()
             .map(|r| ShareStatus {
                 rule: r.name,
-                mode: r.mode,
+                mode: r.mode.as_str(),
                 enforce_percent: r.enforce_percent,
-                state: r.state,
+                state: r.state.as_str(),
                 rate: r.rate,
                 burst: r.burst,
             })
@@ -1238,7 +1238,7 @@ impl Daemon {
         Ok(Status {
             shares,
             fleet: self.fleet_counters(),
-            allocator: self.fleet.as_ref().map(|f| f.spec.allocators_text()),
+            allocator: self.fleet.as_ref().map(|f| f.spec().allocators_text()),
             bypass: self.maps.control()?.flags & CONTROL_BYPASS != 0,
             detached_unconfigured: self.detached_unconfigured.clone(),
             reattaches: self.links.values().map(|w| w.reattaches).sum(),

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     bpf::maps::Maps,
-    config::{Percent, Proto},
+    config::{Percent, Proto, Unit},
     error::Error,
     observe::stats::share_state_at,
     policy::ruleset::{self, RuleTable},
@@ -336,12 +336,10 @@ fn explain_metered(
         });
     }
     out.unit = Some(
-        match rule.unit {
-            UNIT_BYTES => "bytes",
-            UNIT_SYN => "syn",
-            _ => "packets",
-        }
-        .into(),
+        Unit::from_abi(rule.unit)
+            .unwrap_or(Unit::Packets)
+            .as_str()
+            .into(),
     );
     let now_ns = limiter_fleet::clock::monotonic_ns();
     // As of now: a lapsed lease reads STICKY, as `limiter stats` shows it.

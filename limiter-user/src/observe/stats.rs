@@ -13,7 +13,11 @@ use limiter_common::{
 };
 use serde::Serialize;
 
-use crate::{bpf::maps::Maps, config::Percent, error::Error};
+use crate::{
+    bpf::maps::Maps,
+    config::{Mode, Percent},
+    error::Error,
+};
 
 /// `limiter stats --json`: the shape is part of the user contract (docs/operations.md, "CLI").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -29,12 +33,14 @@ pub struct StatsReport {
 pub struct RuleStats {
     pub name: String,
     /// enforce | shadow
-    pub mode: &'static str,
+    #[serde(serialize_with = "spelled")]
+    pub mode: Mode,
     /// The share of sources whose refusals the rule drops, in percent: 100 in enforce
     /// mode, 0 in shadow mode, a canary's `enforce_percent` (the rest pass as would-drop).
     pub enforce_percent: Percent,
     /// standalone | bootstrap | leased | sticky | fail_open ([`ShareState::as_str`])
-    pub state: &'static str,
+    #[serde(serialize_with = "spelled")]
+    pub state: ShareState,
     /// Aggregate rate and burst in the rule's unit; null without an aggregate limit.
     pub rate: Option<u64>,
     pub burst: Option<u64>,
@@ -148,12 +154,12 @@ fn rule_stats(
     Ok(RuleStats {
         name: String::from_utf8_lossy(rule.name_bytes()).into_owned(),
         mode: if rule.flags & RULE_SHADOW != 0 {
-            "shadow"
+            Mode::Shadow
         } else {
-            "enforce"
+            Mode::Enforce
         },
         enforce_percent: Percent::of_rule(rule),
-        state: share_state_at(rule, limiter_fleet::clock::monotonic_ns()).as_str(),
+        state: share_state_at(rule, limiter_fleet::clock::monotonic_ns()),
         rate: has_aggregate.then_some(rule.rate),
         burst: has_aggregate.then_some(rule.burst),
         counters: RuleCounters {
@@ -228,7 +234,7 @@ impl RuleStats {
     /// Enforcing for some of its sources only (`enforce_percent` below 100): the others'
     /// refusals pass as would-drops.
     pub fn is_canary(&self) -> bool {
-        self.mode == "enforce" && self.enforce_percent < Percent::ALL
+        self.mode == Mode::Enforce && self.enforce_percent < Percent::ALL
     }
 }
 
@@ -236,6 +242,12 @@ impl RuleStats {
 fn line(title: &str, counters: &[(&str, u64)]) -> String {
     let pairs: Vec<String> = counters.iter().map(|(n, v)| format!("{n} {v}")).collect();
     format!("{title}: {}\n", pairs.join(" "))
+}
+
+/// Writes a word (a mode, a share state) as users read it: its spelling, `"enforce"`,
+/// `"leased"`.
+fn spelled<S: serde::Serializer>(word: &impl std::fmt::Display, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(word)
 }
 
 /// A fixed-width table for terminals.
@@ -250,7 +262,7 @@ pub fn render_table(report: &StatsReport) -> String {
             "{:<24} {:<12} {:<10} {:>12} {:>14} {:>14} {:>14}\n",
             r.name,
             mode_text(r),
-            r.state,
+            r.state.as_str(),
             rate,
             r.counters.passed_packets,
             r.counters.dropped_packets,
@@ -384,9 +396,9 @@ mod json_tests {
         let report = StatsReport {
             rules: vec![RuleStats {
                 name: "contoso-web".into(),
-                mode: "enforce",
+                mode: Mode::Enforce,
                 enforce_percent: crate::config::Percent::ALL,
-                state: ShareState::Standalone.as_str(),
+                state: ShareState::Standalone,
                 rate: Some(10_000),
                 burst: Some(2_000),
                 counters: RuleCounters {

@@ -241,11 +241,12 @@ pub fn render(s: &Snapshot) -> String {
         "Fleet share state of the rule: 1 for the current state.",
     );
     for r in &s.stats.rules {
-        for state in ShareState::ALL.map(ShareState::as_str) {
+        for state in ShareState::ALL {
             let _ = writeln!(
                 out,
-                "limiter_rule_share_state{{rule=\"{}\",state=\"{state}\"}} {}",
+                "limiter_rule_share_state{{rule=\"{}\",state=\"{}\"}} {}",
                 label(&r.name),
+                state.as_str(),
                 u8::from(r.state == state)
             );
         }
@@ -318,7 +319,7 @@ pub fn render(s: &Snapshot) -> String {
         (
             "limiter_source_insert_failed_packets_total",
             "Frames a per-source limit could not meter (the sketch not set up yet).",
-            g.counters.insert_failures,
+            g.counters.sketch_unseeded,
         ),
         (
             "limiter_new_source_packets_total",
@@ -666,9 +667,9 @@ mod tests {
             stats: StatsReport {
                 rules: vec![RuleStats {
                     name: "we\"b".into(),
-                    mode: "enforce",
+                    mode: crate::config::Mode::Enforce,
                     enforce_percent: crate::config::Percent::ALL,
-                    state: "standalone",
+                    state: ShareState::Standalone,
                     rate: Some(10),
                     burst: Some(5),
                     counters: RuleCounters {
@@ -699,7 +700,7 @@ mod tests {
                         malformed: 1,
                         non_ip: 2,
                         unmatched: 3,
-                        insert_failures: 4,
+                        sketch_unseeded: 4,
                         contended: 5,
                     },
                     headers: HeaderCounters {

@@ -31,14 +31,6 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// The unit a rule meters, by its map value (None: a value no unit has).
-pub fn unit_name(abi: u32) -> Option<&'static str> {
-    Unit::ALL
-        .iter()
-        .find(|u| u.abi() == abi)
-        .map(|u| u.as_str())
-}
-
 /// One reading of the maps pinned under `pin_dir`, taken at `at` (any fixed origin).
 ///
 /// The pins are opened afresh on every reading: after `detach` + `run` the daemon pins
@@ -53,7 +45,7 @@ pub fn read(pin_dir: &Path, at: Duration) -> Result<Sample, Error> {
         .values()
         .filter_map(|rule| {
             let name = String::from_utf8_lossy(rule.name_bytes()).into_owned();
-            unit_name(rule.unit).map(|unit| (name, unit))
+            Unit::from_abi(rule.unit).map(|unit| (name, unit))
         })
         .collect();
     Ok(Sample { at, report, units })
@@ -77,10 +69,10 @@ mod tests {
     }
 
     #[test]
-    fn every_unit_has_its_config_spelling() {
+    fn every_unit_is_read_back_from_its_map_value() {
         for unit in Unit::ALL {
-            assert_eq!(unit_name(unit.abi()), Some(unit.as_str()));
+            assert_eq!(Unit::from_abi(unit.abi()), Some(*unit));
         }
-        assert_eq!(unit_name(u32::MAX), None);
+        assert_eq!(Unit::from_abi(u32::MAX), None);
     }
 }

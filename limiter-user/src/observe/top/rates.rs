@@ -9,7 +9,10 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use crate::observe::stats::{GlobalStats, RuleStats, StatsReport};
+use crate::{
+    config::Unit,
+    observe::stats::{GlobalStats, RuleStats, StatsReport},
+};
 
 /// An interval shorter than this gives no rate (a refresh forced by a key, a clock
 /// that did not move): the quotient would be noise.
@@ -22,7 +25,7 @@ pub struct Sample {
     pub at: Duration,
     pub report: StatsReport,
     /// Each rule's unit (`packets`, `bytes`, `syn`) by rule name, where known.
-    pub units: BTreeMap<String, &'static str>,
+    pub units: BTreeMap<String, Unit>,
 }
 
 /// A counter's rate over one interval.
@@ -116,7 +119,7 @@ pub enum Baseline {
 pub struct RuleRates {
     /// The current reading: name, mode, share state, rate in force, totals.
     pub stats: RuleStats,
-    pub unit: Option<&'static str>,
+    pub unit: Option<Unit>,
     /// None on the first reading, or over an interval too short to measure.
     pub per_second: Option<Traffic<f64>>,
     pub baseline: Baseline,
@@ -293,9 +296,9 @@ mod tests {
     fn rule(name: &str, passed: u64, dropped: u64) -> RuleStats {
         RuleStats {
             name: name.to_string(),
-            mode: "enforce",
+            mode: crate::config::Mode::Enforce,
             enforce_percent: crate::config::Percent::ALL,
-            state: "standalone",
+            state: limiter_common::share::ShareState::Standalone,
             rate: Some(1000),
             burst: Some(100),
             counters: RuleCounters {
@@ -333,7 +336,10 @@ mod tests {
     }
 
     fn sample(at: Duration, rules: Vec<RuleStats>, global: GlobalStats) -> Sample {
-        let units = rules.iter().map(|r| (r.name.clone(), "packets")).collect();
+        let units = rules
+            .iter()
+            .map(|r| (r.name.clone(), Unit::Packets))
+            .collect();
         Sample {
             at,
             report: StatsReport {
@@ -404,7 +410,7 @@ mod tests {
         assert_eq!(web.passed_bytes, 200_000.0 / 2.0);
         assert_eq!(web.dropped_packets, 6_000.0 / 2.0);
         assert_eq!(rates.rules[0].baseline, Baseline::Interval);
-        assert_eq!(rates.rules[0].unit, Some("packets"));
+        assert_eq!(rates.rules[0].unit, Some(Unit::Packets));
         assert_eq!(rates.rules[1].per_second.unwrap(), Traffic::default());
         let by_name = |n: &str| rates.global.iter().find(|g| g.name == n).unwrap();
         assert_eq!(by_name("malformed").per_second.unwrap().per_second, 3.0);

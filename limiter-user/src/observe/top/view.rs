@@ -12,7 +12,10 @@ use ratatui::{
 };
 
 use super::rates::{compact, Baseline, Rates, RuleRates, Traffic};
-use crate::{config::Percent, observe::stats::mode_text};
+use crate::{
+    config::{Percent, Unit},
+    observe::stats::mode_text,
+};
 
 /// What the table shows; `t` switches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,11 +71,11 @@ const TOTAL_HEADERS: [&str; 6] = [
 /// Global counters per line of the bottom block.
 const GLOBALS_PER_LINE: usize = 3;
 
-fn unit_suffix(unit: Option<&str>) -> &'static str {
+fn unit_suffix(unit: Option<Unit>) -> &'static str {
     match unit {
-        Some("bytes") => "B/s",
-        Some("syn") => "syn/s",
-        Some(_) => "pkt/s",
+        Some(Unit::Bytes) => "B/s",
+        Some(Unit::Syn) => "syn/s",
+        Some(Unit::Packets) => "pkt/s",
         None => "/s",
     }
 }
@@ -177,7 +180,7 @@ fn rule_table<'a>(screen: &Screen) -> Table<'a> {
             [
                 Cell::from(marked_name(rule, screen.mode)),
                 Cell::from(mode_text(&rule.stats)),
-                Cell::from(rule.stats.state),
+                Cell::from(rule.stats.state.as_str()),
                 right(rate_in_force(rule)),
             ]
             .into_iter()
@@ -352,9 +355,13 @@ mod tests {
     fn rule(name: &str, unit_bytes: bool, passed: u64, dropped: u64, would: u64) -> RuleStats {
         RuleStats {
             name: name.to_string(),
-            mode: if would > 0 { "shadow" } else { "enforce" },
+            mode: if would > 0 {
+                crate::config::Mode::Shadow
+            } else {
+                crate::config::Mode::Enforce
+            },
             enforce_percent: crate::config::Percent(if would > 0 { 0 } else { 100_000 }),
-            state: "leased",
+            state: limiter_common::share::ShareState::Leased,
             rate: Some(if unit_bytes { 125_000_000 } else { 1_000 }),
             burst: Some(100),
             counters: RuleCounters {
@@ -401,13 +408,13 @@ mod tests {
     }
 
     fn sample(at_s: u64, rules: Vec<RuleStats>, unmatched: u64) -> Sample {
-        let units: BTreeMap<String, &'static str> = rules
+        let units: BTreeMap<String, Unit> = rules
             .iter()
             .map(|r| {
                 let unit = if r.rate == Some(125_000_000) {
-                    "bytes"
+                    Unit::Bytes
                 } else {
-                    "packets"
+                    Unit::Packets
                 };
                 (r.name.clone(), unit)
             })

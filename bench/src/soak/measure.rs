@@ -1,0 +1,199 @@
+//! What the rehearsal samples: every second, each rule's state and admitted units on
+//! every LB (from the pins) and the leading replica's granted sums (its metrics); every
+//! 10 s, the leak sample: RSS and open descriptors of every daemon, replica and etcd
+//! (/proc), the BPF programs, maps and links the daemons hold (bpftool, by their pids),
+//! the pins, and etcd's keys.
+
+use std::{
+    collections::BTreeMap,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
+    process::Command,
+    time::Duration,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use super::daemons::RuleReading;
+
+/// One second of the fleet.
+#[derive(Clone, Debug, Default)]
+pub struct Second {
+    pub t: f64,
+    /// Per LB (index 0 = lb-1): rule → reading; empty when it could not be read.
+    pub hosts: Vec<BTreeMap<String, RuleReading>>,
+    /// The leading replica's granted sum per rule, when one leads and answers.
+    pub granted: BTreeMap<String, u64>,
+    pub leader: Option<String>,
+}
+
+impl Second {
+    /// Whether any LB's share of `rule` was failing open.
+    pub fn fail_open(&self, rule: &str) -> bool {
+        self.hosts
+            .iter()
+            .any(|h| h.get(rule).is_some_and(|r| r.state == "fail_open"))
+    }
+
+    /// The LB's units admitted so far by `rule`.
+    pub fn admitted(&self, lb: usize, rule: &str) -> Option<u64> {
+        self.hosts.get(lb)?.get(rule).map(|r| r.admitted)
+    }
+}
+
+/// `limiter_allocator_leader` and each rule's `limiter_allocator_granted_*` from a
+/// replica's metrics page.
+pub fn parse_allocator_metrics(text: &str) -> (bool, BTreeMap<String, u64>) {
+    let mut leader = false;
+    let mut granted = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        if name == "limiter_allocator_leader" {
+            leader = value == 1.0;
+        } else if name.starts_with("limiter_allocator_granted_") {
+            if let Some(rule) = name
+                .split_once("rule=\"")
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(rule, _)| rule.to_string())
+            {
+                granted.insert(rule, value as u64);
+            }
+        }
+    }
+    (leader, granted)
+}
+
+/// A process's resident memory (KiB) and open descriptors, from /proc.
+pub fn proc_usage(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    Some((rss, fds))
+}
+
+/// One leak sample.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeakSample {
+    pub t: f64,
+    /// (name, pid, RSS KiB, fds) of each daemon, replica and etcd that runs.
+    pub processes: Vec<(String, u32, u64, u64)>,
+    /// BPF programs, maps and links held by the daemons' processes.
+    pub progs: u64,
+    pub maps: u64,
+    pub links: u64,
+    /// Pin files under the run's pin directories.
+    pub pins: u64,
+    /// Keys in etcd (every prefix).
+    pub etcd_keys: Option<u64>,
+}
+
+/// How many of bpftool's `KIND list -j` entries name one of `pids` as a holder.
+pub fn bpf_held(kind: &str, pids: &[u32]) -> Result<u64> {
+    let out = Command::new("bpftool")
+        .args([kind, "list", "-j"])
+        .output()
+        .context("running bpftool (`cargo xtask setup` installs it)")?;
+    if !out.status.success() {
+        bail!("bpftool {kind} list: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    count_held(&String::from_utf8_lossy(&out.stdout), pids)
+}
+
+/// The entries of bpftool's JSON list whose `pids` include one of `pids`.
+pub fn count_held(json: &str, pids: &[u32]) -> Result<u64> {
+    let v: serde_json::Value = serde_json::from_str(json).context("bpftool's JSON")?;
+    let items = v.as_array().context("bpftool's JSON is not a list")?;
+    Ok(items
+        .iter()
+        .filter(|i| {
+            i.get("pids").and_then(|p| p.as_array()).is_some_and(|p| {
+                p.iter().any(|h| {
+                    h.get("pid")
+                        .and_then(|x| x.as_u64())
+                        .is_some_and(|x| pids.contains(&(x as u32)))
+                })
+            })
+        })
+        .count() as u64)
+}
+
+/// etcd's key count, through its JSON gateway at `addr` (from the calling thread's
+/// namespace).
+pub fn etcd_keys(addr: SocketAddr) -> Result<u64> {
+    // Every key: from "\0" to "\0" (base64 AA==) is the whole keyspace.
+    let body = r#"{"key":"AA==","range_end":"AA==","count_only":true}"#;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        s,
+        "POST /v3/kv/range HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    parse_etcd_count(&text)
+}
+
+/// The `count` of etcd's range reply (absent: 0, as the gateway omits zero fields).
+pub fn parse_etcd_count(reply: &str) -> Result<u64> {
+    let body = reply.split_once("\r\n\r\n").map_or(reply, |(_, b)| b);
+    let v: serde_json::Value = serde_json::from_str(body.trim()).context("etcd's range reply")?;
+    if v.get("header").is_none() {
+        bail!("etcd's range reply has no header: {body}");
+    }
+    Ok(match v.get("count") {
+        Some(serde_json::Value::String(s)) => s.parse().context("etcd's count")?,
+        Some(n) => n.as_u64().context("etcd's count")?,
+        None => 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+    use super::*;
+
+    #[test]
+    fn allocator_metrics_parsed() {
+        let text = "# HELP x\nlimiter_allocator_leader 1\nlimiter_allocator_term 7\n\
+                    limiter_allocator_granted_syn_per_second{rule=\"web\"} 600\n\
+                    limiter_allocator_granted_packets_per_second{rule=\"vip-udp\"} 299.5\n";
+        let (leader, granted) = parse_allocator_metrics(text);
+        assert!(leader);
+        assert_eq!(granted["web"], 600);
+        assert_eq!(granted["vip-udp"], 299);
+        assert!(!parse_allocator_metrics("limiter_allocator_leader 0\n").0);
+    }
+
+    #[test]
+    fn bpf_objects_counted_by_holder() {
+        let json = r#"[{"id":1,"pids":[{"pid":10,"comm":"limiter"}]},{"id":2},
+                       {"id":3,"pids":[{"pid":11,"comm":"x"}]}]"#;
+        assert_eq!(count_held(json, &[10]).unwrap(), 1);
+        assert_eq!(count_held(json, &[10, 11]).unwrap(), 2);
+        assert_eq!(count_held(json, &[]).unwrap(), 0);
+    }
+
+    #[test]
+    fn etcd_count_parsed() {
+        let reply = "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n\
+                     {\"header\":{\"revision\":\"5\"},\"count\":\"4\"}";
+        assert_eq!(parse_etcd_count(reply).unwrap(), 4);
+        assert_eq!(parse_etcd_count("{\"header\":{}}").unwrap(), 0);
+        assert!(parse_etcd_count("{}").is_err());
+    }
+
+    #[test]
+    fn our_own_usage_is_readable() {
+        let (rss, fds) = proc_usage(std::process::id()).unwrap();
+        assert!(rss > 0 && fds > 0);
+    }
+}

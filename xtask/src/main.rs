@@ -170,7 +170,12 @@ fn main() -> Result<()> {
             let release = workspace_root()?.join("target/release");
             run_cmd(
                 Command::new(release.join("limiter-soak"))
-                    .args(["--minutes", &minutes.to_string(), "--seed", &seed.to_string()])
+                    .args([
+                        "--minutes",
+                        &minutes.to_string(),
+                        "--seed",
+                        &seed.to_string(),
+                    ])
                     .arg("--out")
                     .arg(out),
             )

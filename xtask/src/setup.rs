@@ -77,8 +77,11 @@ fn soak_packages() -> Result<()> {
             policy.display()
         );
     }
-    std::fs::write(policy, "#!/bin/sh\n# cargo xtask setup: no service starts while it installs\nexit 101\n")
-        .with_context(|| format!("writing {}", policy.display()))?;
+    std::fs::write(
+        policy,
+        "#!/bin/sh\n# cargo xtask setup: no service starts while it installs\nexit 101\n",
+    )
+    .with_context(|| format!("writing {}", policy.display()))?;
     std::fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let installed = install_apt(SOAK_APT_PACKAGES);
     let removed = std::fs::remove_file(policy);
@@ -86,9 +89,12 @@ fn soak_packages() -> Result<()> {
     removed.with_context(|| format!("removing {}", policy.display()))?;
     for unit in ["nginx", "haproxy"] {
         // Not fatal: on a machine without systemd there is nothing to enable.
-        let _ = Command::new("systemctl").args(["disable", "--quiet", unit]).output();
+        let _ = Command::new("systemctl")
+            .args(["disable", "--quiet", unit])
+            .output();
     }
-    let listening = output_ok(Command::new("ss").args(["-Hltn", "sport = :80"])).unwrap_or_default();
+    let listening =
+        output_ok(Command::new("ss").args(["-Hltn", "sport = :80"])).unwrap_or_default();
     if !listening.trim().is_empty() {
         bail!("after installing nginx and haproxy something listens on :80: {listening}");
     }

@@ -40,7 +40,10 @@ fn options() -> Result<Options> {
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{arg} needs a value; {USAGE}"));
+        let mut value = || {
+            args.next()
+                .with_context(|| format!("{arg} needs a value; {USAGE}"))
+        };
         let number = |text: String| -> Result<u64> {
             text.parse()
                 .with_context(|| format!("{arg} {text:?}: not a whole number; {USAGE}"))
@@ -72,9 +75,15 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         let logs = self.keep_logs_in.join("logs");
         if std::fs::create_dir_all(&logs).is_ok() {
-            for entry in std::fs::read_dir(&self.path).into_iter().flatten().flatten() {
+            for entry in std::fs::read_dir(&self.path)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let p = entry.path();
-                if p.extension().is_some_and(|e| e == "log" || e == "toml" || e == "cfg") {
+                if p.extension()
+                    .is_some_and(|e| e == "log" || e == "toml" || e == "cfg")
+                {
                     let _ = std::fs::copy(&p, logs.join(entry.file_name()));
                 }
             }
@@ -136,6 +145,7 @@ fn run(o: Options) -> Result<bool> {
         bail!("stopped (SIGINT/SIGTERM) during the baseline");
     }
     data.baseline = (from, rig.t());
+    rig.cut();
     println!("soak: baseline done at t={:.0}", rig.t());
     rig.start_limiters()?;
     println!("soak: limiters attached at t={:.0}", rig.t());
@@ -151,6 +161,7 @@ fn run(o: Options) -> Result<bool> {
     'minutes: for (m, (fault, fault_lb)) in schedule.iter().enumerate() {
         let start = Instant::now();
         let from = rig.t();
+        rig.cut();
         let target = 1 + rng.below(rig.topo.lbs);
         data.targets.push(target);
         let (mut launched, mut faulted) = (false, false);
@@ -161,14 +172,21 @@ fn run(o: Options) -> Result<bool> {
                 break 'minutes;
             }
             if !launched && start.elapsed() >= c.attack_start {
-                rig.attacks.launch(&rig.topo.ns("at"), target, &c, c.attack_length, rig.epoch)?;
+                rig.attacks
+                    .launch(&rig.topo.ns("at"), target, &c, c.attack_length, rig.epoch)?;
                 launched = true;
             }
             if !faulted && start.elapsed() >= c.fault_at {
                 rig.begin(*fault, *fault_lb)
                     .with_context(|| format!("minute {}: fault {}", m + 1, fault.name()))?;
                 if let Some(f) = rig.faults.last() {
-                    println!("soak: t={:.1} fault {} on {}: {}", f.from, f.fault.name(), f.target, f.note);
+                    println!(
+                        "soak: t={:.1} fault {} on {}: {}",
+                        f.from,
+                        f.fault.name(),
+                        f.target,
+                        f.note
+                    );
                 }
                 faulted = true;
             }
@@ -186,8 +204,13 @@ fn run(o: Options) -> Result<bool> {
         }
         data.minutes.push((from, rig.t()));
         data.lb_counters.push(rig.lb_counters());
-        println!("soak: minute {} done at t={:.0} (attacks on lb-{target})", m + 1, rig.t());
+        println!(
+            "soak: minute {} done at t={:.0} (attacks on lb-{target})",
+            m + 1,
+            rig.t()
+        );
     }
+    rig.cut();
     rig.attacks.reap(rig.epoch, true);
     rig.heal(true)?;
     data.leaks.push(rig.leak_sample());
@@ -209,7 +232,11 @@ fn run(o: Options) -> Result<bool> {
         .iter()
         .filter(|ns| std::path::Path::new(&format!("/run/netns/{ns}")).exists())
         .cloned()
-        .chain(pins.iter().filter(|p| p.exists()).map(|p| p.display().to_string()))
+        .chain(
+            pins.iter()
+                .filter(|p| p.exists())
+                .map(|p| p.display().to_string()),
+        )
         .collect();
     if left.is_empty() {
         println!("soak: cleaned up (processes ended, namespaces, links and pins removed)");
@@ -217,7 +244,10 @@ fn run(o: Options) -> Result<bool> {
         println!("soak: left behind: {}", left.join(" "));
     }
     if STOP.load(Ordering::Relaxed) {
-        bail!("stopped (SIGINT/SIGTERM) after {} minutes", data.minutes.len());
+        bail!(
+            "stopped (SIGINT/SIGTERM) after {} minutes",
+            data.minutes.len()
+        );
     }
     let goals = report::goals(&data);
     report::write(&data, &goals, &out)?;

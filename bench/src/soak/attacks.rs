@@ -38,6 +38,16 @@ pub fn confine(ns: &str) -> Result<()> {
     )
 }
 
+/// `program` in the attackers' namespace at the lowest CPU priority (nice 19): on this
+/// machine the attackers share the LBs' two cores, where in the field they run on
+/// machines of their own; niced, they cost the LBs and clients the least CPU they can
+/// while still offering many times every quota.
+fn attacker(ns: &str, program: &str) -> std::process::Command {
+    let mut cmd = in_ns(ns, "nice");
+    cmd.args(["-n", "19", program]);
+    cmd
+}
+
 /// The kinds of attack, as the report names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Attack {
@@ -89,27 +99,42 @@ impl Attack {
     }
 
     /// The command that runs it against LB `lb` for `length`.
-    fn command(self, ns: &str, lb: usize, c: &SoakConfig, length: Duration) -> std::process::Command {
+    fn command(
+        self,
+        ns: &str,
+        lb: usize,
+        c: &SoakConfig,
+        length: Duration,
+    ) -> std::process::Command {
         let count = |pps: u32| (u64::from(pps) * length.as_secs()).max(1).to_string();
         let target = vip(lb).to_string();
         match self {
             Attack::SynFlood => {
-                let mut cmd = in_ns(ns, "hping3");
+                let mut cmd = attacker(ns, "hping3");
                 cmd.args(["-q", "-S", "-p", "443", "--rand-source", "-i"])
                     .arg(Attack::interval(c.syn_flood_pps))
                     .args(["-c", &count(c.syn_flood_pps), &target]);
                 cmd
             }
             Attack::UdpFlood => {
-                let mut cmd = in_ns(ns, "hping3");
-                cmd.args(["-q", "--udp", "-p", "9999", "-d", "64", "--rand-source", "-i"])
-                    .arg(Attack::interval(c.udp_flood_pps))
-                    .args(["-c", &count(c.udp_flood_pps), &target]);
+                let mut cmd = attacker(ns, "hping3");
+                cmd.args([
+                    "-q",
+                    "--udp",
+                    "-p",
+                    "9999",
+                    "-d",
+                    "64",
+                    "--rand-source",
+                    "-i",
+                ])
+                .arg(Attack::interval(c.udp_flood_pps))
+                .args(["-c", &count(c.udp_flood_pps), &target]);
                 cmd
             }
             Attack::FragFlood => {
                 // 96 bytes of data in 16-byte fragments: 7 frames a datagram.
-                let mut cmd = in_ns(ns, "hping3");
+                let mut cmd = attacker(ns, "hping3");
                 cmd.args(["-q", "--udp", "-p", "53", "-d", "96", "-f", "-m", "16"])
                     .args(["--rand-source", "-i"])
                     .arg(Attack::interval(c.frag_flood_pps))
@@ -117,7 +142,7 @@ impl Attack {
                 cmd
             }
             Attack::Abuser => {
-                let mut cmd = in_ns(ns, "wrk");
+                let mut cmd = attacker(ns, "wrk");
                 cmd.args(["-t1", &format!("-c{}", c.abuser_connections)])
                     .arg(format!("-d{}s", length.as_secs().max(1)))
                     .args(["--timeout", "2s", "-H", "Connection: close"])

@@ -1,14 +1,13 @@
 //! What the rehearsal samples: every second, each rule's state and admitted units on
 //! every LB (from the pins) and the leading replica's granted sums (its metrics); every
 //! 10 s, the leak sample: RSS and open descriptors of every daemon, replica and etcd
-//! (/proc), the BPF programs, maps and links the daemons hold (bpftool, by their pids),
+//! (/proc), the BPF programs, maps and links the daemons hold (their descriptors),
 //! the pins, and etcd's keys.
 
 use std::{
     collections::BTreeMap,
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
-    process::Command,
     time::Duration,
 };
 
@@ -95,34 +94,47 @@ pub struct LeakSample {
     pub etcd_keys: Option<u64>,
 }
 
-/// How many of bpftool's `KIND list -j` entries name one of `pids` as a holder.
-pub fn bpf_held(kind: &str, pids: &[u32]) -> Result<u64> {
-    let out = Command::new("bpftool")
-        .args([kind, "list", "-j"])
-        .output()
-        .context("running bpftool (`cargo xtask setup` installs it)")?;
-    if !out.status.success() {
-        bail!("bpftool {kind} list: {}", String::from_utf8_lossy(&out.stderr).trim());
+/// The distinct BPF programs, maps and links `pids` hold open, by the ids their
+/// descriptors' fdinfo names (`prog_id:`, `map_id:`, `link_id:`): what the daemons hold,
+/// not what other processes on the machine load.
+pub fn bpf_held(pids: &[u32]) -> (u64, u64, u64) {
+    let mut ids: [std::collections::BTreeSet<u64>; 3] = Default::default();
+    for pid in pids {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(text) = std::fs::read_to_string(fd.path()) else {
+                continue;
+            };
+            if let Some((kind, id)) = bpf_object(&text) {
+                ids[kind].insert(id);
+            }
+        }
     }
-    count_held(&String::from_utf8_lossy(&out.stdout), pids)
+    (
+        ids[0].len() as u64,
+        ids[1].len() as u64,
+        ids[2].len() as u64,
+    )
 }
 
-/// The entries of bpftool's JSON list whose `pids` include one of `pids`.
-pub fn count_held(json: &str, pids: &[u32]) -> Result<u64> {
-    let v: serde_json::Value = serde_json::from_str(json).context("bpftool's JSON")?;
-    let items = v.as_array().context("bpftool's JSON is not a list")?;
-    Ok(items
-        .iter()
-        .filter(|i| {
-            i.get("pids").and_then(|p| p.as_array()).is_some_and(|p| {
-                p.iter().any(|h| {
-                    h.get("pid")
-                        .and_then(|x| x.as_u64())
-                        .is_some_and(|x| pids.contains(&(x as u32)))
-                })
-            })
-        })
-        .count() as u64)
+/// From a descriptor's fdinfo: (0 program, 1 map, 2 link; its id).
+pub fn bpf_object(fdinfo: &str) -> Option<(usize, u64)> {
+    let field = |name: &str| {
+        fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    // A link's fdinfo names its program too: the link first.
+    if let Some(id) = field("link_id:") {
+        return Some((2, id));
+    }
+    if let Some(id) = field("map_id:") {
+        return Some((1, id));
+    }
+    field("prog_id:").map(|id| (0, id))
 }
 
 /// etcd's key count, through its JSON gateway at `addr` (from the calling thread's
@@ -174,12 +186,16 @@ mod tests {
     }
 
     #[test]
-    fn bpf_objects_counted_by_holder() {
-        let json = r#"[{"id":1,"pids":[{"pid":10,"comm":"limiter"}]},{"id":2},
-                       {"id":3,"pids":[{"pid":11,"comm":"x"}]}]"#;
-        assert_eq!(count_held(json, &[10]).unwrap(), 1);
-        assert_eq!(count_held(json, &[10, 11]).unwrap(), 2);
-        assert_eq!(count_held(json, &[]).unwrap(), 0);
+    fn bpf_objects_from_fdinfo() {
+        let prog = "pos:\t0\nflags:\t02000002\nprog_type:\t6\nprog_tag:\tabc\nprog_id:\t41\n";
+        let map = "pos:\t0\nmap_type:\t2\nmax_entries:\t1\nmap_id:\t7\n";
+        let link = "pos:\t0\nlink_type:\txdp\nlink_id:\t3\nprog_tag:\tabc\nprog_id:\t41\n";
+        assert_eq!(bpf_object(prog), Some((0, 41)));
+        assert_eq!(bpf_object(map), Some((1, 7)));
+        assert_eq!(bpf_object(link), Some((2, 3)));
+        assert_eq!(bpf_object("pos:\t0\nflags:\t0100002\n"), None);
+        // Our own descriptors: none of them BPF.
+        assert_eq!(bpf_held(&[std::process::id()]), (0, 0, 0));
     }
 
     #[test]

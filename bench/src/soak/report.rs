@@ -89,7 +89,9 @@ pub fn legit(data: &RunData, from: f64, to: f64) -> Legit {
     let wrk: Vec<&WrkSegment> = data
         .wrk
         .iter()
-        .filter(|s| s.from >= from - 1.0 && s.from < to - 1.0)
+        // Segments are cut at every phase and minute: those that began in the window
+        // (give or take the moment wrk takes to start again).
+        .filter(|s| s.from >= from - 0.5 && s.from < to - 0.5)
         .collect();
     let latencies: Vec<f64> = curl.iter().filter(|r| r.ok()).map(|r| r.seconds).collect();
     let (wa, wo) = wrk.iter().fold((0, 0), |(a, o), s| {
@@ -132,7 +134,8 @@ pub fn rule_minute(data: &RunData, rule: &RuleSpec, from: f64, to: f64) -> RuleM
     for pair in samples.windows(2) {
         let (a, b) = (pair[0], pair[1]);
         let dt = b.t - a.t;
-        let complete = (0..data.lbs).all(|lb| a.admitted(lb, rule.name).is_some() && b.admitted(lb, rule.name).is_some());
+        let complete = (0..data.lbs)
+            .all(|lb| a.admitted(lb, rule.name).is_some() && b.admitted(lb, rule.name).is_some());
         let open = a.fail_open(rule.name) || b.fail_open(rule.name);
         if open {
             m.fail_open_seconds += dt;
@@ -150,7 +153,13 @@ pub fn rule_minute(data: &RunData, rule: &RuleSpec, from: f64, to: f64) -> RuleM
                 .sum::<u64>();
         }
     }
-    m.bound = rule_bound(rule.rate, rule.burst, m.seconds, segments(&included), data.lbs);
+    m.bound = rule_bound(
+        rule.rate,
+        rule.burst,
+        m.seconds,
+        segments(&included),
+        data.lbs,
+    );
     m
 }
 
@@ -159,13 +168,19 @@ pub fn rule_minute(data: &RunData, rule: &RuleSpec, from: f64, to: f64) -> RuleM
 /// fault had doubled the limits).
 pub fn abuser_minute(data: &RunData, minute: usize) -> Option<(u64, f64)> {
     let (from, to) = *data.minutes.get(minute)?;
-    let (rate, burst) = data.rules.iter().find_map(|r| (r.name == Attack::Abuser.rule()).then_some(r.per_source?))?;
+    let (rate, burst) = data
+        .rules
+        .iter()
+        .find_map(|r| (r.name == Attack::Abuser.rule()).then_some(r.per_source?))?;
     let runs: Vec<&(Attack, usize, f64, f64)> = data
         .attacks
         .iter()
         .filter(|(a, _, f, t)| *a == Attack::Abuser && *f < to && *t > from)
         .collect();
-    let secs: f64 = runs.iter().map(|(_, _, f, t)| t.min(to) - f.max(from)).sum();
+    let secs: f64 = runs
+        .iter()
+        .map(|(_, _, f, t)| t.min(to) - f.max(from))
+        .sum();
     let lbs = runs.len().max(1) as f64;
     let doubled = data
         .faults
@@ -173,12 +188,18 @@ pub fn abuser_minute(data: &RunData, minute: usize) -> Option<(u64, f64)> {
         .any(|f| f.fault == Fault::Reload && f.from < to && f.to.unwrap_or(f64::MAX) > from);
     let scale = if doubled { 2.0 } else { 1.0 };
     let got = through(data, minute, Attack::Abuser);
-    Some((got, scale * (rate as f64 * secs.max(0.0) + burst as f64 * lbs)))
+    Some((
+        got,
+        scale * (rate as f64 * secs.max(0.0) + burst as f64 * lbs),
+    ))
 }
 
 /// What attack `a` got through to the LBs' stacks in minute `minute` (all LBs).
 pub fn through(data: &RunData, minute: usize, a: Attack) -> u64 {
-    let (Some(before), Some(after)) = (data.lb_counters.get(minute), data.lb_counters.get(minute + 1)) else {
+    let (Some(before), Some(after)) = (
+        data.lb_counters.get(minute),
+        data.lb_counters.get(minute + 1),
+    ) else {
         return 0;
     };
     before
@@ -200,7 +221,9 @@ fn process_series(leaks: &[LeakSample]) -> Series3 {
     let mut out: Series3 = BTreeMap::new();
     for s in leaks {
         for (name, pid, rss, fds) in &s.processes {
-            out.entry((name.clone(), *pid)).or_default().push((s.t, *rss, *fds));
+            out.entry((name.clone(), *pid))
+                .or_default()
+                .push((s.t, *rss, *fds));
         }
     }
     out
@@ -305,7 +328,10 @@ pub fn goals(data: &RunData) -> Vec<Goal> {
         if let Some((got, bound)) = abuser_minute(data, i) {
             checked += 1;
             if got as f64 > bound * 1.02 {
-                over.push(format!("minute {} abuser: {got} SYNs > {bound:.0} × 1.02", i + 1));
+                over.push(format!(
+                    "minute {} abuser: {got} SYNs > {bound:.0} × 1.02",
+                    i + 1
+                ));
             }
         }
     }
@@ -427,7 +453,8 @@ pub fn write(data: &RunData, goals: &[Goal], out: &Path) -> Result<()> {
             r.unit,
             r.rate,
             r.burst,
-            r.per_source.map_or("–".into(), |(a, b)| format!("{a}/s, burst {b}"))
+            r.per_source
+                .map_or("–".into(), |(a, b)| format!("{a}/s, burst {b}"))
         );
     }
     let base = legit(data, data.baseline.0, data.baseline.1);
@@ -441,7 +468,9 @@ pub fn write(data: &RunData, goals: &[Goal], out: &Path) -> Result<()> {
         opt_ms(base.curl_p99),
         opt_ms(base.wrk_p99)
     );
-    let mut header = "| minute | target LB | fault | requests | ok % | p50 ms | p99 ms | keep-alive p99 ms |".to_string();
+    let mut header =
+        "| minute | target LB | fault | requests | ok % | p50 ms | p99 ms | keep-alive p99 ms |"
+            .to_string();
     let mut sep = "|---|---|---|---|---|---|---|---|".to_string();
     for r in &data.rules {
         let _ = write!(header, " {} admitted / bound (fail-open s) |", r.name);
@@ -474,7 +503,11 @@ pub fn write(data: &RunData, goals: &[Goal], out: &Path) -> Result<()> {
         );
         for r in &data.rules {
             let m = rule_minute(data, r, *from, *to);
-            let _ = write!(row, " {} / {:.0} ({:.0}) |", m.admitted, m.bound, m.fail_open_seconds);
+            let _ = write!(
+                row,
+                " {} / {:.0} ({:.0}) |",
+                m.admitted, m.bound, m.fail_open_seconds
+            );
         }
         for a in Attack::ALL {
             let got = through(data, i, a);
@@ -495,7 +528,10 @@ pub fn write(data: &RunData, goals: &[Goal], out: &Path) -> Result<()> {
          reached the LBs' stacks from the attack (nftables counters on each LB's ingress, after \
          the limiter); the abuser's bound is its per-source limit over the time it ran.\n"
     );
-    let _ = writeln!(md, "## Faults\n\n| fault | target | from s | to s | what |\n|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "## Faults\n\n| fault | target | from s | to s | what |\n|---|---|---|---|---|"
+    );
     for f in &data.faults {
         let _ = writeln!(
             md,
@@ -554,7 +590,9 @@ fn write_csvs(data: &RunData, out: &Path) -> Result<()> {
                     r.share,
                     r.admitted,
                     r.dropped,
-                    sec.granted.get(rule).map_or(String::new(), |g| g.to_string())
+                    sec.granted
+                        .get(rule)
+                        .map_or(String::new(), |g| g.to_string())
                 );
             }
         }
@@ -614,7 +652,9 @@ fn write_csvs(data: &RunData, out: &Path) -> Result<()> {
     Ok(())
 }
 
-const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+const COLORS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
+];
 
 fn plots(data: &RunData) -> Vec<(String, Chart)> {
     let marks: Vec<(f64, String)> = data
@@ -641,14 +681,26 @@ fn plots(data: &RunData) -> Vec<(String, Chart)> {
             match (b.fail_open(r.name), open_from) {
                 (true, None) => open_from = Some(a.t),
                 (false, Some(f)) => {
-                    bands.push(Band { from: f, to: b.t, color: "#ffdddd", label: "fail-open".into(), strip: false });
+                    bands.push(Band {
+                        from: f,
+                        to: b.t,
+                        color: "#ffdddd",
+                        label: "fail-open".into(),
+                        strip: false,
+                    });
                     open_from = None;
                 }
                 _ => {}
             }
         }
         if let (Some(f), Some(last)) = (open_from, data.seconds.last()) {
-            bands.push(Band { from: f, to: last.t, color: "#ffdddd", label: "fail-open".into(), strip: false });
+            bands.push(Band {
+                from: f,
+                to: last.t,
+                color: "#ffdddd",
+                label: "fail-open".into(),
+                strip: false,
+            });
         }
         out.push((
             format!("rule-{}.svg", r.name),
@@ -658,7 +710,11 @@ fn plots(data: &RunData) -> Vec<(String, Chart)> {
                 y_label: format!("{}/s", r.unit),
                 series: vec![Series::new("admitted", COLORS[0], points)],
                 bands,
-                hlines: vec![HLine { y: r.rate as f64, label: format!("quota {}", r.rate), color: "#d62728" }],
+                hlines: vec![HLine {
+                    y: r.rate as f64,
+                    label: format!("quota {}", r.rate),
+                    color: "#d62728",
+                }],
                 marks: marks.clone(),
                 ..Chart::default()
             },
@@ -667,7 +723,9 @@ fn plots(data: &RunData) -> Vec<(String, Chart)> {
     let mut p50 = Vec::new();
     let mut p99 = Vec::new();
     let mut wrk = Vec::new();
-    let windows: Vec<(f64, f64)> = std::iter::once(data.baseline).chain(data.minutes.iter().copied()).collect();
+    let windows: Vec<(f64, f64)> = std::iter::once(data.baseline)
+        .chain(data.minutes.iter().copied())
+        .collect();
     for (from, to) in windows {
         let l = legit(data, from, to);
         let x = (from + to) / 2.0;
@@ -729,13 +787,23 @@ mod tests {
     use crate::soak::{daemons::RuleReading, rules};
 
     fn second(t: f64, admitted: u64, state: &'static str, granted: u64) -> Second {
-        let reading = RuleReading { state, share: 100, admitted, dropped: 0 };
-        let host: BTreeMap<String, RuleReading> =
-            rules().iter().map(|r| (r.name.to_string(), reading.clone())).collect();
+        let reading = RuleReading {
+            state,
+            share: 100,
+            admitted,
+            dropped: 0,
+        };
+        let host: BTreeMap<String, RuleReading> = rules()
+            .iter()
+            .map(|r| (r.name.to_string(), reading.clone()))
+            .collect();
         Second {
             t,
             hosts: vec![host.clone(), host.clone(), host],
-            granted: rules().iter().map(|r| (r.name.to_string(), granted)).collect(),
+            granted: rules()
+                .iter()
+                .map(|r| (r.name.to_string(), granted))
+                .collect(),
             leader: Some("alloc-1".into()),
         }
     }
@@ -755,12 +823,20 @@ mod tests {
         let rule = &rules()[2];
         // Each LB admits rate/3 per second: the fleet exactly at its quota.
         let per = rule.rate / 3;
-        let d = data((0..=60).map(|t| second(t as f64, t * per, "leased", 300)).collect());
+        let d = data(
+            (0..=60)
+                .map(|t| second(t as f64, t * per, "leased", 300))
+                .collect(),
+        );
         let m = rule_minute(&d, rule, 0.0, 60.0);
         assert_eq!(m.admitted, 60 * 3 * per);
         assert!(m.held(), "{m:?}");
         // Twice the quota for a minute is far over any burst.
-        let d = data((0..=60).map(|t| second(t as f64, t * 2 * per, "leased", 300)).collect());
+        let d = data(
+            (0..=60)
+                .map(|t| second(t as f64, t * 2 * per, "leased", 300))
+                .collect(),
+        );
         assert!(!rule_minute(&d, rule, 0.0, 60.0).held());
     }
 
@@ -772,8 +848,19 @@ mod tests {
                 .map(|t| {
                     let open = (20..40).contains(&t);
                     // Ten times the quota while failing open, the quota otherwise.
-                    let admitted = if t < 20 { t * 100 } else if t < 40 { 2000 + (t - 20) * 1000 } else { 22_000 + (t - 40) * 100 };
-                    second(t as f64, admitted, if open { "fail_open" } else { "leased" }, 300)
+                    let admitted = if t < 20 {
+                        t * 100
+                    } else if t < 40 {
+                        2000 + (t - 20) * 1000
+                    } else {
+                        22_000 + (t - 40) * 100
+                    };
+                    second(
+                        t as f64,
+                        admitted,
+                        if open { "fail_open" } else { "leased" },
+                        300,
+                    )
                 })
                 .collect(),
         );
@@ -785,10 +872,19 @@ mod tests {
 
     #[test]
     fn over_grants_and_legit_failures_fail_their_goals() {
-        let mut d = data((0..=60).map(|t| second(t as f64, t * 10, "leased", 300)).collect());
+        let mut d = data(
+            (0..=60)
+                .map(|t| second(t as f64, t * 10, "leased", 300))
+                .collect(),
+        );
         d.seconds[5].granted.insert("web".into(), 601);
         d.curl = (0..1000)
-            .map(|i| CurlRecord { t: 1.0 + i as f64 * 0.05, lb: 1, code: if i < 5 { 0 } else { 200 }, seconds: 0.001 })
+            .map(|i| CurlRecord {
+                t: 1.0 + i as f64 * 0.05,
+                lb: 1,
+                code: if i < 5 { 0 } else { 200 },
+                seconds: 0.001,
+            })
             .collect();
         let g = goals(&d);
         let get = |n: &str| g.iter().find(|g| g.name == n).unwrap().clone();
@@ -817,12 +913,19 @@ mod tests {
             etcd_keys: Some(10),
         };
         let mut d = data(Vec::new());
-        d.leaks = vec![sample(40.0, 50_000), sample(50.0, 51_000), sample(60.0, 52_000)];
+        d.leaks = vec![
+            sample(40.0, 50_000),
+            sample(50.0, 51_000),
+            sample(60.0, 52_000),
+        ];
         assert!(leaks(&d).is_empty());
         d.leaks.push(sample(70.0, 120_000));
         assert_eq!(leaks(&d).len(), 1, "{:?}", leaks(&d));
         d.leaks.pop();
-        d.leaks.push(LeakSample { maps: 31, ..sample(70.0, 52_000) });
+        d.leaks.push(LeakSample {
+            maps: 31,
+            ..sample(70.0, 52_000)
+        });
         assert_eq!(leaks(&d), vec!["BPF maps: 30 → 31".to_string()]);
     }
 }

@@ -169,9 +169,15 @@ impl Rig {
             &self.c,
             &self.dir,
             self.epoch,
-            Duration::from_secs(60),
         )?);
         Ok(())
+    }
+
+    /// Ends the clients' wrk segments (a phase or minute begins).
+    pub fn cut(&self) {
+        if let Some(c) = &self.clients {
+            c.cut();
+        }
     }
 
     /// Starts every daemon (the limiter attaches to every LB's ingress).
@@ -364,12 +370,12 @@ impl Rig {
                 processes.push(("etcd".into(), pid, rss, fds));
             }
         }
-        let held = |kind: &str| measure::bpf_held(kind, &daemon_pids).unwrap_or(0);
+        let (progs, maps, links) = measure::bpf_held(&daemon_pids);
         LeakSample {
             t: self.t(),
-            progs: held("prog"),
-            maps: held("map"),
-            links: held("link"),
+            progs,
+            maps,
+            links,
             pins: self.daemons.iter().map(|d| d.pin_count() as u64).sum(),
             etcd_keys: measure::etcd_keys(self.allocators.etcd.clients[0]).ok(),
             processes,
@@ -407,7 +413,11 @@ impl Rig {
             lines.push(format!("{}: pid {}", n.name, n.pid().unwrap_or(0)));
         }
         if let Some(h) = &self.haproxy {
-            lines.push(format!("haproxy (lb-{}): pid {}", self.topo.lbs, h.pid().unwrap_or(0)));
+            lines.push(format!(
+                "haproxy (lb-{}): pid {}",
+                self.topo.lbs,
+                h.pid().unwrap_or(0)
+            ));
         }
         lines
     }

@@ -120,8 +120,18 @@ impl Nginx {
         )
         .with_context(|| format!("starting nginx {}", self.name))?;
         self.child = Some(child);
-        wait_listening(&self.ns, SocketAddr::from((self.addr, 80)), Duration::from_secs(10))
-            .with_context(|| format!("nginx {}: {}", self.name, tail(&self.prefix.join("error.log"))))
+        wait_listening(
+            &self.ns,
+            SocketAddr::from((self.addr, 80)),
+            Duration::from_secs(10),
+        )
+        .with_context(|| {
+            format!(
+                "nginx {}: {}",
+                self.name,
+                tail(&self.prefix.join("error.log"))
+            )
+        })
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -216,7 +226,13 @@ impl Drop for Haproxy {
 }
 
 /// The counters each LB keeps of what reached its stack (after the limiter), by kind.
-pub const COUNTERS: &[&str] = &["abuser_syn", "flood_syn", "flood_udp", "flood_frag", "legit_syn"];
+pub const COUNTERS: &[&str] = &[
+    "abuser_syn",
+    "flood_syn",
+    "flood_udp",
+    "flood_frag",
+    "legit_syn",
+];
 
 /// LB `n`'s nftables: the NAT load balancer (`nat` true) and the counters.
 pub fn nft_lb(ns: &str, n: usize, nat: bool) -> Result<()> {
@@ -272,7 +288,8 @@ pub fn nft(ns: &str, text: &str) -> Result<()> {
 
 /// The LB's counters: packets per name of [`COUNTERS`].
 pub fn read_counters(ns: &str) -> Result<Vec<(String, u64)>> {
-    let out = run(in_ns(ns, "nft").args(["-j", "list", "counters", "table", "netdev", "soak_seen"]))?;
+    let out =
+        run(in_ns(ns, "nft").args(["-j", "list", "counters", "table", "netdev", "soak_seen"]))?;
     parse_counters(&String::from_utf8_lossy(&out.stdout))
 }
 
@@ -286,7 +303,12 @@ pub fn parse_counters(json: &str) -> Result<Vec<(String, u64)>> {
     Ok(items
         .iter()
         .filter_map(|i| i.get("counter"))
-        .filter_map(|c| Some((c.get("name")?.as_str()?.to_string(), c.get("packets")?.as_u64()?)))
+        .filter_map(|c| {
+            Some((
+                c.get("name")?.as_str()?.to_string(),
+                c.get("packets")?.as_u64()?,
+            ))
+        })
         .collect())
 }
 

@@ -118,7 +118,15 @@ impl Topology {
     }
 
     /// A veth from `a` (named `a_name`, address `a_addr`) to `b`.
-    fn link(&self, a: &str, a_name: &str, a_addr: &str, b: &str, b_name: &str, b_addr: &str) -> Result<()> {
+    fn link(
+        &self,
+        a: &str,
+        a_name: &str,
+        a_addr: &str,
+        b: &str,
+        b_name: &str,
+        b_addr: &str,
+    ) -> Result<()> {
         ip(&[
             "-n", a, "link", "add", a_name, "type", "veth", "peer", "name", b_name, "netns", b,
         ])?;
@@ -138,31 +146,125 @@ impl Topology {
         self.link(&net, "cl", "198.18.40.1/24", &cl, "wan", "198.18.40.2/24")?;
         self.link(&net, "at", "198.18.41.1/24", &at, "wan", "198.18.41.2/24")?;
         ip(&["-n", &cl, "route", "add", "default", "via", "198.18.40.1"])?;
-        ip(&["-n", &cl, "route", "add", "local", CLIENT_SOURCES, "dev", "lo"])?;
+        ip(&[
+            "-n",
+            &cl,
+            "route",
+            "add",
+            "local",
+            CLIENT_SOURCES,
+            "dev",
+            "lo",
+        ])?;
         ip(&["-n", &at, "route", "add", "default", "via", "198.18.41.1"])?;
-        ip(&["-n", &net, "route", "add", CLIENT_SOURCES, "via", "198.18.40.2"])?;
+        ip(&[
+            "-n",
+            &net,
+            "route",
+            "add",
+            CLIENT_SOURCES,
+            "via",
+            "198.18.40.2",
+        ])?;
         ip(&["-n", &net, "route", "add", "blackhole", SPOOF_RANGE])?;
-        ip(&["-n", &ctl, "addr", "add", &format!("{ALLOCATOR_ADDR}/32"), "dev", "lo"])?;
+        ip(&[
+            "-n",
+            &ctl,
+            "addr",
+            "add",
+            &format!("{ALLOCATOR_ADDR}/32"),
+            "dev",
+            "lo",
+        ])?;
         for n in 1..=self.lbs {
             let (lb, be) = (self.lb(n), self.be(n));
             self.add_ns(&lb)?;
             self.add_ns(&be)?;
             sysctl(&lb, "net.ipv4.ip_forward=1")?;
             let i = 20 + n;
-            self.link(&net, &format!("lb{n}"), &format!("198.18.{i}.1/24"), &lb, "ingress", &format!("198.18.{i}.2/24"))?;
-            ip(&["-n", &net, "route", "add", &format!("{}/32", vip(n)), "via", &format!("198.18.{i}.2")])?;
-            ip(&["-n", &lb, "addr", "add", &format!("{}/32", vip(n)), "dev", "lo"])?;
+            self.link(
+                &net,
+                &format!("lb{n}"),
+                &format!("198.18.{i}.1/24"),
+                &lb,
+                "ingress",
+                &format!("198.18.{i}.2/24"),
+            )?;
+            ip(&[
+                "-n",
+                &net,
+                "route",
+                "add",
+                &format!("{}/32", vip(n)),
+                "via",
+                &format!("198.18.{i}.2"),
+            ])?;
+            ip(&[
+                "-n",
+                &lb,
+                "addr",
+                "add",
+                &format!("{}/32", vip(n)),
+                "dev",
+                "lo",
+            ])?;
             for to in [CLIENT_SOURCES, "198.18.40.0/24", "198.18.41.0/24"] {
-                ip(&["-n", &lb, "route", "add", to, "via", &format!("198.18.{i}.1")])?;
+                ip(&[
+                    "-n",
+                    &lb,
+                    "route",
+                    "add",
+                    to,
+                    "via",
+                    &format!("198.18.{i}.1"),
+                ])?;
             }
             ip(&["-n", &lb, "route", "add", "blackhole", SPOOF_RANGE])?;
             let b = 30 + n;
-            self.link(&lb, "backend", &format!("198.18.{b}.1/24"), &be, "front", &format!("{}/24", backend(n, 0)))?;
-            ip(&["-n", &be, "addr", "add", &format!("{}/24", backend(n, 1)), "dev", "front"])?;
-            ip(&["-n", &be, "route", "add", "default", "via", &format!("198.18.{b}.1")])?;
+            self.link(
+                &lb,
+                "backend",
+                &format!("198.18.{b}.1/24"),
+                &be,
+                "front",
+                &format!("{}/24", backend(n, 0)),
+            )?;
+            ip(&[
+                "-n",
+                &be,
+                "addr",
+                "add",
+                &format!("{}/24", backend(n, 1)),
+                "dev",
+                "front",
+            ])?;
+            ip(&[
+                "-n",
+                &be,
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("198.18.{b}.1"),
+            ])?;
             let m = 4 * n as u8;
-            self.link(&ctl, &format!("lb{n}"), &format!("198.19.1.{}/30", m + 1), &lb, "mgmt", &format!("198.19.1.{}/30", m + 2))?;
-            ip(&["-n", &lb, "route", "add", &format!("{ALLOCATOR_ADDR}/32"), "via", &format!("198.19.1.{}", m + 1)])?;
+            self.link(
+                &ctl,
+                &format!("lb{n}"),
+                &format!("198.19.1.{}/30", m + 1),
+                &lb,
+                "mgmt",
+                &format!("198.19.1.{}/30", m + 2),
+            )?;
+            ip(&[
+                "-n",
+                &lb,
+                "route",
+                "add",
+                &format!("{ALLOCATOR_ADDR}/32"),
+                "via",
+                &format!("198.19.1.{}", m + 1),
+            ])?;
         }
         Ok(())
     }
@@ -170,11 +272,27 @@ impl Topology {
     /// Cuts LB `n` off from the allocators (its management link down), or heals it.
     pub fn set_partitioned(&self, n: usize, cut: bool) -> Result<()> {
         let lb = self.lb(n);
-        ip(&["-n", &lb, "link", "set", "dev", "mgmt", if cut { "down" } else { "up" }])?;
+        ip(&[
+            "-n",
+            &lb,
+            "link",
+            "set",
+            "dev",
+            "mgmt",
+            if cut { "down" } else { "up" },
+        ])?;
         if !cut {
             // The route through the link went with it.
             let m = 4 * n as u8;
-            let _ = ip(&["-n", &lb, "route", "replace", &format!("{ALLOCATOR_ADDR}/32"), "via", &format!("198.19.1.{}", m + 1)]);
+            let _ = ip(&[
+                "-n",
+                &lb,
+                "route",
+                "replace",
+                &format!("{ALLOCATOR_ADDR}/32"),
+                "via",
+                &format!("198.19.1.{}", m + 1),
+            ]);
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 use std::{
     process::{Command, Stdio},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     thread::JoinHandle,
@@ -119,21 +119,23 @@ pub fn parse_wrk(text: &str) -> WrkSegment {
 /// The legitimate load's threads; stopped (and their processes ended) on drop.
 pub struct Clients {
     running: Arc<AtomicBool>,
+    /// Bumped by [`Clients::cut`]: each wrk ends its segment (SIGINT: it reports what it
+    /// measured) and starts the next, so that segments follow the phases and minutes.
+    generation: Arc<AtomicU64>,
     threads: Vec<JoinHandle<Result<()>>>,
     pub curl: Arc<Mutex<Vec<CurlRecord>>>,
     pub wrk: Arc<Mutex<Vec<WrkSegment>>>,
 }
 
 impl Clients {
-    /// Starts, per LB, a wrk thread (segments of `segment`, until stopped) and a curl
-    /// loop; times are measured from `epoch`.
+    /// Starts, per LB, a wrk thread (one segment until each [`Clients::cut`], at most an
+    /// hour each) and a curl loop; times are measured from `epoch`.
     pub fn start(
         ns: &str,
         lbs: usize,
         c: &super::SoakConfig,
         dir: &std::path::Path,
         epoch: Instant,
-        segment: Duration,
     ) -> Result<Clients> {
         let script = dir.join("wrk-delay.lua");
         std::fs::write(
@@ -143,20 +145,20 @@ impl Clients {
         .with_context(|| format!("writing {}", script.display()))?;
         let mut clients = Clients {
             running: Arc::new(AtomicBool::new(true)),
+            generation: Arc::default(),
             threads: Vec::new(),
             curl: Arc::default(),
             wrk: Arc::default(),
         };
         for lb in 1..=lbs {
             let (running, wrk) = (Arc::clone(&clients.running), Arc::clone(&clients.wrk));
+            let generation = Arc::clone(&clients.generation);
             let (wrk_ns, script, conns) = (ns.to_string(), script.clone(), c.wrk_connections);
             clients.threads.push(std::thread::spawn(move || {
                 while running.load(Ordering::Relaxed) {
                     let from = epoch.elapsed().as_secs_f64();
-                    // Ends at the next multiple of `segment` since the epoch, so that
-                    // segments line up with the minutes.
-                    let left = segment.as_secs_f64() - from % segment.as_secs_f64();
-                    let secs = left.round().max(1.0) as u64;
+                    let started_in = generation.load(Ordering::Relaxed);
+                    let secs = 3600;
                     let mut child = spawn_tied(
                         in_ns(&wrk_ns, "wrk")
                             .args(["-t1", &format!("-c{conns}"), &format!("-d{secs}s")])
@@ -170,7 +172,9 @@ impl Clients {
                     .context("running wrk")?;
                     // Stopped early, wrk (SIGINT) still prints what it measured.
                     while child.try_wait()?.is_none() {
-                        if !running.load(Ordering::Relaxed) {
+                        if !running.load(Ordering::Relaxed)
+                            || generation.load(Ordering::Relaxed) != started_in
+                        {
                             // SAFETY: our child, not yet reaped.
                             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
                             break;
@@ -225,6 +229,11 @@ impl Clients {
             );
         }
         Ok(clients)
+    }
+
+    /// Ends every wrk segment now (the next begins at once).
+    pub fn cut(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Stops the loops after their current request or segment.

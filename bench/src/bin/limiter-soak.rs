@@ -17,7 +17,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use limiter_bench::{
     fleet_lab::fleet::sibling,
-    soak::{faults, report, rig::Rig, rules, Rng, SoakConfig},
+    soak::{faults, measure, report, rig::Rig, rules, services, Rng, SoakConfig},
 };
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -26,7 +26,8 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-const USAGE: &str = "usage: limiter-soak [--minutes N] [--seed S] [--out DIR] [--baseline-s N]";
+const USAGE: &str =
+    "usage: limiter-soak [--minutes N] [--nft-minutes N] [--seed S] [--out DIR] [--baseline-s N]";
 
 struct Options {
     config: SoakConfig,
@@ -55,6 +56,7 @@ fn options() -> Result<Options> {
                     bail!("--minutes 0: the soak needs at least one minute");
                 }
             }
+            "--nft-minutes" => o.config.nft_minutes = number(value()?)?,
             "--seed" => o.config.seed = number(value()?)?,
             "--baseline-s" => o.config.baseline = Duration::from_secs(number(value()?)?.max(10)),
             "--out" => o.out = PathBuf::from(value()?),
@@ -162,6 +164,7 @@ fn run(o: Options) -> Result<bool> {
         let start = Instant::now();
         let from = rig.t();
         rig.cut();
+        let cpu = measure::cpu_times();
         let target = 1 + rng.below(rig.topo.lbs);
         data.targets.push(target);
         let (mut launched, mut faulted) = (false, false);
@@ -204,6 +207,9 @@ fn run(o: Options) -> Result<bool> {
         }
         data.minutes.push((from, rig.t()));
         data.lb_counters.push(rig.lb_counters());
+        if let (Some(a), Some(b)) = (cpu, measure::cpu_times()) {
+            data.cpu.push(measure::cpu_share(a, b));
+        }
         println!(
             "soak: minute {} done at t={:.0} (attacks on lb-{target})",
             m + 1,
@@ -214,6 +220,9 @@ fn run(o: Options) -> Result<bool> {
     rig.attacks.reap(rig.epoch, true);
     rig.heal(true)?;
     data.leaks.push(rig.leak_sample());
+    if c.nft_minutes > 0 && !STOP.load(Ordering::Relaxed) {
+        nftables_minutes(&mut rig, &mut data, &mut rng)?;
+    }
     if let Some(mut clients) = rig.clients.take() {
         clients.stop();
         data.curl = clients.curl.lock().map(|c| c.clone()).unwrap_or_default();
@@ -256,6 +265,58 @@ fn run(o: Options) -> Result<bool> {
     }
     println!("soak: report {}", out.join("report.md").display());
     Ok(goals.iter().all(|g| g.pass) && left.is_empty())
+}
+
+/// The side by side: every limiter detached, nftables guarding each LB, the same attacks
+/// for `nft_minutes` minutes, no fault.
+fn nftables_minutes(rig: &mut Rig, data: &mut report::RunData, rng: &mut Rng) -> Result<()> {
+    let c = rig.c.clone();
+    for d in &mut rig.daemons {
+        d.detach();
+    }
+    for n in 1..=rig.topo.lbs {
+        services::nft_guard(&rig.topo.lb(n), rig.topo.lbs, &rig.rules)
+            .with_context(|| format!("guarding lb-{n} with nftables"))?;
+    }
+    println!(
+        "soak: limiters detached, nftables guards each LB at t={:.0}",
+        rig.t()
+    );
+    data.nft_counters.push(rig.lb_counters());
+    for m in 0..c.nft_minutes {
+        let start = Instant::now();
+        let from = rig.t();
+        rig.cut();
+        let cpu = measure::cpu_times();
+        let target = 1 + rng.below(rig.topo.lbs);
+        data.nft_targets.push(target);
+        let mut launched = false;
+        while start.elapsed() < Duration::from_secs(60) {
+            if STOP.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            if !launched && start.elapsed() >= c.attack_start {
+                rig.attacks
+                    .launch(&rig.topo.ns("at"), target, &c, c.attack_length, rig.epoch)?;
+                launched = true;
+            }
+            rig.attacks.reap(rig.epoch, false);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        data.nft_minutes.push((from, rig.t()));
+        data.nft_counters.push(rig.lb_counters());
+        if let (Some(a), Some(b)) = (cpu, measure::cpu_times()) {
+            data.cpu.push(measure::cpu_share(a, b));
+        }
+        println!(
+            "soak: nftables minute {} done at t={:.0} (attacks on lb-{target})",
+            m + 1,
+            rig.t()
+        );
+    }
+    rig.cut();
+    rig.attacks.reap(rig.epoch, true);
+    Ok(())
 }
 
 fn main() -> ExitCode {

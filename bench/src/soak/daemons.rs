@@ -269,9 +269,10 @@ fn count_files(dir: &Path) -> usize {
     })
 }
 
-impl Drop for LbDaemon {
-    fn drop(&mut self) {
-        // Close the maps, detach and unpin (as the labs do), then make sure it is gone.
+impl LbDaemon {
+    /// Stops enforcing: closes the maps, `limiter detach`, ends the daemon, removes the
+    /// pins (the nftables minutes run without the limiter).
+    pub fn detach(&mut self) {
         self.maps = None;
         let _ = Command::new(&self.binary)
             .args(["detach", "--socket"])
@@ -283,5 +284,12 @@ impl Drop for LbDaemon {
             kill(&mut d);
         }
         let _ = std::fs::remove_dir_all(&self.pins);
+    }
+}
+
+impl Drop for LbDaemon {
+    fn drop(&mut self) {
+        // Detach and unpin (as the labs do), and make sure it is gone.
+        self.detach();
     }
 }

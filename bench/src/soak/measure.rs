@@ -78,6 +78,35 @@ pub fn proc_usage(pid: u32) -> Option<(u64, u64)> {
     Some((rss, fds))
 }
 
+/// The machine's CPU time so far, in clock ticks: (busy, softirq, total), from the
+/// first line of /proc/stat. Busy is everything but idle and iowait.
+pub fn cpu_times() -> Option<(u64, u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_cpu_line(stat.lines().next()?)
+}
+
+/// `cpu  user nice system idle iowait irq softirq steal …` → (busy, softirq, total).
+pub fn parse_cpu_line(line: &str) -> Option<(u64, u64, u64)> {
+    let v: Vec<u64> = line
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // Guest time is already counted in user.
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4)?;
+    Some((total - idle, *v.get(6)?, total))
+}
+
+/// Between two [`cpu_times`] readings: (busy %, softirq %) of the machine.
+pub fn cpu_share(a: (u64, u64, u64), b: (u64, u64, u64)) -> (f64, f64) {
+    let total = b.2.saturating_sub(a.2).max(1) as f64;
+    (
+        100.0 * b.0.saturating_sub(a.0) as f64 / total,
+        100.0 * b.1.saturating_sub(a.1) as f64 / total,
+    )
+}
+
 /// One leak sample.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LeakSample {
@@ -196,6 +225,18 @@ mod tests {
         assert_eq!(bpf_object("pos:\t0\nflags:\t0100002\n"), None);
         // Our own descriptors: none of them BPF.
         assert_eq!(bpf_held(&[std::process::id()]), (0, 0, 0));
+    }
+
+    #[test]
+    fn cpu_line_parsed() {
+        let a = parse_cpu_line("cpu  100 0 50 800 50 0 10 0 0 0").unwrap();
+        assert_eq!(a, (160, 10, 1010));
+        let b = parse_cpu_line("cpu  200 0 100 1600 50 0 30 0 0 0").unwrap();
+        let (busy, softirq) = cpu_share(a, b);
+        assert!((busy - 100.0 * 170.0 / 970.0).abs() < 1e-9);
+        assert!((softirq - 100.0 * 20.0 / 970.0).abs() < 1e-9);
+        assert!(parse_cpu_line("cpu0 1 2 3").is_none());
+        assert!(cpu_times().is_some());
     }
 
     #[test]

@@ -27,6 +27,9 @@ use std::time::Duration;
 pub struct SoakConfig {
     /// Minutes of the soak phase (limiter on, attacks, a fault a minute).
     pub minutes: u64,
+    /// Minutes after it with the limiters detached and nftables guarding the LBs: the
+    /// same attacks, side by side (no fault).
+    pub nft_minutes: u64,
     pub seed: u64,
     /// The baseline phase before it: no attack, no limiter.
     pub baseline: Duration,
@@ -61,6 +64,7 @@ impl Default for SoakConfig {
     fn default() -> SoakConfig {
         SoakConfig {
             minutes: 60,
+            nft_minutes: 1,
             seed: 36,
             baseline: Duration::from_secs(30),
             settle: Duration::from_secs(10),

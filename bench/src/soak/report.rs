@@ -38,6 +38,14 @@ pub struct RunData {
     pub faults: Vec<FaultRecord>,
     pub describe: Vec<String>,
     pub confinement_frames: usize,
+    /// The nftables minutes (the limiter detached, nftables guarding each LB): windows,
+    /// targets, and the LBs' counters at each one's start and after the last.
+    pub nft_minutes: Vec<(f64, f64)>,
+    pub nft_targets: Vec<usize>,
+    pub nft_counters: Vec<Vec<BTreeMap<String, u64>>>,
+    /// The machine's CPU (busy %, softirq %) in each limiter minute, then in each
+    /// nftables minute.
+    pub cpu: Vec<(f64, f64)>,
 }
 
 /// A goal's verdict: `PASS name: text` / `FAIL name: text`.
@@ -196,10 +204,12 @@ pub fn abuser_minute(data: &RunData, minute: usize) -> Option<(u64, f64)> {
 
 /// What attack `a` got through to the LBs' stacks in minute `minute` (all LBs).
 pub fn through(data: &RunData, minute: usize, a: Attack) -> u64 {
-    let (Some(before), Some(after)) = (
-        data.lb_counters.get(minute),
-        data.lb_counters.get(minute + 1),
-    ) else {
+    through_in(&data.lb_counters, minute, a)
+}
+
+/// [`through`] from snapshots of the LBs' counters at each minute's start.
+pub fn through_in(counters: &[Vec<BTreeMap<String, u64>>], minute: usize, a: Attack) -> u64 {
+    let (Some(before), Some(after)) = (counters.get(minute), counters.get(minute + 1)) else {
         return 0;
     };
     before
@@ -528,6 +538,7 @@ pub fn write(data: &RunData, goals: &[Goal], out: &Path) -> Result<()> {
          reached the LBs' stacks from the attack (nftables counters on each LB's ingress, after \
          the limiter); the abuser's bound is its per-source limit over the time it ran.\n"
     );
+    side_by_side(data, &mut md);
     let _ = writeln!(
         md,
         "## Faults\n\n| fault | target | from s | to s | what |\n|---|---|---|---|---|"
@@ -574,6 +585,77 @@ pub fn write(data: &RunData, goals: &[Goal], out: &Path) -> Result<()> {
     }
     std::fs::write(out.join("report.md"), md).context("writing report.md")?;
     write_csvs(data, out)
+}
+
+/// The same attacks held by the limiter and by nftables (the last minutes, the limiter
+/// detached): per minute, what the clients saw, what each attack got through and the
+/// machine's CPU.
+fn side_by_side(data: &RunData, md: &mut String) {
+    if data.nft_minutes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "## Side by side: nftables\n\nThe last {} minute(s): every limiter detached, each LB guarded \
+         by nftables instead (a netdev ingress chain on `ingress`: a meter per source for port 80's \
+         SYNs, `limit` statements for the rest, each fleet quota split evenly over the LBs: \
+         nftables has no allocator), the same attacks, no fault. CPU is the whole machine's \
+         (everything runs on its two cores); softirq is where XDP and nftables' ingress hook run.\n",
+        data.nft_minutes.len()
+    );
+    let mut header =
+        "| guard | minute | target LB | requests | ok % | p50 ms | p99 ms | keep-alive p99 ms |"
+            .to_string();
+    let mut sep = "|---|---|---|---|---|---|---|---|".to_string();
+    for a in Attack::ALL {
+        let _ = write!(header, " {} through |", a.name());
+        sep.push_str("---|");
+    }
+    header.push_str(" CPU busy % | softirq % |");
+    sep.push_str("---|---|");
+    let _ = writeln!(md, "{header}\n{sep}");
+    let phases = [
+        (
+            "limiter",
+            &data.minutes,
+            &data.targets,
+            &data.lb_counters,
+            0,
+        ),
+        (
+            "nftables",
+            &data.nft_minutes,
+            &data.nft_targets,
+            &data.nft_counters,
+            data.minutes.len(),
+        ),
+    ];
+    for (guard, minutes, targets, counters, cpu_offset) in phases {
+        for (i, (from, to)) in minutes.iter().enumerate() {
+            let l = legit(data, *from, *to);
+            let mut row = format!(
+                "| {guard} | {} | lb-{} | {} | {:.3} | {} | {} | {} |",
+                i + 1,
+                targets.get(i).copied().unwrap_or(0),
+                l.attempted,
+                100.0 * l.success(),
+                opt_ms(l.curl_p50),
+                opt_ms(l.curl_p99),
+                opt_ms(l.wrk_p99)
+            );
+            for a in Attack::ALL {
+                let _ = write!(row, " {} |", through_in(counters, i, a));
+            }
+            match data.cpu.get(cpu_offset + i) {
+                Some((busy, soft)) => {
+                    let _ = write!(row, " {busy:.0} | {soft:.0} |");
+                }
+                None => row.push_str(" – | – |"),
+            }
+            let _ = writeln!(md, "{row}");
+        }
+    }
+    let _ = writeln!(md);
 }
 
 fn write_csvs(data: &RunData, out: &Path) -> Result<()> {

@@ -16,7 +16,10 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use limiter_tests::netns::in_netns;
 
-use super::topology::{backend, in_ns, run, vip, ABUSER, SPOOF_RANGE};
+use super::{
+    topology::{backend, in_ns, run, vip, ABUSER, SPOOF_RANGE, VIP_PREFIX},
+    RuleSpec,
+};
 use crate::fleet_lab::fleet::{kill, spawn_tied, tail};
 
 /// Fails naming the Debian package when `program` is not installed.
@@ -259,6 +262,73 @@ pub fn nft_lb(ns: &str, n: usize, nat: bool) -> Result<()> {
         ));
     }
     nft(ns, &text)
+}
+
+/// nftables doing the limiter's job on LB `ns`, the way an operator would without this
+/// project: in a netdev ingress chain on `ingress` ahead of the counters (so they count
+/// what it let through, before reassembly, as they do behind the limiter), a meter per
+/// source for the service port's new connections and `limit` statements for the rest,
+/// each fleet quota split statically over the `lbs` LBs (nftables has no allocator).
+pub fn nft_guard(ns: &str, lbs: usize, rules: &[RuleSpec]) -> Result<()> {
+    let share = |v: u64| (v / lbs.max(1) as u64).max(1);
+    let mut chain = String::new();
+    for r in rules {
+        let matches = match (r.proto, r.dst_port) {
+            (proto, None) => {
+                // Not the ports of the more specific rules of its protocol (most
+                // specific wins, as in the limiter).
+                let taken: Vec<String> = rules
+                    .iter()
+                    .filter(|o| o.proto == proto)
+                    .filter_map(|o| o.dst_port.map(|p| p.to_string()))
+                    .collect();
+                if taken.is_empty() || proto != "tcp" && proto != "udp" {
+                    format!("meta l4proto {proto}")
+                } else {
+                    format!(
+                        "meta l4proto {proto} {proto} dport != {{ {} }}",
+                        taken.join(", ")
+                    )
+                }
+            }
+            (proto, Some(port)) => format!("{proto} dport {port}"),
+        };
+        let unit = if r.unit == "syn" {
+            " tcp flags & (syn | ack) == syn"
+        } else {
+            ""
+        };
+        if let Some((rate, burst)) = r.per_source {
+            chain.push_str(&format!(
+                "    ip daddr {VIP_PREFIX} {matches}{unit} update @src_{} {{ ip saddr limit rate over \
+                 {rate}/second burst {burst} packets }} counter drop\n",
+                r.name.replace('-', "_")
+            ));
+        }
+        chain.push_str(&format!(
+            "    ip daddr {VIP_PREFIX} {matches}{unit} limit rate over {}/second burst {} packets \
+             counter drop\n",
+            share(r.rate),
+            share(r.burst)
+        ));
+    }
+    let sets: String = rules
+        .iter()
+        .filter(|r| r.per_source.is_some())
+        .map(|r| {
+            format!(
+                "  set src_{} {{ type ipv4_addr; size 65536; flags dynamic,timeout; timeout 1m; }}\n",
+                r.name.replace('-', "_")
+            )
+        })
+        .collect();
+    nft(
+        ns,
+        &format!(
+            "table netdev soak_guard {{\n{sets}  chain guard {{\n    type filter hook ingress \
+             device \"ingress\" priority -10; policy accept;\n{chain}  }}\n}}\n"
+        ),
+    )
 }
 
 /// Loads `text` into nftables in `ns`.

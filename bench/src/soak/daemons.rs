@@ -227,10 +227,10 @@ impl LbDaemon {
             };
             let rule = maps.live_rule(slot)?;
             let counters = maps.rule_counters(slot)?;
-            let dropped = counters.dropped_packets + counters.would_drop_packets;
+            let dropped = counters.dropped_packets;
             let admitted = if r.unit == "syn" {
                 // A syn rule passes its other packets unmetered: what it admitted is the
-                // SYNs it metered less those it refused.
+                // SYNs it metered less those it dropped (a would-drop passes).
                 maps.rule_syns(slot)?.saturating_sub(dropped)
             } else {
                 counters.passed_packets

@@ -600,7 +600,10 @@ fn side_by_side(data: &RunData, md: &mut String) {
          by nftables instead (a netdev ingress chain on `ingress`: a meter per source for port 80's \
          SYNs, `limit` statements for the rest, each fleet quota split evenly over the LBs: \
          nftables has no allocator), the same attacks, no fault. CPU is the whole machine's \
-         (everything runs on its two cores); softirq is where XDP and nftables' ingress hook run.\n",
+         (everything runs on its two cores, with whatever else runs on the machine then); \
+         softirq is where XDP and nftables' ingress hook run. The limiter's bound is the fleet's \
+         quota, which the allocator gives to the LB under attack; nftables holds each LB to its \
+         static part, so it lets less of a flood on one LB through.\n",
         data.nft_minutes.len()
     );
     let mut header =

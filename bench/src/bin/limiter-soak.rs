@@ -39,6 +39,7 @@ fn options() -> Result<Options> {
         config: SoakConfig::default(),
         out: PathBuf::from("soak-report"),
     };
+    let mut baseline_given = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || {
@@ -55,10 +56,16 @@ fn options() -> Result<Options> {
                 if o.config.minutes == 0 {
                     bail!("--minutes 0: the soak needs at least one minute");
                 }
+                if !baseline_given {
+                    o.config.baseline = SoakConfig::baseline_for(o.config.minutes);
+                }
             }
             "--nft-minutes" => o.config.nft_minutes = number(value()?)?,
             "--seed" => o.config.seed = number(value()?)?,
-            "--baseline-s" => o.config.baseline = Duration::from_secs(number(value()?)?.max(10)),
+            "--baseline-s" => {
+                o.config.baseline = Duration::from_secs(number(value()?)?.max(10));
+                baseline_given = true;
+            }
             "--out" => o.out = PathBuf::from(value()?),
             _ => bail!("unknown argument {arg:?}; {USAGE}"),
         }

@@ -31,7 +31,8 @@ pub struct SoakConfig {
     /// same attacks, side by side (no fault).
     pub nft_minutes: u64,
     pub seed: u64,
-    /// The baseline phase before it: no attack, no limiter.
+    /// The baseline phase before it: no attack, no limiter ([`SoakConfig::baseline_for`]
+    /// unless `--baseline-s` says otherwise).
     pub baseline: Duration,
     /// Settling between the limiter's start and the first minute.
     pub settle: Duration,
@@ -66,7 +67,7 @@ impl Default for SoakConfig {
             minutes: 60,
             nft_minutes: 1,
             seed: 36,
-            baseline: Duration::from_secs(30),
+            baseline: SoakConfig::baseline_for(60),
             settle: Duration::from_secs(10),
             wrk_connections: 2,
             wrk_delay_ms: 40,
@@ -88,6 +89,13 @@ impl Default for SoakConfig {
 }
 
 impl SoakConfig {
+    /// The baseline for a soak of `minutes`: 5 s a minute, from 60 s to 5 minutes. A p99
+    /// is the 1 % tail: a baseline of 30 s had ≈ 360 new connections, whose p99 is their
+    /// fourth worst — too few to compare a soak's p99 with.
+    pub fn baseline_for(minutes: u64) -> Duration {
+        Duration::from_secs((minutes * 5).clamp(60, 300))
+    }
+
     /// Legitimate requests per second offered in all (wrk and curl over every LB).
     pub fn legit_rate(&self, lbs: usize) -> f64 {
         let wrk = f64::from(self.wrk_connections) * 1000.0 / f64::from(self.wrk_delay_ms.max(1));
@@ -243,6 +251,14 @@ pub fn in_spoof_range(addr: std::net::Ipv4Addr) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used, reason = "test code")]
     use super::*;
+
+    #[test]
+    fn the_baseline_grows_with_the_soak_within_bounds() {
+        assert_eq!(SoakConfig::baseline_for(3), Duration::from_secs(60));
+        assert_eq!(SoakConfig::baseline_for(30), Duration::from_secs(150));
+        assert_eq!(SoakConfig::baseline_for(60), Duration::from_secs(300));
+        assert_eq!(SoakConfig::baseline_for(600), Duration::from_secs(300));
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {

@@ -186,8 +186,16 @@ impl Clients {
                     seg.lb = lb;
                     seg.from = from;
                     seg.to = epoch.elapsed().as_secs_f64();
+                    let short =
+                        seg.to - seg.from < 1.0 && generation.load(Ordering::Relaxed) == started_in;
                     if let Ok(mut w) = wrk.lock() {
                         w.push(seg);
+                    }
+                    if short {
+                        // wrk ended by itself at once (it could not connect, say): its
+                        // segment is recorded (no requests: nothing succeeded); wait a
+                        // moment rather than spin.
+                        std::thread::sleep(Duration::from_millis(500));
                     }
                 }
                 Ok(())

@@ -27,6 +27,7 @@ pub mod gen;
 pub mod host;
 pub mod nft;
 pub mod report;
+pub mod soak;
 pub mod stats;
 
 use std::net::Ipv4Addr;

@@ -1,5 +1,5 @@
 //! The workspace's binaries the end-to-end tests run as an operator would: `limiter`,
-//! `limiter-allocator`, `limiter-lab`, `limiter-fleet-lab`, found in the target directory the running test
+//! `limiter-allocator`, `limiter-lab`, `limiter-fleet-lab`, `limiter-soak`, found in the target directory the running test
 //! executable was built into (target/<profile>/, beside its deps/).
 //!
 //! Why not `env!("CARGO_BIN_EXE_…")`: cargo sets it only for a binary of the test's own
@@ -78,6 +78,7 @@ static LIMITER_BINARY: Binary = Binary::new("limiter");
 static LIMITER_ALLOCATOR_BINARY: Binary = Binary::new("limiter-allocator");
 static LIMITER_LAB_BINARY: Binary = Binary::new("limiter-lab");
 static LIMITER_FLEET_LAB_BINARY: Binary = Binary::new("limiter-fleet-lab");
+static LIMITER_SOAK_BINARY: Binary = Binary::new("limiter-soak");
 
 /// The daemon and CLI (package limiter-user).
 pub static LIMITER: &Binary = &LIMITER_BINARY;
@@ -87,3 +88,5 @@ pub static LIMITER_ALLOCATOR: &Binary = &LIMITER_ALLOCATOR_BINARY;
 pub static LIMITER_LAB: &Binary = &LIMITER_LAB_BINARY;
 /// The fleet lab (package limiter-bench).
 pub static LIMITER_FLEET_LAB: &Binary = &LIMITER_FLEET_LAB_BINARY;
+/// The soak, the dress rehearsal (package limiter-bench).
+pub static LIMITER_SOAK: &Binary = &LIMITER_SOAK_BINARY;

@@ -47,6 +47,22 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The dress rehearsal (root): three LB namespaces (nftables NAT ×2, HAProxy) in
+    /// front of nginx backends, the limiter on each in fleet mode with three allocator
+    /// replicas on etcd, wrk/curl clients, hping3/wrk attackers, a fault a minute on a
+    /// seeded schedule; a baseline first. Writes report.md, CSVs and plots into `--out`,
+    /// prints PASS/FAIL lines, exits non-zero on a FAIL (docs/soak.md).
+    Soak {
+        /// Minutes with the limiter, attacks and faults (after the baseline).
+        #[arg(long, default_value_t = 60)]
+        minutes: u64,
+        /// Seed of the fault schedule and the attacks' targets.
+        #[arg(long, default_value_t = 36)]
+        seed: u64,
+        /// Where the report goes.
+        #[arg(long, default_value = "soak-report")]
+        out: std::path::PathBuf,
+    },
     /// Run every test: host unit/property tests, then the kernel tests (root). With
     /// `--kernel`, the kernel tests also (or only) run on Debian's kernels under qemu;
     /// `-- FILE [FILTER...]` runs one test file of tests/tests/ (`daemon` for
@@ -147,6 +163,22 @@ fn main() -> Result<()> {
             let release = workspace_root()?.join("target/release");
             let (binary, args) = run_target(&args);
             run_cmd(Command::new(release.join(binary)).args(args))
+        }
+        Task::Soak { minutes, seed, out } => {
+            setup::run()?;
+            build()?;
+            let release = workspace_root()?.join("target/release");
+            run_cmd(
+                Command::new(release.join("limiter-soak"))
+                    .args([
+                        "--minutes",
+                        &minutes.to_string(),
+                        "--seed",
+                        &seed.to_string(),
+                    ])
+                    .arg("--out")
+                    .arg(out),
+            )
         }
         Task::Test {
             kernel,
@@ -299,6 +331,8 @@ fn build() -> Result<()> {
         "limiter-lab",
         "--bin",
         "limiter-fleet-lab",
+        "--bin",
+        "limiter-soak",
         "--bin",
         "limiter-allocator",
     ]))

@@ -45,7 +45,59 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 pub fn run() -> Result<()> {
     nightly_rust_src()?;
     apt_packages()?;
+    soak_packages()?;
     bpf_linker()?;
+    Ok(())
+}
+
+/// The soak's load balancers, services, clients and attack tools (`cargo xtask soak`,
+/// tests/tests/soak.rs): ipvsadm (used where the kernel has IPVS), haproxy, nginx, wrk,
+/// h2load (nghttp2-client), hping3.
+const SOAK_APT_PACKAGES: &[&str] = &[
+    "ipvsadm",
+    "haproxy",
+    "nginx",
+    "wrk",
+    "nghttp2-client",
+    "hping3",
+];
+
+/// Debian's maintainer scripts start nginx and haproxy on install: a service on this
+/// machine's own network, listening on :80 of the root namespace. Installing under a
+/// policy-rc.d that refuses every start (exit 101) keeps them stopped; their units are
+/// disabled too, so no boot starts them. Fails if anything listens on :80 afterwards.
+fn soak_packages() -> Result<()> {
+    if SOAK_APT_PACKAGES.iter().all(|p| installed(p)) {
+        return Ok(());
+    }
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    if policy.exists() {
+        bail!(
+            "{} exists already: setup installs nginx and haproxy under a policy-rc.d of its              own (refusing every service start) and will not replace another",
+            policy.display()
+        );
+    }
+    std::fs::write(
+        policy,
+        "#!/bin/sh\n# cargo xtask setup: no service starts while it installs\nexit 101\n",
+    )
+    .with_context(|| format!("writing {}", policy.display()))?;
+    std::fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let installed = install_apt(SOAK_APT_PACKAGES);
+    let removed = std::fs::remove_file(policy);
+    installed?;
+    removed.with_context(|| format!("removing {}", policy.display()))?;
+    for unit in ["nginx", "haproxy"] {
+        // Not fatal: on a machine without systemd there is nothing to enable.
+        let _ = Command::new("systemctl")
+            .args(["disable", "--quiet", unit])
+            .output();
+    }
+    let listening =
+        output_ok(Command::new("ss").args(["-Hltn", "sport = :80"])).unwrap_or_default();
+    if !listening.trim().is_empty() {
+        bail!("after installing nginx and haproxy something listens on :80: {listening}");
+    }
     Ok(())
 }
 

@@ -38,21 +38,66 @@ pub const VIP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 10);
 const SOURCE: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 1);
 
 fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")
+    free_port_on(Ipv4Addr::LOCALHOST)
+}
+
+fn free_port_on(ip: Ipv4Addr) -> Result<u16> {
+    Ok(TcpListener::bind((ip, 0))
         .and_then(|l| l.local_addr())
-        .context("finding a free loopback port")?
+        .with_context(|| format!("finding a free port on {ip}"))?
         .port())
 }
 
+/// A global quota of one rule, as the replicas' `[[quotas]]` list it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quota {
+    pub rule: String,
+    pub rate: u64,
+    pub burst: u64,
+    /// `packets`, `bytes` or `syn`: the rule's unit in the daemons' configs.
+    pub unit: &'static str,
+}
+
+/// What a replica's config says beyond its ports and certificates: where it listens,
+/// the fleet timings, the quotas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocatorSpec {
+    pub listen: Ipv4Addr,
+    pub lease_ttl_ms: u64,
+    pub report_interval_ms: u64,
+    pub election_ttl_ms: u64,
+    pub fleet_size: usize,
+    pub quotas: Vec<Quota>,
+}
+
+impl AllocatorSpec {
+    /// The fleet lab's: loopback, its one rule.
+    pub fn lab(c: &LabConfig) -> AllocatorSpec {
+        AllocatorSpec {
+            listen: Ipv4Addr::LOCALHOST,
+            lease_ttl_ms: c.lease_ttl_ms,
+            report_interval_ms: c.report_interval_ms,
+            election_ttl_ms: c.election_ttl_ms,
+            fleet_size: c.hosts,
+            quotas: vec![Quota {
+                rule: RULE.to_string(),
+                rate: c.quota,
+                burst: c.burst(),
+                unit: "packets",
+            }],
+        }
+    }
+}
+
 /// The last lines of `log`, for an error about the process writing it.
-fn tail(log: &Path) -> String {
+pub fn tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
 /// A child that gets `signal` if the lab dies without cleaning up (SIGKILL of the lab).
-fn spawn_tied(cmd: &mut Command, signal: libc::c_int) -> std::io::Result<Child> {
+pub fn spawn_tied(cmd: &mut Command, signal: libc::c_int) -> std::io::Result<Child> {
     // SAFETY: prctl is async-signal-safe; it only sets this child's parent-death signal.
     unsafe {
         cmd.pre_exec(move || {
@@ -68,7 +113,7 @@ fn spawn_tied(cmd: &mut Command, signal: libc::c_int) -> std::io::Result<Child> 
 }
 
 /// SIGKILL `child` by its pid, and reap it.
-fn kill(child: &mut Child) {
+pub fn kill(child: &mut Child) {
     // SAFETY: signalling a process this lab started, by its id; not yet reaped, so the
     // pid is still ours.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGKILL) };
@@ -82,6 +127,8 @@ pub struct Allocator {
     binary: PathBuf,
     config: PathBuf,
     log: PathBuf,
+    /// The address it listens on (gRPC), with `port`.
+    pub listen: Ipv4Addr,
     pub port: u16,
     pub metrics_port: u16,
     /// The etcd endpoint it elects through (a loopback address of its own).
@@ -90,7 +137,8 @@ pub struct Allocator {
 }
 
 impl Allocator {
-    /// Writes replica `n`'s config (1-based) and starts it.
+    /// Writes replica `n`'s config (1-based) and starts it: the lab's one rule, on
+    /// loopback.
     pub fn new(
         n: usize,
         binary: PathBuf,
@@ -99,35 +147,56 @@ impl Allocator {
         c: &LabConfig,
         etcd: String,
     ) -> Result<Allocator> {
+        Allocator::with(n, binary, dir, pki, &AllocatorSpec::lab(c), etcd)
+    }
+
+    /// Writes replica `n`'s config from `spec` and starts it.
+    pub fn with(
+        n: usize,
+        binary: PathBuf,
+        dir: &Path,
+        pki: &Pki,
+        spec: &AllocatorSpec,
+        etcd: String,
+    ) -> Result<Allocator> {
         let name = format!("alloc-{n}");
-        let (port, metrics_port) = (free_port()?, free_port()?);
+        let (port, metrics_port) = (free_port_on(spec.listen)?, free_port()?);
         let server = pki.pair("allocator");
         let config = dir.join(format!("{name}.toml"));
         // `advertise` stays the listen address (the default): what a follower names in
-        // its redirect. No host lists it — each host lists its own relays, the partition
-        // switch — so a host ignores the redirect (and logs that it did) and tries the
-        // next relay of its list 200 ms later, round robin, until the leader answers: at
-        // most two refusals, well within a lease. A redirect can name only one address,
-        // and there are three relays to each replica, one per host.
+        // its redirect. The fleet lab's hosts do not list it — each host lists its own
+        // relays, the partition switch — so a host ignores the redirect (and logs that it
+        // did) and tries the next relay of its list 200 ms later, round robin, until the
+        // leader answers: at most two refusals, well within a lease. A redirect can name
+        // only one address, and there are three relays to each replica, one per host.
+        let quotas: String = spec
+            .quotas
+            .iter()
+            .map(|q| {
+                format!(
+                    "[[quotas]]\nrule = \"{}\"\nrate = {}\nburst = {}\nunit = \"{}\"\n",
+                    q.rule, q.rate, q.burst, q.unit
+                )
+            })
+            .collect();
         std::fs::write(
             &config,
             format!(
-                "listen = \"127.0.0.1:{port}\"\nmetrics = \"127.0.0.1:{metrics_port}\"\n\
+                "listen = \"{}:{port}\"\nmetrics = \"127.0.0.1:{metrics_port}\"\n\
                  control_socket = \"{}\"\nlease_ttl_ms = {}\nreport_interval_ms = {}\n\
                  fleet_size = {}\n\
                  [tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-                 [[quotas]]\nrule = \"{RULE}\"\nrate = {}\nburst = {}\n\
+                 {quotas}\
                  [election]\netcd = [\"{etcd}\"]\nttl_ms = {}\n",
+                spec.listen,
                 dir.join(format!("{name}.sock")).display(),
-                c.lease_ttl_ms,
-                c.report_interval_ms,
-                c.hosts,
+                spec.lease_ttl_ms,
+                spec.report_interval_ms,
+                spec.fleet_size,
                 pki.ca().display(),
                 server.cert.display(),
                 server.key.display(),
-                c.quota,
-                c.burst(),
-                c.election_ttl_ms
+                spec.election_ttl_ms
             ),
         )
         .with_context(|| format!("writing {}", config.display()))?;
@@ -136,6 +205,7 @@ impl Allocator {
             name,
             binary,
             config,
+            listen: spec.listen,
             port,
             metrics_port,
             etcd,
@@ -167,12 +237,13 @@ impl Allocator {
         let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while TcpStream::connect((self.listen, self.port)).is_err() {
             if Instant::now() > deadline || self.pid().is_none() {
                 self.kill();
                 bail!(
-                    "{} did not listen on 127.0.0.1:{} within 10 s; its log:\n{}",
+                    "{} did not listen on {}:{} within 10 s; its log:\n{}",
                     self.name,
+                    self.listen,
                     self.port,
                     tail(&self.log)
                 );
@@ -232,7 +303,8 @@ impl Allocator {
         }
     }
 
-    fn metrics(&self) -> Result<String> {
+    /// Its /metrics page (from the calling thread's network namespace).
+    pub fn metrics(&self) -> Result<String> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.metrics_port))?;
         stream.set_read_timeout(Some(Duration::from_millis(500)))?;
         stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")?;
@@ -262,22 +334,37 @@ impl Allocators {
     /// Starts etcd, serving one loopback address per replica (127.0.0.11, .12, …, as the
     /// replica tests do), and the replicas, each electing through its own address.
     pub fn new(binary: &Path, dir: &Path, pki: &Pki, c: &LabConfig) -> Result<Allocators> {
-        let addresses: Vec<Ipv4Addr> = (0..c.replicas)
+        Allocators::with(binary, dir, pki, c.replicas, &AllocatorSpec::lab(c))
+    }
+
+    /// `replicas` replicas configured by `spec`, and their etcd (on loopback addresses
+    /// of the calling thread's network namespace).
+    pub fn with(
+        binary: &Path,
+        dir: &Path,
+        pki: &Pki,
+        replicas: usize,
+        spec: &AllocatorSpec,
+    ) -> Result<Allocators> {
+        let addresses: Vec<Ipv4Addr> = (0..replicas)
             .map(|i| Ipv4Addr::new(127, 0, 0, 11 + i as u8))
             .collect();
         let etcd = Etcd::start(dir, &addresses).context("starting etcd")?;
-        let mut replicas = Vec::new();
-        for i in 0..c.replicas {
-            replicas.push(Allocator::new(
+        let mut started = Vec::new();
+        for i in 0..replicas {
+            started.push(Allocator::with(
                 i + 1,
                 binary.to_path_buf(),
                 dir,
                 pki,
-                c,
+                spec,
                 etcd.endpoint(i),
             )?);
         }
-        Ok(Allocators { replicas, etcd })
+        Ok(Allocators {
+            replicas: started,
+            etcd,
+        })
     }
 
     pub fn ports(&self) -> Vec<u16> {

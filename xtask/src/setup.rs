@@ -71,18 +71,21 @@ fn soak_packages() -> Result<()> {
         return Ok(());
     }
     let policy = Path::new("/usr/sbin/policy-rc.d");
-    if policy.exists() {
+    const OURS: &str =
+        "#!/bin/sh\n# cargo xtask setup: no service starts while it installs\nexit 101\n";
+    // Ours, left by a setup that was stopped half way: replaced and removed below.
+    if policy.exists() && std::fs::read_to_string(policy).ok().as_deref() != Some(OURS) {
         bail!(
-            "{} exists already: setup installs nginx and haproxy under a policy-rc.d of its              own (refusing every service start) and will not replace another",
-            policy.display()
+            "{} exists already and is not setup's: setup installs nginx and haproxy under a \
+             policy-rc.d of its own (refusing every service start) and will not replace \
+             another; install {} with it in place, or move it aside for the install",
+            policy.display(),
+            SOAK_APT_PACKAGES.join(" ")
         );
     }
-    std::fs::write(
-        policy,
-        "#!/bin/sh\n# cargo xtask setup: no service starts while it installs\nexit 101\n",
-    )
-    .with_context(|| format!("writing {}", policy.display()))?;
-    std::fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    std::fs::write(policy, OURS).with_context(|| format!("writing {}", policy.display()))?;
+    std::fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .with_context(|| format!("making {} executable", policy.display()))?;
     let installed = install_apt(SOAK_APT_PACKAGES);
     let removed = std::fs::remove_file(policy);
     installed?;

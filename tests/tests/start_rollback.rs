@@ -209,6 +209,8 @@ fn a_failed_start_in_tc_mode_leaves_the_host_as_it_was() {
 /// start leaves none of it behind.
 #[test]
 fn a_failed_start_with_the_tail_call_fallback_leaves_the_host_as_it_was() {
+    // The daemon's libxdp path makes libxdp's state directory: it goes with the test.
+    let _state = LibxdpState::new();
     let running = every_step_undone(
         "native",
         "xdp_share = \"libxdp\"\nxdp_share_fallback = \"tail-call\"",
@@ -233,6 +235,7 @@ fn a_failed_start_in_a_libxdp_dispatcher_leaves_the_host_as_it_was() {
         limiter_tests::in_guest(),
         "libxdp's dispatcher needs freplace: run with `cargo xtask test --kernel 6.1 -- start_rollback`"
     );
+    let _state = LibxdpState::new();
     let running = every_step_undone("native", "xdp_share = \"libxdp\"");
     // Seen by both checks: on the hook, and its directory (so the state compared before
     // and after a failed start would show one left behind).

@@ -132,8 +132,9 @@ pub const MATRIX: &[Suite] = &[
 /// them, which `kernel_report` checks for every build), `ownership` (which pins and links
 /// are the limiter's: bpffs and link-info calls older than 6.1), the handoff tests beyond
 /// the first join (the daemon's bookkeeping of the LB's array), `daemon`'s
-/// pinned-layout check (map info, unchanged since 4.x) and the `privilege` tests of
-/// libxdp's CAP_SYS_ADMIN (covered where freplace is, by `sharing`).
+/// pinned-layout check (map info, unchanged since 4.x), the `privilege` tests of
+/// libxdp's CAP_SYS_ADMIN (covered where freplace is, by `sharing`) and `sharing`'s
+/// refusal of a program that is not a dispatcher (a name read back).
 /// `every_kernel_suite_is_in_the_full_matrix` keeps this a subset of [`MATRIX`].
 pub const KERNEL_DEPENDENT: &[Suite] = &[
     // Every build through this kernel's verifier, every mode attached, the kernel-feature
@@ -180,10 +181,18 @@ pub const KERNEL_DEPENDENT: &[Suite] = &[
         filters: &[],
     },
     // Sharing the hook through freplace, which this machine's kernel refuses: these tests
-    // run only in guests.
+    // run only in guests (and the last one takes the branch where libxdp installs its
+    // dispatcher). Not `a_program_that_is_not_a_dispatcher_is_named_and_left_alone`: a
+    // program's name read back, which the host's run checks.
     Suite {
         file: "sharing",
-        filters: &[],
+        filters: &[
+            "the_limiter_joins_xdp_filter_and_both_enforce",
+            "each_side_unloads_without_stopping_the_other",
+            "kill_9_restart_and_upgrade_keep_both_enforcing",
+            "xdp_filter_joins_the_dispatcher_the_limiter_installed",
+            "where_freplace_is_refused_the_operator_is_told_what_to_do",
+        ],
     },
     // A failed start undone in libxdp's dispatcher (freplace, refused here).
     Suite {
@@ -520,14 +529,33 @@ fn tests_package_dir() -> Result<PathBuf> {
     Ok(workspace_root()?.join("tests"))
 }
 
-/// The shell script the guest runs: every suite, one test at a time, all run even when
-/// one fails; the exit code says whether all passed.
+/// Files that touch what libxdp keeps for the whole kernel (its dispatcher's pins under
+/// /sys/fs/bpf/xdp, which some of their checks require empty, and xdp-loader's view of
+/// an interface): they run one after another, in the guest's first lane.
+const LIBXDP_STATE: &[&str] = &["libxdp", "sharing", "start_rollback", "privilege"];
+
+/// Files that run in the first lane, after [`LIBXDP_STATE`], to even the lanes out
+/// (CI's 6.1 leg on a quiet machine: the libxdp files ≈ 275 s, the others ≈ 480 s,
+/// these two ≈ 75 s).
+const FIRST_LANE_TOO: &[&str] = &["verifier", "handoff_test_run"];
+
+/// Which of the guest's two lanes a file runs in.
+fn lane(file: &str) -> usize {
+    usize::from(!(LIBXDP_STATE.contains(&file) || FIRST_LANE_TOO.contains(&file)))
+}
+
+/// The shell script the guest runs: every suite, one test at a time within a file, in
+/// two lanes side by side (the guest has two vCPUs, and most of a test's time under
+/// emulation is one CPU verifying a program or sending frames); all run even when one
+/// fails; the exit code says whether all passed. Each file's output is kept in its own
+/// log and printed whole, in the suites' order, once both lanes have ended, with a line
+/// on the console as each file ends.
 fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
     let mut s = String::from(
         "#!/bin/sh\n# Written by `cargo xtask test --kernel`; runs inside the guest.\n",
     );
     // RUSTC_BOOTSTRAP: each test's time (crate::timed_tests).
-    s.push_str("failed=0\nexport RUST_BACKTRACE=0 LIMITER_IN_GUEST=1 RUSTC_BOOTSTRAP=1\n");
+    s.push_str("export RUST_BACKTRACE=0 LIMITER_IN_GUEST=1 RUSTC_BOOTSTRAP=1\n");
     s.push_str(&format!(
         "export LIMITER_GUEST_OUT={}\n",
         sh_quote(&out.display().to_string())
@@ -535,8 +563,21 @@ fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
     // bpffs where systemd mounts it on the hosts this runs on (libxdp's tools need it;
     // the daemon would mount it itself).
     s.push_str("[ \"$(stat -f -c %T /sys/fs/bpf)\" = bpf_fs ] || mount -t bpf bpf /sys/fs/bpf\n");
-    s.push_str("echo \"guest: $(uname -r) ($(uname -v))\"\n");
+    s.push_str("echo \"guest: $(uname -r) ($(uname -v)), $(nproc) CPUs, two lanes\"\n");
+    // suite FILE DIR EXE ARGS...: runs one file, its output to FILE.log, its exit code to
+    // FILE.rc.
+    s.push_str(
+        "suite() {\n\
+         \x20   file=$1; dir=$2; shift 2\n\
+         \x20   t0=$(date +%s)\n\
+         \x20   (cd \"$dir\" && \"$@\") >\"$LIMITER_GUEST_OUT/$file.log\" 2>&1\n\
+         \x20   rc=$?\n\
+         \x20   echo \"$rc\" >\"$LIMITER_GUEST_OUT/$file.rc\"\n\
+         \x20   echo \"guest: $file ended in $(( $(date +%s) - t0 )) s (exit $rc)\"\n\
+         }\n",
+    );
     let dir = tests_package_dir()?;
+    let mut lanes: [Vec<String>; 2] = Default::default();
     for run in runs {
         let exe = exes
             .iter()
@@ -551,12 +592,25 @@ fn script(runs: &[Run], exes: &[TestExe], out: &Path) -> Result<String> {
             .chain(run.filters.iter().map(String::as_str))
             .map(sh_quote)
             .collect();
-        s.push_str(&format!(
-            "echo; echo \"guest: == {file}\"; cd {dir} && {exe} {args} || failed=1\n",
-            file = run.file,
+        lanes[lane(&run.file)].push(format!(
+            "    suite {file} {dir} {exe} {args}\n",
+            file = sh_quote(&run.file),
             dir = sh_quote(&dir.display().to_string()),
             exe = sh_quote(&exe.display().to_string()),
             args = args.join(" "),
+        ));
+    }
+    for lane in lanes.iter().filter(|l| !l.is_empty()) {
+        s.push_str("(\n");
+        s.push_str(&lane.concat());
+        s.push_str(") &\n");
+    }
+    s.push_str("wait\nfailed=0\n");
+    for run in runs {
+        s.push_str(&format!(
+            "echo; echo \"guest: == {file}\"; cat \"$LIMITER_GUEST_OUT/{file}.log\"\n\
+             [ \"$(cat \"$LIMITER_GUEST_OUT/{file}.rc\" 2>/dev/null)\" = 0 ] || failed=1\n",
+            file = run.file,
         ));
     }
     s.push_str("echo \"$failed\" > \"$LIMITER_GUEST_OUT/result\"\nexit $failed\n");
@@ -940,6 +994,28 @@ mod tests {
                 "{}: KERNEL_DEPENDENT runs tests MATRIX does not",
                 k.file
             );
+        }
+    }
+
+    #[test]
+    fn the_files_touching_libxdps_state_share_a_lane() {
+        // Two of them at once would see each other's dispatcher under /sys/fs/bpf/xdp.
+        let dir = tests_package_dir().unwrap_or_default();
+        for s in MATRIX {
+            let file = dir.join("tests").join(format!("{}.rs", s.file));
+            let text =
+                fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            if text.contains("LibxdpState") || text.contains("/sys/fs/bpf/xdp") {
+                assert!(
+                    LIBXDP_STATE.contains(&s.file),
+                    "{} touches libxdp's state: list it in LIBXDP_STATE",
+                    s.file
+                );
+            }
+        }
+        for f in LIBXDP_STATE.iter().chain(FIRST_LANE_TOO) {
+            assert!(MATRIX.iter().any(|s| s.file == *f), "{f} is not in MATRIX");
+            assert_eq!(lane(f), 0, "{f}");
         }
     }
 

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use limiter_bench::{
     fleet_lab::fleet::sibling,
-    soak::{faults, measure, report, rig::Rig, rules, services, Rng, SoakConfig},
+    soak::{faults, measure, report, rig::Rig, rules, services, topology, Rng, SoakConfig},
 };
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -285,6 +285,10 @@ fn nftables_minutes(rig: &mut Rig, data: &mut report::RunData, rng: &mut Rng) ->
         services::nft_guard(&rig.topo.lb(n), rig.topo.lbs, &rig.rules)
             .with_context(|| format!("guarding lb-{n} with nftables"))?;
     }
+    // The last LB runs HAProxy, which terminates the clients' connections itself.
+    let haproxy_lb = rig.topo.lbs;
+    services::nft_synproxy(&rig.topo.lb(haproxy_lb), topology::vip(haproxy_lb))
+        .with_context(|| format!("a SYN proxy on lb-{haproxy_lb}"))?;
     println!(
         "soak: limiters detached, nftables guards each LB at t={:.0}",
         rig.t()

@@ -599,7 +599,9 @@ fn side_by_side(data: &RunData, md: &mut String) {
         "## Side by side: nftables\n\nThe last {} minute(s): every limiter detached, each LB guarded \
          by nftables instead (a netdev ingress chain on `ingress`: a meter per source for port 80's \
          SYNs, `limit` statements for the rest, each fleet quota split evenly over the LBs: \
-         nftables has no allocator), the same attacks, no fault. CPU is the whole machine's \
+         nftables has no allocator) and, on the HAProxy LB, a SYN proxy for its VIP (`synproxy`: \
+         the NAT LBs' DNAT needs conntrack on the SYN, which the proxy takes away), the same \
+         attacks, no fault. CPU is the whole machine's \
          (everything runs on its two cores, with whatever else runs on the machine then); \
          softirq is where XDP and nftables' ingress hook run. The limiter's bound is the fleet's \
          quota, which the allocator gives to the LB under attack; nftables holds each LB to its \

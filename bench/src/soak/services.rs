@@ -331,6 +331,32 @@ pub fn nft_guard(ns: &str, lbs: usize, rules: &[RuleSpec]) -> Result<()> {
     )
 }
 
+/// A SYN proxy on LB `ns`'s VIP `vip`, as an operator adds one in front of a service the
+/// LB terminates itself (HAProxy): SYNs to the VIP bypass conntrack and the kernel
+/// answers them with a syncookie; only a client that completes the handshake reaches the
+/// listener, and the flood's spoofed sources never do. Not on the NAT LBs: their DNAT
+/// needs conntrack on the SYN, which `notrack` takes away. Behind the netdev guard and
+/// the counters (prerouting and input run after ingress), so the counters still count
+/// what the guard let through.
+pub fn nft_synproxy(ns: &str, vip: std::net::Ipv4Addr) -> Result<()> {
+    // A packet that matches no connection must be INVALID, not picked up mid-stream:
+    // the proxy's ACK check relies on it.
+    super::topology::sysctl(ns, "net.netfilter.nf_conntrack_tcp_loose=0")?;
+    super::topology::sysctl(ns, "net.ipv4.tcp_syncookies=1")?;
+    nft(
+        ns,
+        &format!(
+            "table ip soak_synproxy {{\n\
+             \x20 chain raw {{\n    type filter hook prerouting priority raw; policy accept;\n\
+             \x20   ip daddr {vip} tcp flags & (syn | ack) == syn notrack\n  }}\n\
+             \x20 chain proxy {{\n    type filter hook input priority filter; policy accept;\n\
+             \x20   ip daddr {vip} meta l4proto tcp ct state invalid,untracked synproxy mss 1460 \
+             wscale 7 timestamp sack-perm\n\
+             \x20   ip daddr {vip} meta l4proto tcp ct state invalid drop\n  }}\n}}\n"
+        ),
+    )
+}
+
 /// Loads `text` into nftables in `ns`.
 pub fn nft(ns: &str, text: &str) -> Result<()> {
     use std::io::Write as _;

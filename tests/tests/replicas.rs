@@ -1,7 +1,7 @@
 //! Replicated allocators with real processes: Debian's etcd, three `limiter-allocator`
 //! replicas electing their leader in it, and three daemons with traffic through their
 //! veth pairs, each listing the three replicas. Times are scaled down by configuration:
-//! election TTL 2 s (etcd's shortest), lease 3 s, reports every 500 ms.
+//! election TTL 2 s (etcd's shortest), lease 4 s, reports every 500 ms.
 //!
 //! Each replica reaches etcd at a loopback address of its own (127.0.0.11, .12, .13, all
 //! served by the one etcd member), so nftables can cut one replica off from etcd and
@@ -26,7 +26,12 @@ use limiter_proto::pb::{allocator_client::AllocatorClient, ReportRequest};
 use limiter_tests::etcd::Etcd;
 use tonic::transport::{Channel, Endpoint};
 
-const LEASE: u64 = 3000;
+/// 1.5 s above the election TTL and a report: a failover (the dead leader's key
+/// expiring, another replica elected, each host's next report answered) must fit in
+/// it with room for scheduling delay. At 3 s, with the soak's test form and CI's guest
+/// running beside this file, a killed leader's hosts went sticky before the new
+/// leader's first grant (`a_killed_leader_is_replaced_and_no_host_leaves_leased`).
+const LEASE: u64 = 4000;
 const REPORT: u64 = 500;
 const ELECTION_TTL: u64 = 2000;
 /// Per rule and host: 2 × 2,000/s offered against a 3,000/s quota.

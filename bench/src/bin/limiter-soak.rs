@@ -327,6 +327,10 @@ fn nftables_minutes(rig: &mut Rig, data: &mut report::RunData, rng: &mut Rng) ->
     }
     rig.cut();
     rig.attacks.reap(rig.epoch, true);
+    let answered = services::synproxy_answered(&rig.topo.lb(haproxy_lb))
+        .with_context(|| format!("reading lb-{haproxy_lb}'s SYN proxy counter"))?;
+    println!("soak: the SYN proxy on lb-{haproxy_lb} answered {answered} SYNs");
+    data.synproxy = Some((haproxy_lb, answered));
     Ok(())
 }
 

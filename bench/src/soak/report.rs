@@ -43,6 +43,8 @@ pub struct RunData {
     pub nft_minutes: Vec<(f64, f64)>,
     pub nft_targets: Vec<usize>,
     pub nft_counters: Vec<Vec<BTreeMap<String, u64>>>,
+    /// The HAProxy LB's SYN proxy in the nftables minutes: (LB, SYNs it answered).
+    pub synproxy: Option<(usize, u64)>,
     /// The machine's CPU (busy %, softirq %) in each limiter minute, then in each
     /// nftables minute.
     pub cpu: Vec<(f64, f64)>,
@@ -661,6 +663,14 @@ fn side_by_side(data: &RunData, md: &mut String) {
         }
     }
     let _ = writeln!(md);
+    if let Some((lb, answered)) = data.synproxy {
+        let _ = writeln!(
+            md,
+            "The SYN proxy on lb-{lb} answered {answered} SYNs with a syncookie in the nftables \
+             minutes (legitimate clients' and, in a minute that attacked lb-{lb}, what the guard \
+             let through of the floods).\n"
+        );
+    }
 }
 
 fn write_csvs(data: &RunData, out: &Path) -> Result<()> {

@@ -347,14 +347,31 @@ pub fn nft_synproxy(ns: &str, vip: std::net::Ipv4Addr) -> Result<()> {
         ns,
         &format!(
             "table ip soak_synproxy {{\n\
+             \x20 counter {SYNPROXY_COUNTER} {{}}\n\
              \x20 chain raw {{\n    type filter hook prerouting priority raw; policy accept;\n\
              \x20   ip daddr {vip} tcp flags & (syn | ack) == syn notrack\n  }}\n\
              \x20 chain proxy {{\n    type filter hook input priority filter; policy accept;\n\
+             \x20   ip daddr {vip} meta l4proto tcp tcp flags & (syn | ack) == syn ct state untracked \
+             counter name {SYNPROXY_COUNTER}\n\
              \x20   ip daddr {vip} meta l4proto tcp ct state invalid,untracked synproxy mss 1460 \
              wscale 7 timestamp sack-perm\n\
              \x20   ip daddr {vip} meta l4proto tcp ct state invalid drop\n  }}\n}}\n"
         ),
     )
+}
+
+/// The SYN proxy's counter: SYNs it answered with a syncookie.
+const SYNPROXY_COUNTER: &str = "proxied_syn";
+
+/// How many SYNs the SYN proxy on `ns` answered ([`nft_synproxy`]).
+pub fn synproxy_answered(ns: &str) -> Result<u64> {
+    let out =
+        run(in_ns(ns, "nft").args(["-j", "list", "counters", "table", "ip", "soak_synproxy"]))?;
+    parse_counters(&String::from_utf8_lossy(&out.stdout))?
+        .into_iter()
+        .find(|(name, _)| name == SYNPROXY_COUNTER)
+        .map(|(_, packets)| packets)
+        .with_context(|| format!("no counter {SYNPROXY_COUNTER} in {ns}'s soak_synproxy"))
 }
 
 /// Loads `text` into nftables in `ns`.

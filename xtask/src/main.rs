@@ -62,6 +62,14 @@ enum Task {
         /// Where the report goes.
         #[arg(long, default_value = "soak-report")]
         out: std::path::PathBuf,
+        /// Minutes after it with the limiters detached and nftables guarding the LBs
+        /// (0: none; limiter-soak's default: 1).
+        #[arg(long)]
+        nft_minutes: Option<u64>,
+        /// Seconds of baseline (no attack, no limiter; limiter-soak's default: 5 s a
+        /// minute, 60 s to 5 minutes).
+        #[arg(long)]
+        baseline_s: Option<u64>,
     },
     /// Run every test: host unit/property tests, then the kernel tests (root). With
     /// `--kernel`, the kernel tests also (or only) run on Debian's kernels under qemu;
@@ -164,21 +172,32 @@ fn main() -> Result<()> {
             let (binary, args) = run_target(&args);
             run_cmd(Command::new(release.join(binary)).args(args))
         }
-        Task::Soak { minutes, seed, out } => {
+        Task::Soak {
+            minutes,
+            seed,
+            out,
+            nft_minutes,
+            baseline_s,
+        } => {
             setup::run()?;
             build()?;
             let release = workspace_root()?.join("target/release");
-            run_cmd(
-                Command::new(release.join("limiter-soak"))
-                    .args([
-                        "--minutes",
-                        &minutes.to_string(),
-                        "--seed",
-                        &seed.to_string(),
-                    ])
-                    .arg("--out")
-                    .arg(out),
-            )
+            let mut soak = Command::new(release.join("limiter-soak"));
+            soak.args([
+                "--minutes",
+                &minutes.to_string(),
+                "--seed",
+                &seed.to_string(),
+            ])
+            .arg("--out")
+            .arg(out);
+            if let Some(n) = nft_minutes {
+                soak.args(["--nft-minutes", &n.to_string()]);
+            }
+            if let Some(s) = baseline_s {
+                soak.args(["--baseline-s", &s.to_string()]);
+            }
+            run_cmd(&mut soak)
         }
         Task::Test {
             kernel,

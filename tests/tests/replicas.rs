@@ -1286,7 +1286,10 @@ fn shard_assign_moves_a_rule_under_traffic_without_over_granting() {
     let moved_at = Instant::now();
     let mut peak_share = 0;
     let mut peak_rate = 0.0f64;
-    let mut last = (Instant::now(), admitted_totals(&all)[0]);
+    // Each host's count timed at the middle of its own reading: timed from after
+    // reading all three, a slow reading beside CI's other lanes made the rate 3.4 % too
+    // high (3,101/s against 3,000/s).
+    let mut last = passed_at(&all, "web");
     while moved_at.elapsed() < Duration::from_millis(3 * LEASE) {
         let sum: u64 = labs.iter().map(web_share).sum();
         peak_share = peak_share.max(sum);
@@ -1294,15 +1297,15 @@ fn shard_assign_moves_a_rule_under_traffic_without_over_granting() {
             sum <= QUOTA,
             "web's shares in force sum to {sum}/s, quota {QUOTA}/s"
         );
-        if last.0.elapsed() >= Duration::from_secs(2) {
-            let now = admitted_totals(&all)[0];
-            let rate = (now - last.1) as f64 / last.0.elapsed().as_secs_f64();
+        if last[0].1.elapsed() >= Duration::from_secs(2) {
+            let now = passed_at(&all, "web");
+            let rate = rate_between(&last, &now);
             peak_rate = peak_rate.max(rate);
             assert!(
                 rate <= QUOTA as f64 * 1.02,
                 "web admitted {rate:.0}/s during the move, quota {QUOTA}/s"
             );
-            last = (Instant::now(), now);
+            last = now;
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -292,21 +292,24 @@ pub fn wait_state(labs: &[&Lab], rule: &str, state: &str, within: Duration) -> D
 pub fn admitted_rate(labs: &[&Lab], rule: &str, window: Duration) -> f64 {
     let before = passed_at(labs, rule);
     std::thread::sleep(window);
-    let after = passed_at(labs, rule);
-    // Each host's frames over its own two readings' interval: timed from before the
-    // first reading or after the last, a reading slowed by a loaded machine (the host
-    // suite runs in two lanes beside CI's guest) counted frames outside the interval and
-    // made a rate 3.5 % too high.
+    rate_between(&before, &passed_at(labs, rule))
+}
+
+/// The fleet's admitted rate between two [`passed_at`] readings: each host's frames over
+/// its own two readings' interval. Timed from before the first reading or after the
+/// last, a reading slowed by a loaded machine (the host suite runs in lanes beside CI's
+/// guest) counted frames outside the interval and made a rate 3.5 % too high.
+pub fn rate_between(before: &[(u64, Instant)], after: &[(u64, Instant)]) -> f64 {
     before
         .iter()
-        .zip(&after)
+        .zip(after)
         .map(|((b, b_at), (a, a_at))| (a - b) as f64 / (*a_at - *b_at).as_secs_f64())
         .sum()
 }
 
 /// `rule`'s passed frames on each lab, each with when it was read (the middle of its
 /// reading).
-fn passed_at(labs: &[&Lab], rule: &str) -> Vec<(u64, Instant)> {
+pub fn passed_at(labs: &[&Lab], rule: &str) -> Vec<(u64, Instant)> {
     labs.iter()
         .map(|lab| {
             let start = Instant::now();

@@ -29,8 +29,9 @@ use tonic::transport::{Channel, Endpoint};
 /// 1.5 s above the election TTL and a report: a failover (the dead leader's key
 /// expiring, another replica elected, each host's next report answered) must fit in
 /// it with room for scheduling delay. At 3 s, with the soak's test form and CI's guest
-/// running beside this file, a killed leader's hosts went sticky before the new
-/// leader's first grant (`a_killed_leader_is_replaced_and_no_host_leaves_leased`).
+/// running beside this file (a third lane, since undone), a killed leader's hosts went
+/// sticky before the new leader's first grant
+/// (`a_killed_leader_is_replaced_and_no_host_leaves_leased`).
 const LEASE: u64 = 4000;
 const REPORT: u64 = 500;
 const ELECTION_TTL: u64 = 2000;

@@ -62,34 +62,84 @@ const SOAK_APT_PACKAGES: &[&str] = &[
     "hping3",
 ];
 
+const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
+const OUR_POLICY: &str =
+    "#!/bin/sh\n# cargo xtask setup: no service starts while it installs\nexit 101\n";
+
+/// What is at [`POLICY_RC_D`] before the soak's packages are installed.
+#[derive(Debug, PartialEq, Eq)]
+enum StartPolicy {
+    Absent,
+    /// Setup's own, left by a run that was stopped half way.
+    Ours,
+    /// Another, which refuses starting nginx and haproxy (exit 101).
+    RefusesStarts,
+    /// Another, which would let a service start.
+    Other,
+}
+
+fn start_policy(policy: &Path) -> StartPolicy {
+    let refuses = |service: &str| {
+        Command::new(policy)
+            .args([service, "start"])
+            .status()
+            .is_ok_and(|s| s.code() == Some(101))
+    };
+    match std::fs::read_to_string(policy).ok().as_deref() {
+        None if !policy.exists() => StartPolicy::Absent,
+        Some(OUR_POLICY) => StartPolicy::Ours,
+        _ if refuses("nginx") && refuses("haproxy") => StartPolicy::RefusesStarts,
+        _ => StartPolicy::Other,
+    }
+}
+
 /// Debian's maintainer scripts start nginx and haproxy on install: a service on this
 /// machine's own network, listening on :80 of the root namespace. Installing under a
 /// policy-rc.d that refuses every start (exit 101) keeps them stopped; their units are
 /// disabled too, so no boot starts them. Fails if anything listens on :80 afterwards.
+///
+/// A policy-rc.d that is already there (container images ship one that refuses
+/// everything) is used as it is when it refuses both starts, and left in place; one that
+/// would let either start is not replaced: setup stops and says so.
 fn soak_packages() -> Result<()> {
     if SOAK_APT_PACKAGES.iter().all(|p| installed(p)) {
         return Ok(());
     }
-    let policy = Path::new("/usr/sbin/policy-rc.d");
-    const OURS: &str =
-        "#!/bin/sh\n# cargo xtask setup: no service starts while it installs\nexit 101\n";
-    // Ours, left by a setup that was stopped half way: replaced and removed below.
-    if policy.exists() && std::fs::read_to_string(policy).ok().as_deref() != Some(OURS) {
-        bail!(
-            "{} exists already and is not setup's: setup installs nginx and haproxy under a \
-             policy-rc.d of its own (refusing every service start) and will not replace \
-             another; install {} with it in place, or move it aside for the install",
+    let policy = Path::new(POLICY_RC_D);
+    let existing = start_policy(policy);
+    let write_ours = match existing {
+        // Ours, left by a setup that was stopped half way: replaced and removed below.
+        StartPolicy::Absent | StartPolicy::Ours => true,
+        StartPolicy::RefusesStarts => false,
+        StartPolicy::Other => bail!(
+            "{} exists already, is not setup's and does not refuse starting nginx and \
+             haproxy (`{} nginx start` did not exit 101): setup installs them under a \
+             policy-rc.d that refuses every service start and will not replace another; \
+             install {} with it in place, or move it aside for the install",
+            policy.display(),
             policy.display(),
             SOAK_APT_PACKAGES.join(" ")
+        ),
+    };
+    if write_ours {
+        std::fs::write(policy, OUR_POLICY)
+            .with_context(|| format!("writing {}", policy.display()))?;
+        std::fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .with_context(|| format!("making {} executable", policy.display()))?;
+    } else {
+        eprintln!(
+            "setup: {} refuses service starts already: installing under it, leaving it",
+            policy.display()
         );
     }
-    std::fs::write(policy, OURS).with_context(|| format!("writing {}", policy.display()))?;
-    std::fs::set_permissions(policy, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .with_context(|| format!("making {} executable", policy.display()))?;
     let installed = install_apt(SOAK_APT_PACKAGES);
-    let removed = std::fs::remove_file(policy);
-    installed?;
-    removed.with_context(|| format!("removing {}", policy.display()))?;
+    if write_ours {
+        let removed = std::fs::remove_file(policy);
+        installed?;
+        removed.with_context(|| format!("removing {}", policy.display()))?;
+    } else {
+        installed?;
+    }
     for unit in ["nginx", "haproxy"] {
         // Not fatal: on a machine without systemd there is nothing to enable.
         let _ = Command::new("systemctl")
@@ -253,4 +303,45 @@ fn bpf_linker() -> Result<()> {
             .env("LLVM_PREFIX", LLVM_PREFIX)
             .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    fn script(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_policy_rc_d_is_used_only_when_it_refuses_both_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert_eq!(start_policy(&d.join("none")), StartPolicy::Absent);
+        assert_eq!(
+            start_policy(&script(d, "ours", OUR_POLICY)),
+            StartPolicy::Ours
+        );
+        // As Docker's Debian images ship it.
+        let docker = "#!/bin/sh\n# For most Docker users ...\nexit 101\n";
+        assert_eq!(
+            start_policy(&script(d, "docker", docker)),
+            StartPolicy::RefusesStarts
+        );
+        let allows = "#!/bin/sh\nexit 0\n";
+        assert_eq!(
+            start_policy(&script(d, "allows", allows)),
+            StartPolicy::Other
+        );
+        let only_nginx = "#!/bin/sh\n[ \"$1\" = nginx ] && exit 101\nexit 104\n";
+        assert_eq!(
+            start_policy(&script(d, "only-nginx", only_nginx)),
+            StartPolicy::Other
+        );
+    }
 }

@@ -22,6 +22,7 @@ use std::{
 };
 
 use common::{fleet::*, pki::Pki, start_all, wait_for, Daemon, Lab, Sender};
+use limiter_fleet::alloc::DEFAULT_CREDIT_PCT;
 use limiter_proto::pb::{allocator_client::AllocatorClient, ReportRequest};
 use limiter_tests::etcd::Etcd;
 use tonic::transport::{Channel, Endpoint};
@@ -29,7 +30,7 @@ use tonic::transport::{Channel, Endpoint};
 /// 1.5 s above the election TTL and a report: a failover (the dead leader's key
 /// expiring, another replica elected, each host's next report answered) must fit in
 /// it with room for scheduling delay. At 3 s, with the soak's test form and CI's guest
-/// running beside this file (a third lane, since undone), a killed leader's hosts went
+/// running beside this file, a killed leader's hosts went
 /// sticky before the new leader's first grant
 /// (`a_killed_leader_is_replaced_and_no_host_leaves_leased`).
 const LEASE: u64 = 4000;
@@ -1288,8 +1289,8 @@ fn shard_assign_moves_a_rule_under_traffic_without_over_granting() {
     let mut peak_share = 0;
     let mut peak_rate = 0.0f64;
     // Each host's count timed at the middle of its own reading: timed from after
-    // reading all three, a slow reading beside CI's other lanes made the rate 3.4 % too
-    // high (3,101/s against 3,000/s).
+    // reading all three, a slow reading beside CI's other lanes counted frames outside
+    // the window.
     let mut last = passed_at(&all, "web");
     while moved_at.elapsed() < Duration::from_millis(3 * LEASE) {
         let sum: u64 = labs.iter().map(web_share).sum();
@@ -1302,9 +1303,25 @@ fn shard_assign_moves_a_rule_under_traffic_without_over_granting() {
             let now = passed_at(&all, "web");
             let rate = rate_between(&last, &now);
             peak_rate = peak_rate.max(rate);
+            // The fleet's bound (docs/fleet.md, "The credit"): over a window of `dt`, at
+            // most QUOTA × dt + the global burst + credit_pct % of one report interval's
+            // quota. A move re-grants every share; while the shares in force sum below
+            // the quota the unused part becomes credit, and a host's bucket is resized
+            // with its share. (A 2 % bound on 2 s windows, which this check once was, is
+            // tighter than what the fleet promises: beside CI's other lanes two windows
+            // read 3,101/s and 3,068/s.)
+            let dt = last
+                .iter()
+                .zip(&now)
+                .map(|((_, b), (_, a))| (*a - *b).as_secs_f64())
+                .fold(f64::INFINITY, f64::min);
+            let credit_cap = (QUOTA * REPORT / 1000) as f64 * DEFAULT_CREDIT_PCT as f64 / 100.0;
+            let bound = QUOTA as f64 + (BURST as f64 + credit_cap) / dt;
             assert!(
-                rate <= QUOTA as f64 * 1.02,
-                "web admitted {rate:.0}/s during the move, quota {QUOTA}/s"
+                rate <= bound,
+                "web admitted {rate:.0}/s over {dt:.2} s during the move, above the fleet's \
+                 bound of {bound:.0}/s (quota {QUOTA}/s, burst {BURST}, credit cap \
+                 {credit_cap:.0})"
             );
             last = now;
         }

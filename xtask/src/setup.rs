@@ -45,9 +45,17 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 pub fn run() -> Result<()> {
     nightly_rust_src()?;
     apt_packages()?;
-    soak_packages()?;
-    bpf_linker()?;
-    Ok(())
+    // On a new machine both take a minute or more: bpf-linker's build is CPU-bound,
+    // the packages' install mostly waits on dpkg. They share nothing (bpf-linker needs
+    // LLVM, installed above), so they run at once.
+    std::thread::scope(|scope| {
+        let soak = scope.spawn(soak_packages);
+        let linker = bpf_linker();
+        let soak = soak
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("installing the soak's packages panicked")));
+        linker.and(soak)
+    })
 }
 
 /// The soak's load balancers, services, clients and attack tools (`cargo xtask soak`,

@@ -16,6 +16,8 @@ use limiter_user::bpf::maps::Maps;
 use super::{pki::Pki, Lab, LIMITER};
 
 pub const QUOTA: u64 = 3000;
+/// The burst of `web` and `cap` in the allocators' and the hosts' configs.
+pub const BURST: u64 = 300;
 pub const LEASE_MS: u64 = 1500;
 pub const REPORT_MS: u64 = 300;
 pub const STICKY_S: u64 = 3;
@@ -140,8 +142,8 @@ impl Allocator {
                 "listen = \"127.0.0.1:{port}\"\nmetrics = \"{metrics}\"\ncontrol_socket = \"{}\"\n\
                  lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\n{fleet_size}\
                  {settings}\n[tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
-                 [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = 300\n\
-                 [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = 300\n{tables}",
+                 [[quotas]]\nrule = \"web\"\nrate = {QUOTA}\nburst = {BURST}\n\
+                 [[quotas]]\nrule = \"cap\"\nrate = {QUOTA}\nburst = {BURST}\n{tables}",
                 dir.join("allocator.sock").display(),
                 pki.ca().display(),
                 server.cert.display(),
@@ -206,8 +208,8 @@ pub fn daemon_config_timed(
     let pair = pki.pair(cert);
     format!(
         "fleet_size = 3\n\
-         [[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"open\"\n\
-         [[rules]]\nname = \"cap\"\ndst = \"198.18.0.3/32\"\nrate = {QUOTA}\nburst = 300\nfail_mode = \"static\"\n\
+         [[rules]]\nname = \"web\"\ndst = \"198.18.0.2/32\"\nrate = {QUOTA}\nburst = {BURST}\nfail_mode = \"open\"\n\
+         [[rules]]\nname = \"cap\"\ndst = \"198.18.0.3/32\"\nrate = {QUOTA}\nburst = {BURST}\nfail_mode = \"static\"\n\
          [fleet]\nallocator = \"127.0.0.1:{port}\"\nhost_id = \"{host}\"\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n\
          lease_ttl_ms = {lease_ms}\nreport_interval_ms = {report_ms}\nsticky_max_s = {STICKY_S}\n",
         pki.ca().display(),

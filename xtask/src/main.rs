@@ -458,42 +458,28 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
             .filter(|(_, f, _)| names.contains(&f.as_str()))
             .collect()
     };
-    let (waiting, own_lane, busy, alone) = (
-        pick(&plan.waiting),
-        pick(&plan.own_lane),
-        pick(&plan.busy),
-        pick(&plan.alone),
-    );
+    let (waiting, busy, alone) = (pick(&plan.waiting), pick(&plan.busy), pick(&plan.alone));
     println!(
-        "\nxtask: {} test files in three lanes side by side (the second: {}; the third: {}), \
-         then {} that need the CPUs to themselves, one at a time ({})",
-        waiting.len() + own_lane.len() + busy.len(),
+        "\nxtask: {} test files in two lanes side by side (beside the others: {}), then {} \
+         that need the CPUs to themselves, one at a time ({})",
+        waiting.len() + busy.len(),
         plan.waiting.join(", "),
-        plan.own_lane.join(", "),
         alone.len(),
         plan.alone.join(", ")
     );
     let mut timings = Vec::new();
     std::thread::scope(|scope| {
         // Each file's output whole when it ends, so that the lanes do not interleave.
-        let run = &run;
-        let beside = [("waiting", &waiting), ("own", &own_lane)].map(|(name, lane)| {
-            (
-                name,
-                scope.spawn(move || run(lane, timed_tests::Output::Whole)),
-            )
-        });
+        let beside = scope.spawn(|| run(&waiting, timed_tests::Output::Whole));
         let (t, f) = run(&busy, timed_tests::Output::Whole);
         timings.extend(t);
         failed.extend(f);
-        for (name, lane) in beside {
-            match lane.join() {
-                Ok((t, f)) => {
-                    timings.extend(t);
-                    failed.extend(f);
-                }
-                Err(_) => failed.push(format!("the {name} lane's thread panicked")),
+        match beside.join() {
+            Ok((t, f)) => {
+                timings.extend(t);
+                failed.extend(f);
             }
+            Err(_) => failed.push("the waiting lane's thread panicked".to_string()),
         }
     });
     let (t, f) = run(&alone, timed_tests::Output::Live);

@@ -309,7 +309,10 @@ fn bpf_linker() -> Result<()> {
                 "llvm-22",
             ])
             .env("LLVM_PREFIX", LLVM_PREFIX)
-            .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX),
+            .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)
+            // CI lints the workspace through these (.ci/run); bpf-linker is not ours.
+            .env_remove("RUSTC_WORKSPACE_WRAPPER")
+            .env_remove("RUSTFLAGS"),
     )
 }
 

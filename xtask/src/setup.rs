@@ -114,18 +114,17 @@ fn soak_packages() -> Result<()> {
         return Ok(());
     }
     let policy = Path::new(POLICY_RC_D);
-    let existing = start_policy(policy);
-    let write_ours = match existing {
+    let p = policy.display();
+    let write_ours = match start_policy(policy) {
         // Ours, left by a setup that was stopped half way: replaced and removed below.
         StartPolicy::Absent | StartPolicy::Ours => true,
         StartPolicy::RefusesStarts => false,
         StartPolicy::Other => bail!(
-            "{} exists already, is not setup's and does not refuse starting nginx and \
-             haproxy (`{} nginx start` did not exit 101): setup installs them under a \
-             policy-rc.d that refuses every service start and will not replace another; \
-             install {} with it in place, or move it aside for the install",
-            policy.display(),
-            policy.display(),
+            "{p} exists already, is not setup's and does not refuse starting nginx and \
+             haproxy (`{p} nginx start` and `{p} haproxy start` must both exit 101): \
+             setup installs them under a policy-rc.d that refuses every service start and \
+             will not replace another; install {} with it in place, or move it aside for \
+             the install",
             SOAK_APT_PACKAGES.join(" ")
         ),
     };
@@ -334,25 +333,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         assert_eq!(start_policy(&d.join("none")), StartPolicy::Absent);
-        assert_eq!(
-            start_policy(&script(d, "ours", OUR_POLICY)),
-            StartPolicy::Ours
-        );
-        // As Docker's Debian images ship it.
-        let docker = "#!/bin/sh\n# For most Docker users ...\nexit 101\n";
-        assert_eq!(
-            start_policy(&script(d, "docker", docker)),
-            StartPolicy::RefusesStarts
-        );
-        let allows = "#!/bin/sh\nexit 0\n";
-        assert_eq!(
-            start_policy(&script(d, "allows", allows)),
-            StartPolicy::Other
-        );
-        let only_nginx = "#!/bin/sh\n[ \"$1\" = nginx ] && exit 101\nexit 104\n";
-        assert_eq!(
-            start_policy(&script(d, "only-nginx", only_nginx)),
-            StartPolicy::Other
-        );
+        let cases = [
+            ("ours", OUR_POLICY, StartPolicy::Ours),
+            // As Docker's Debian images ship it.
+            (
+                "docker",
+                "#!/bin/sh\n# For most Docker users ...\nexit 101\n",
+                StartPolicy::RefusesStarts,
+            ),
+            ("allows", "#!/bin/sh\nexit 0\n", StartPolicy::Other),
+            (
+                "only-nginx",
+                "#!/bin/sh\n[ \"$1\" = nginx ] && exit 101\nexit 104\n",
+                StartPolicy::Other,
+            ),
+        ];
+        for (name, text, expected) in cases {
+            assert_eq!(start_policy(&script(d, name, text)), expected, "{name}");
+        }
     }
 }

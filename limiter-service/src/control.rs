@@ -23,7 +23,11 @@ use crate::exit::Exit;
 /// Longest request accepted (a request is a few hundred bytes).
 pub const MAX_REQUEST: u64 = 64 * 1024;
 /// How long either side waits for the other.
+#[cfg(not(test))]
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// The unit tests below wait for a silent client's timeout: 2 s instead of 10.
+#[cfg(test)]
+pub const TIMEOUT: Duration = Duration::from_secs(2);
 /// Connections served at once; more wait in the listen backlog. A request is a few map
 /// operations or one etcd call: a handful of operators and scripts never come near it,
 /// and a local root flood holds at most this many tasks.

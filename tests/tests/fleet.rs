@@ -376,7 +376,7 @@ fn shares_follow_a_demand_shift() {
         .map(|(r, lab)| lab.send_stoppable(plan(lab, *r)))
         .collect();
     std::thread::sleep(Duration::from_secs(3));
-    let before: Vec<u64> = labs.iter().map(web_share).collect();
+    let before = web_shares(&labs);
     // Phase 1 ends where its shares were read.
     for s in first {
         s.stop();
@@ -389,14 +389,14 @@ fn shares_follow_a_demand_shift() {
         .collect();
     let mut followed = None;
     while shifted.elapsed() < Duration::from_secs(3) {
-        let shares: Vec<u64> = labs.iter().map(web_share).collect();
+        let shares = web_shares(&labs);
         if dominant(&shares) == Some(2) {
             followed = Some(shifted.elapsed());
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let after: Vec<u64> = labs.iter().map(web_share).collect();
+    let after = web_shares(&labs);
     eprintln!("shares before {before:?}, after {after:?}, followed in {followed:?}");
     // The busy host holds the bulk of the quota (more than twice any other's share).
     assert_eq!(dominant(&before), Some(0), "phase 1 shares {before:?}");
@@ -1460,7 +1460,7 @@ fn four_tokens_per_host() -> SmallBurstRun {
     let start = Instant::now();
     let mut peak_in_force = 0;
     while start.elapsed() < Duration::from_secs(6) {
-        let in_force: u64 = labs.iter().map(web_share).sum();
+        let in_force: u64 = web_shares(&labs).iter().sum();
         peak_in_force = peak_in_force.max(in_force);
         std::thread::sleep(Duration::from_millis(100));
     }

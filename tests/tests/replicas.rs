@@ -855,7 +855,7 @@ fn quota_set_on_a_follower_reaches_the_fleet_and_a_full_restart_never_over_grant
     let until = Instant::now() + Duration::from_millis(2 * LEASE);
     let mut peak = 0;
     while Instant::now() < until {
-        let sum: u64 = labs.iter().map(web_share).sum();
+        let sum: u64 = web_shares(&labs).iter().sum();
         peak = peak.max(sum);
         assert!(sum <= 1500, "shares in force sum to {sum}/s, quota 1500/s");
         std::thread::sleep(Duration::from_millis(50));
@@ -1293,7 +1293,7 @@ fn shard_assign_moves_a_rule_under_traffic_without_over_granting() {
     // the window.
     let mut last = passed_at(&all, "web");
     while moved_at.elapsed() < Duration::from_millis(3 * LEASE) {
-        let sum: u64 = labs.iter().map(web_share).sum();
+        let sum: u64 = web_shares(&labs).iter().sum();
         peak_share = peak_share.max(sum);
         assert!(
             sum <= QUOTA,

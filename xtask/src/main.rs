@@ -453,9 +453,11 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
     };
     let files: Vec<&str> = exes.iter().map(|(_, f, _)| f.as_str()).collect();
     let plan = lanes::plan(&files);
+    // In the plan's order.
     let pick = |names: &[&str]| -> Vec<_> {
-        exes.iter()
-            .filter(|(_, f, _)| names.contains(&f.as_str()))
+        names
+            .iter()
+            .filter_map(|name| exes.iter().find(|(_, f, _)| f == name))
             .collect()
     };
     let (waiting, busy, alone) = (pick(&plan.waiting), pick(&plan.busy), pick(&plan.alone));

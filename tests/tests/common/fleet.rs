@@ -360,6 +360,31 @@ pub fn web_share(lab: &Lab) -> u64 {
     lab.rule_stats("web")["rate"].as_u64().unwrap()
 }
 
+/// The `web` shares in force on `labs` at one instant. Read one host after another, a
+/// sum can take one host's share from before a grant and another's from after it (530 +
+/// 584 + 1,942 = 3,056 of 3,000, read beside CI's other tests while the shares moved),
+/// so the hosts are read in sweeps until two sweeps in a row agree: each host then held
+/// its share from its reading in the first to its reading in the second, and every
+/// reading of the first came before every reading of the second, so at the moment
+/// between the sweeps every host held the share returned. Fails if the shares do not
+/// hold still for two sweeps within 5 s (grants come once a report interval a host).
+pub fn web_shares(labs: &[Lab]) -> Vec<u64> {
+    let start = Instant::now();
+    let mut last: Vec<u64> = labs.iter().map(web_share).collect();
+    loop {
+        let now: Vec<u64> = labs.iter().map(web_share).collect();
+        if now == last {
+            return now;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "web's shares did not hold still for two readings in a row within 5 s \
+             (the last two: {last:?}, {now:?})"
+        );
+        last = now;
+    }
+}
+
 /// Waits until `lab`'s `web` share is `rate`: a freshly started allocator learns for a
 /// lease TTL, granting a host that holds nothing only a joiner's share meanwhile, and
 /// splits the quota at the first report after that. Fails after `within`.
@@ -389,7 +414,10 @@ impl Partition {
 
     /// Drops locally sent packets matching any of `matches` (nft rule expressions).
     pub fn dropping(matches: &[String]) -> Partition {
-        let table = format!("limtest_part_{}", std::process::id());
+        // Unique in the process too: the files that cut links run two tests at a time.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let table = format!("limtest_part_{}_{n}", std::process::id());
         let mut script = format!(
             "add table inet {table}\n\
              add chain inet {table} out {{ type filter hook output priority 0; }}\n"

@@ -49,6 +49,48 @@ impl Drop for LibxdpState {
     }
 }
 
+/// libxdp's dispatcher pins for one interface (`STATE_DIR/dispatch-IFINDEX-ID`, one
+/// directory per dispatcher), removed on drop if still there. libxdp removes them when it
+/// detaches a dispatcher; a process killed while joining one (a guide block stopped at
+/// its deadline) leaves them, and the next test that finds STATE_DIR not empty fails for
+/// what this one left.
+pub struct DispatcherPins {
+    prefix: String,
+}
+
+impl DispatcherPins {
+    pub fn of(ifindex: u32) -> DispatcherPins {
+        DispatcherPins {
+            prefix: format!("dispatch-{ifindex}-"),
+        }
+    }
+}
+
+impl Drop for DispatcherPins {
+    fn drop(&mut self) {
+        let Ok(dir) = std::fs::read_dir(STATE_DIR) else {
+            return;
+        };
+        for entry in dir.filter_map(Result::ok) {
+            if !entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&self.prefix)
+            {
+                continue;
+            }
+            // A bpffs directory goes once its pins are unlinked.
+            let path = entry.path();
+            if let Ok(pins) = std::fs::read_dir(&path) {
+                for pin in pins.filter_map(Result::ok) {
+                    let _ = std::fs::remove_file(pin.path());
+                }
+            }
+            let _ = std::fs::remove_dir(&path);
+        }
+    }
+}
+
 /// xdp-filter on an interface with one rule (drop UDP to `port`), unloaded on drop.
 pub struct XdpFilter {
     iface: String,

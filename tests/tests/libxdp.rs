@@ -9,7 +9,7 @@ use limiter_tests::{
     guide,
     netns::VethPair,
     scenario::PinDir,
-    xdp_tools::{libxdp_installs_a_dispatcher, run, LibxdpState},
+    xdp_tools::{libxdp_installs_a_dispatcher, run, DispatcherPins, LibxdpState},
 };
 
 #[test]
@@ -43,6 +43,8 @@ fn the_libxdp_guide_runs_as_written_or_names_the_fallback() {
     let _state = LibxdpState::new();
     let dispatcher = libxdp_installs_a_dispatcher();
     let pair = VethPair::new(1).expect("creating the veth pair");
+    // Dropped before the pair and `_state`: a guide stopped at its deadline may leave them.
+    let _dispatchers = DispatcherPins::of(pair.host_ifindex().unwrap());
     let pins = PinDir::new();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("limiter.toml");

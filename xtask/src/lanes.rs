@@ -16,31 +16,20 @@
 /// `soak` (≈ 4 min in its test form) is mostly waiting too: its traffic is a few hundred
 /// requests/s and its floods a few thousand packets/s at nice 19; the goals it asserts
 /// are counts and bounds, not timings (its latency goal is printed, not asserted).
-/// `replicas` runs two tests at a time ([`TWO_AT_A_TIME`]: ≈ 185 s one at a time), and
-/// with `fleet_peers` (≈ 55 s) here too the two lanes take about as long as each other
-/// (≈ 385 s; the busy lane's files took 376 s in CI).
-pub const WAITING: &[&str] = &["replicas", "soak", "fleet_peers"];
-
-/// Files whose tests run two at a time; every other file's run one at a time. Each of
-/// `replicas`' tests starts a fleet of its own (etcd and its replicas, daemons on veth
-/// pairs of their own, loopback ports never handed out twice in the process, nftables
-/// cuts named per test) and spends most of its time waiting on leases and elections:
-/// two side by side take about half as long. Its sums of shares read from several
-/// daemons are read as one snapshot (`web_shares`), so that a neighbour slowing the
-/// readings cannot make them straddle a grant. `fleet` was tried too (143 s became
-/// 81), but its check that three saturated hosts admit the quota within 2 % read
-/// 2,920/s of 3,000 while the test beside it started its daemons: a host's bucket
-/// holds 100 ms of its share, and senders that stall longer give it nothing to admit.
-pub const TWO_AT_A_TIME: &[&str] = &["replicas"];
-
-/// libtest's `--test-threads` for `file`.
-pub fn test_threads(file: &str) -> usize {
-    if TWO_AT_A_TIME.contains(&file) {
-        2
-    } else {
-        1
-    }
-}
+/// `fleet_lab` and `fleet_peers` (≈ 1 min each) wait as well, but run in the busy lane:
+/// with `soak` here the two lanes take about as long as each other (with `fleet_peers`
+/// here they took 474 and 389 s in CI, ≈ 421 and ≈ 442 s without).
+///
+/// Every file runs its tests one at a time. `replicas` two at a time was tried (each
+/// test starts its own etcd, replicas and daemons, then mostly waits): 185 s became
+/// 101–113 s and it passed in all three runs, but `fleet_lab` in the busy lane beside it
+/// read 2,647 frames/s admitted through two failovers against a 2,400/s quota (± 5 %) in
+/// one of two CI runs (2,418 and 2,470/s on an idle machine); until that is understood
+/// the extra load stays out. `fleet` two at a time: 143 s became 81, but its check that
+/// three saturated hosts admit their quota within 2 % read 2,920/s of 3,000 while the
+/// test beside it started its daemons (a host's bucket holds 100 ms of its share, and
+/// senders that stall longer give it nothing to admit).
+pub const WAITING: &[&str] = &["replicas", "soak"];
 
 /// Files that need the CPUs to themselves: they run last, one at a time, in this order,
 /// so that the most sensitive run latest, when CI's guest beside the host suite has most
@@ -50,6 +39,7 @@ pub fn test_threads(file: &str) -> usize {
 /// `fleet` checks admitted rates against shares to ±2 % with paced senders and has no
 /// premise to retry on: run first, beside a guest slowed by a loaded machine, one of
 /// its hosts admitted 769 frames/s of a 1,000/s share, so it runs last.
+/// (`replicas` and `fleet` run one test at a time: see [`WAITING`].)
 pub const ALONE: &[&str] = &["abuse", "saturation", "scrape_load", "accuracy", "fleet"];
 
 /// The files of one run, by lane, each in the order given.
@@ -110,16 +100,6 @@ mod tests {
         let mut all: Vec<&str> = [plan.waiting, plan.busy, plan.alone].concat();
         all.sort_unstable();
         assert_eq!(all, files);
-    }
-
-    #[test]
-    fn only_the_files_named_run_two_tests_at_a_time() {
-        for file in TWO_AT_A_TIME {
-            assert_eq!(test_threads(file), 2, "{file}");
-        }
-        for file in ["accuracy", "soak", "new_file"] {
-            assert_eq!(test_threads(file), 1, "{file}");
-        }
     }
 
     #[test]

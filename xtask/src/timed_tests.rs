@@ -63,10 +63,9 @@ pub enum Output {
     Whole,
 }
 
-/// Runs `exe` (the test target `file`) from `dir` with `args`, as many tests at a time
-/// as [`crate::lanes::test_threads`] says for it, its stdout and stderr (the daemons'
-/// logs) in one stream shown as `output` says; returns whether it passed and the
-/// timings it printed.
+/// Runs `exe` (the test target `file`) from `dir` with `args`, one test at a time, its
+/// stdout and stderr (the daemons' logs) in one stream shown as `output` says; returns
+/// whether it passed and the timings it printed.
 pub fn run(
     exe: &Path,
     file: &str,
@@ -90,10 +89,7 @@ pub fn run(
     cmd.current_dir(dir)
         .env("CARGO_MANIFEST_DIR", dir)
         .env("RUSTC_BOOTSTRAP", "1")
-        .arg(format!(
-            "--test-threads={}",
-            crate::lanes::test_threads(file)
-        ))
+        .arg("--test-threads=1")
         .args(REPORT_TIME)
         .args(args)
         .stdout(writer.try_clone().context("duplicating the pipe")?)

@@ -639,56 +639,51 @@ mod tests {
         let limit = Limit::new(Granularity::Event, 100, 10).unwrap();
         let mut rng = Rng(seed);
         eprintln!("sources      max_sources  r/R    measured      formula");
-        {
-            let width = width_for(max_sources);
-            let meta = SketchMeta {
-                seed: [rng.next(), rng.next()],
-                width_mask: width - 1,
-                rows: ROWS,
+        let width = width_for(max_sources);
+        let meta = SketchMeta {
+            seed: [rng.next(), rng.next()],
+            width_mask: width - 1,
+            rows: ROWS,
+        };
+        for sources in [1_000_000u32, 10_000_000, 100_000_000] {
+            let key_of = |i: u32| {
+                let mut src = [0u8; 16];
+                src[..4].copy_from_slice(&i.to_be_bytes());
+                SourceKey {
+                    slot: 0,
+                    family: 4,
+                    addr: src,
+                }
             };
-            for sources in [1_000_000u32, 10_000_000, 100_000_000] {
-                let key_of = |i: u32| {
-                    let mut src = [0u8; 16];
-                    src[..4].copy_from_slice(&i.to_be_bytes());
-                    SourceKey {
-                        slot: 0,
-                        family: 4,
-                        addr: src,
-                    }
-                };
-                let mut counts = vec![0u8; cells_for(max_sources) as usize];
-                for i in 0..sources {
-                    for c in cells_of(&meta, WHOLE_ROW, &key_of(i), &limit) {
-                        let n = &mut counts[c as usize];
-                        *n = n.saturating_add(1);
-                    }
+            let mut counts = vec![0u8; cells_for(max_sources) as usize];
+            for i in 0..sources {
+                for c in cells_of(&meta, WHOLE_ROW, &key_of(i), &limit) {
+                    let n = &mut counts[c as usize];
+                    *n = n.saturating_add(1);
                 }
-                for (fraction, others) in [("1/2", 2u8), ("1/10", 10)] {
-                    let limited = (0..sources)
-                        .filter(|&i| {
-                            cells_of(&meta, WHOLE_ROW, &key_of(i), &limit)
-                                .iter()
-                                .all(|&c| counts[c as usize] > others)
-                        })
-                        .count() as f64;
-                    let p = false_limit_formula(
-                        f64::from(sources),
-                        f64::from(width),
-                        u32::from(others),
-                    );
-                    let n = f64::from(sources);
-                    let sigma = (n * p * (1.0 - p)).sqrt();
-                    eprintln!(
-                        "{sources:>11}  {max_sources:>11}  {fraction:<5}  {:>10.3e}  {p:>10.3e}",
-                        limited / n
-                    );
-                    assert!(
-                        (limited - n * p).abs() <= (4.0 * sigma).max(3.0),
-                        "{sources} sources, max_sources {max_sources}, r = R*{fraction}: \
-                         {limited} limited, the formula says {:.1}",
-                        n * p
-                    );
-                }
+            }
+            for (fraction, others) in [("1/2", 2u8), ("1/10", 10)] {
+                let limited = (0..sources)
+                    .filter(|&i| {
+                        cells_of(&meta, WHOLE_ROW, &key_of(i), &limit)
+                            .iter()
+                            .all(|&c| counts[c as usize] > others)
+                    })
+                    .count() as f64;
+                let p =
+                    false_limit_formula(f64::from(sources), f64::from(width), u32::from(others));
+                let n = f64::from(sources);
+                let sigma = (n * p * (1.0 - p)).sqrt();
+                eprintln!(
+                    "{sources:>11}  {max_sources:>11}  {fraction:<5}  {:>10.3e}  {p:>10.3e}",
+                    limited / n
+                );
+                assert!(
+                    (limited - n * p).abs() <= (4.0 * sigma).max(3.0),
+                    "{sources} sources, max_sources {max_sources}, r = R*{fraction}: \
+                     {limited} limited, the formula says {:.1}",
+                    n * p
+                );
             }
         }
     }

@@ -414,7 +414,7 @@ impl Partition {
 
     /// Drops locally sent packets matching any of `matches` (nft rule expressions).
     pub fn dropping(matches: &[String]) -> Partition {
-        // Unique in the process too: the files that cut links run two tests at a time.
+        // Unique in the process too, so that tests of one file may run side by side.
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let table = format!("limtest_part_{}_{n}", std::process::id());

@@ -153,6 +153,11 @@ struct HostState {
     credit: u64,
     /// What its last report raised the credit level by (frame-ns, after the clamp).
     raised: i128,
+    /// The `learning_until` of the learning period in which this allocator renewed the
+    /// credit the host said it held (0: none). A credit is renewed once a learning
+    /// period: each grant's credit replaces what is left in the bucket, so a renewal at
+    /// every grant would hand the same credit out again every report interval.
+    renewed_in: u64,
 }
 
 impl HostState {
@@ -559,6 +564,7 @@ impl RuleAllocator {
                         credit_held: usage.map_or(0, |u| u.credit),
                         credit: 0,
                         raised: 0,
+                        renewed_in: 0,
                         fleet_size: 0,
                     },
                 );
@@ -679,7 +685,12 @@ impl RuleAllocator {
             // allocator's sums, so it changes nobody else's grant and the host stays
             // leased through a failover.
             let (share, saturated) = (h.held, h.demand > h.held);
-            let credit = h.credit_held.min(self.credit_cap);
+            // It held this share through the interval it reports next (an earlier
+            // leader's grant): its usage feeds the level, which must count what the
+            // renewed credit admits before it grants more.
+            h.entitle(now);
+            h.steady = !h.joiner;
+            let credit = self.renew_credit(host);
             let g = self.grant(Allocation { share, saturated });
             return Some(Grant {
                 tokens: 0,
@@ -715,12 +726,15 @@ impl RuleAllocator {
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
         let mut credit = 0;
-        if learning {
+        let renew = learning && share > 0 && !joiner && h.renewed_in != self.learning_until;
+        if renew {
             // Learning: what the host holds is renewed, its credit too (an earlier
-            // leader's level, which this one has not measured yet), within the cap.
-            if share > 0 && !joiner {
-                credit = h.credit_held.min(self.credit_cap);
-            }
+            // leader's level, which this one has not measured yet), within the cap, once:
+            // the next grants' credits come from the level this allocator measures from
+            // the reports (which count what the renewed credit admitted), as outside
+            // learning.
+            credit = h.credit_held.min(self.credit_cap);
+            h.renewed_in = self.learning_until;
         } else if share > 0 && self.joining == 0 && !self.oversubscribed {
             // Every demand is met and quota is left over, yet small buckets still refuse
             // the peaks of random arrivals (a fleet at 60 % of its quota refused 4.6 % of
@@ -748,12 +762,19 @@ impl RuleAllocator {
                 .min(h.denials);
         }
         // The credit outstanding (this one replacing the host's last) stays within the
-        // cap, whatever the level did since the others' grants.
+        // cap, whatever the level did since the others' grants, and within the level:
+        // the others' credits of this round are in the level until their reports say
+        // they were spent, so a part of the whole level would hand them out twice (and
+        // the level, clamped at 0 once the reports come, would forget it).
         let others_credit = self.credit_sum - h.credit;
         credit = credit.min(self.credit_cap.saturating_sub(others_credit));
+        if !renew {
+            let level = u64::try_from(self.credit_level / FRAME).unwrap_or(0);
+            credit = credit.min(level.saturating_sub(others_credit));
+        }
         h.credit = credit;
         self.credit_sum = others_credit + credit;
-        if learning {
+        if renew {
             // The renewed credits are the earlier leader's level: this one starts there.
             self.credit_level = self.credit_level.max(i128::from(self.credit_sum) * FRAME);
         }
@@ -851,6 +872,29 @@ impl RuleAllocator {
             .filter(|(_, a)| a.share > 0)
             .map(|(name, a)| (name.clone(), self.grant(a)))
             .collect()
+    }
+
+    /// While gathering: the credit `host` said its last grant carried, renewed once a
+    /// learning period (`HostState::renewed_in`; 0 for a second grant in the same period)
+    /// and within what the cap leaves, counted in the credit outstanding and the level as
+    /// a renewal after gathering is.
+    fn renew_credit(&mut self, host: &str) -> u64 {
+        let (cap, period) = (self.credit_cap, self.learning_until);
+        let Some(h) = self.hosts.get_mut(host) else {
+            return 0;
+        };
+        let claimed = if h.renewed_in == period {
+            0
+        } else {
+            h.credit_held.min(cap)
+        };
+        let others = self.credit_sum - h.credit;
+        let credit = claimed.min(cap.saturating_sub(others));
+        h.credit = credit;
+        h.renewed_in = period;
+        self.credit_sum = others + credit;
+        self.credit_level = self.credit_level.max(i128::from(self.credit_sum) * FRAME);
+        credit
     }
 
     fn grant(&self, a: Allocation) -> Grant {
@@ -1612,6 +1656,65 @@ mod tests {
     /// A restarted allocator learning: a host holding nothing (FAIL_OPEN after a long
     /// outage, or BOOTSTRAP) gets the joiner's share with one token at once, capped by
     /// what the others hold; the holders are renewed; nothing sums above the quota.
+    /// A new leader renews the credit each host says its last grant carried once, not at
+    /// every grant of its learning period: a grant's credit replaces what is left in the
+    /// bucket, so renewed at every report the same credit was admitted again every
+    /// interval (the fleet lab's three hosts admitted 2,647/s of a 2,400/s quota through
+    /// two failovers, 10 % over). After the renewal the credits come from the level this
+    /// allocator measures, so over the learning period they add up to at most the cap
+    /// (the renewal) and what the hosts left unused of their shares.
+    #[test]
+    fn a_learning_allocator_renews_a_credit_once() {
+        const S: u64 = 1_000_000_000;
+        let (quota, interval, demand) = (2400u64, S / 2, 1500u64);
+        let ttl = Duration::from_secs(4);
+        // Per host and report: frames of its share it left unused.
+        for unused in [0u64, 20, 150] {
+            let mut r = RuleAllocator::new(quota, 240, ttl, 0);
+            r.gather_ns = interval;
+            r.credit_cap = credit_cap_for(quota, Duration::from_nanos(interval), 30);
+            let hosts = ["a", "b", "c"];
+            // What an earlier leader granted: the quota split, and a credit each.
+            let (mut held, mut credit) = ([quota / 3; 3], [r.credit_cap / 3; 3]);
+            let (mut granted, mut unused_sum, mut renewals) = (0u64, 0u64, 0u32);
+            let mut t = 1;
+            while r.learning(t) {
+                for (i, host) in hosts.iter().enumerate() {
+                    // It admitted its share but `unused`, and spent the whole credit.
+                    let share = held[i] * interval / S;
+                    let usage = Usage {
+                        admitted: share - unused + credit[i],
+                        denials: demand * interval / S - share,
+                        credited: credit[i],
+                        credit: credit[i],
+                    };
+                    let report = Report {
+                        demand,
+                        held: held[i],
+                    };
+                    r.report_usage(host, report, Some(usage), t);
+                    unused_sum += unused;
+                    let g = r.grant_for(host, t).expect("a grant");
+                    granted += g.credit;
+                    renewals += u32::from(g.credit > 0 && g.credit == credit[i]);
+                    (held[i], credit[i]) = (g.rate, g.credit);
+                }
+                t += interval;
+            }
+            assert!(
+                renewals >= 3,
+                "every host's credit was renewed once ({unused})"
+            );
+            assert!(
+                granted <= r.credit_cap + unused_sum,
+                "{unused} unused a report: {granted} frames of credit granted while \
+                 learning, cap {} + {unused_sum} unused",
+                r.credit_cap
+            );
+            assert!(RuleAllocator::granted_sum(&r.grants(t)) <= quota);
+        }
+    }
+
     #[test]
     fn a_learning_allocator_grants_a_joiners_share_to_hosts_that_hold_nothing() {
         let ttl = Duration::from_secs(3);
@@ -1813,7 +1916,8 @@ mod tests {
         /// Hosts reporting usage in any order, shares and demands moving: every credit is
         /// at most what its host refused (while demand exceeds the quota; else at most
         /// its burst); the level never exceeds the cap nor what the hosts left unused of
-        /// their shares (net, since it was last 0); the credits outstanding (each host's last) sum to at most the cap; the
+        /// their shares (net, since it was last 0); the credits outstanding (each host's
+        /// last) sum to at most the cap, and to at most the level when one is granted; the
         /// shares in force stay within the quota.
         #[test]
         fn credits_stay_within_what_was_left_unused(
@@ -1856,6 +1960,11 @@ mod tests {
                     prop_assert!(rate.iter().sum::<u64>() <= quota);
                     let credits: u64 = outstanding.iter().sum();
                     prop_assert!(credits <= cap, "credits outstanding {} > cap {}", credits, cap);
+                    // A credit granted keeps those outstanding within the level: the
+                    // others' are in it until their reports say they were spent.
+                    if outstanding[i] > 0 {
+                        prop_assert!(credits <= level, "credits outstanding {} > level {}", credits, level);
+                    }
                 }
                 t += S;
             }

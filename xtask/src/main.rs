@@ -484,6 +484,9 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
             Err(_) => failed.push("the waiting lane's thread panicked".to_string()),
         }
     });
+    if let Some(pid) = lanes::alone_after()? {
+        lanes::wait_for_exit(pid, lanes::ALONE_WAIT_MAX);
+    }
     let (t, f) = run(&alone, timed_tests::Output::Live);
     timings.extend(t);
     failed.extend(f);

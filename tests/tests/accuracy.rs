@@ -34,6 +34,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use limiter_common::abi::SourceKey;
 use limiter_tests::{
     frame::{
         self, FrameBuilder, Ipv6Ext, ETH_HLEN, TCP_ACK, TCP_CWR, TCP_ECE, TCP_FIN, TCP_PSH,
@@ -501,6 +502,35 @@ fn per_source(mode: XdpMode) -> (Checks, Premise) {
     });
     let bound = RATE as f64 * t + BURST as f64;
     let label = format!("[{}] {SOURCES} sources at {RATE}/s each", mode_name(mode));
+    // The sketch's false limit, which the README prices: a source none of whose cells is
+    // its own shares every bucket it is metered by with other sources (at 2^18 cells a
+    // row, ≈ 1.5e-5 a source; a heavy source passed 89 of its model's 169 in a CI run).
+    // Such a source is held to the rate's bound, not to its own model: with one cell its
+    // own, that cell is the least advanced and decides, as its own bucket would. Its
+    // cells are the program's, from the seed in the pinned SKETCH_META.
+    let slot = rig.slot("r").unwrap();
+    let rule = rig.maps.live_rules().unwrap()[&slot];
+    let cells_of = |i: u32| -> Vec<u32> {
+        let mut src = [0u8; 16];
+        src[..4].copy_from_slice(&ipv4(base, i).octets());
+        let key = SourceKey::masked(slot, 4, &src, rule.source_prefix_v4, rule.source_prefix_v6);
+        let cells = rig.maps.source_cells(&key, &rule).unwrap();
+        cells
+            .expect("a per-source sketch")
+            .iter()
+            .map(|c| c.0)
+            .collect()
+    };
+    let cells: Vec<Vec<u32>> = (0..SOURCES).map(cells_of).collect();
+    let mut sources_in: HashMap<u32, u32> = HashMap::new();
+    for c in cells.iter().flatten() {
+        *sources_in.entry(*c).or_default() += 1;
+    }
+    let shares_every_cell = |i: u32| cells[i as usize].iter().all(|c| sources_in[c] > 1);
+    let collided: Vec<Ipv4Addr> = (0..SOURCES)
+        .filter(|&i| shares_every_cell(i))
+        .map(|i| ipv4(base, i))
+        .collect();
     let mut checks = Checks::new();
     let (mut heavy_passed, mut heavy_formula, mut heavy_model, mut heavy_lost) =
         (0u64, 0f64, 0u64, 0u64);
@@ -518,7 +548,7 @@ fn per_source(mode: XdpMode) -> (Checks, Premise) {
             light_sent += s;
             light_passed += p;
             light_model_lost += s - m;
-            checks.check(p == s, || {
+            checks.check(p == s || shares_every_cell(i), || {
                 format!(
                     "{label}: light source {} sent {s}, passed {p}",
                     ipv4(base, i)
@@ -536,7 +566,8 @@ fn per_source(mode: XdpMode) -> (Checks, Premise) {
             heavy_lost += s - p.min(s);
             max_heavy = max_heavy.max(p);
             min_heavy = min_heavy.min(p);
-            checks.check(p.abs_diff(m) as f64 <= 1.0 + 0.01 * m as f64, || {
+            let own_model = p.abs_diff(m) as f64 <= 1.0 + 0.01 * m as f64;
+            checks.check(own_model || shares_every_cell(i), || {
                 format!(
                     "{label}: heavy source {} passed {p} of {s}, the model of its arrivals \
                      {m}",
@@ -551,7 +582,7 @@ fn per_source(mode: XdpMode) -> (Checks, Premise) {
          ({} light at {:.0}/s, {} heavy at {:.0}/s), T {t:.3} s; light: sent {light_sent}, \
          passed {light_passed}; heavy: expected {heavy_formula:.0} (model {heavy_model}; \
          each ≤ {bound:.1}), passed {heavy_passed} (each {min_heavy}..={max_heavy}), \
-         error {:+.3} %; dropped {}",
+         error {:+.3} %; dropped {}; sources with no cell of their own: {collided:?}",
         mode_name(mode),
         run.sent as f64 / t,
         SOURCES / 2,
@@ -580,9 +611,12 @@ fn per_source(mode: XdpMode) -> (Checks, Premise) {
             pct(error)
         )
     });
-    checks.check(c.dropped_packets == heavy_lost, || {
+    // Light sources lose frames only with no cell of their own (checked per source above).
+    let light_lost = light_sent - light_passed.min(light_sent);
+    checks.check(c.dropped_packets == heavy_lost + light_lost, || {
         format!(
-            "{label}: dropped counter {} but heavy sources lost {heavy_lost}",
+            "{label}: dropped counter {} but heavy sources lost {heavy_lost} and light ones \
+             {light_lost}",
             c.dropped_packets
         )
     });

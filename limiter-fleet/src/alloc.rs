@@ -725,59 +725,57 @@ impl RuleAllocator {
         self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
-        let mut credit = 0;
         let renew = learning && share > 0 && !joiner && h.renewed_in != self.learning_until;
-        if renew {
+        let credit = if renew {
             // Learning: what the host holds is renewed, its credit too (an earlier
             // leader's level, which this one has not measured yet), within the cap, once:
             // the next grants' credits come from the level this allocator measures from
             // the reports (which count what the renewed credit admitted), as outside
             // learning.
-            credit = h.credit_held.min(self.credit_cap);
-            h.renewed_in = self.learning_until;
-        } else if share > 0 && self.joining == 0 && !self.oversubscribed {
-            // Every demand is met and quota is left over, yet small buckets still refuse
-            // the peaks of random arrivals (a fleet at 60 % of its quota refused 4.6 % of
-            // what it offered), at random hosts, so a credit for last interval's refusals
-            // lands where none come next. Each host gets its part of the level by share
-            // instead, at most one burst of its own: a bucket twice as deep, while the
-            // spare quota pays for it. A fleet-wide surge spends at most the global
-            // burst of it.
-            let level = u128::try_from(self.credit_level / FRAME).unwrap_or(0);
-            let q = u128::from(self.quota.max(1));
-            let n = level * u128::from(share) + self.credit_carry.min(q - 1);
-            self.credit_carry = n % q;
-            let burst = u128::from(self.burst) * u128::from(share) / q;
-            credit = u64::try_from((n / q).min(level).min(burst)).unwrap_or(u64::MAX);
-        } else if share > 0 && h.denials > 0 && self.joining == 0 {
-            // The host's part of the level, in proportion to what it refused among what
-            // the fleet refused, and at most that.
-            let level = u128::try_from(self.credit_level / FRAME).unwrap_or(0);
-            let d = u128::from(self.denials_sum.max(h.denials));
-            // (The carry of a split by another sum is below that sum, not this one.)
-            let n = level * u128::from(h.denials) + self.credit_carry.min(d - 1);
-            self.credit_carry = n % d;
-            credit = u64::try_from((n / d).min(level))
-                .unwrap_or(u64::MAX)
-                .min(h.denials);
-        }
-        // The credit outstanding (this one replacing the host's last) stays within the
-        // cap, whatever the level did since the others' grants, and within the level:
-        // the others' credits of this round are in the level until their reports say
-        // they were spent, so a part of the whole level would hand them out twice (and
-        // the level, clamped at 0 once the reports come, would forget it).
-        let others_credit = self.credit_sum - h.credit;
-        credit = credit.min(self.credit_cap.saturating_sub(others_credit));
-        if !renew {
+            self.renew_credit(host)
+        } else {
+            let mut credit = 0;
+            if share > 0 && self.joining == 0 && !self.oversubscribed {
+                // Every demand is met and quota is left over, yet small buckets still refuse
+                // the peaks of random arrivals (a fleet at 60 % of its quota refused 4.6 % of
+                // what it offered), at random hosts, so a credit for last interval's refusals
+                // lands where none come next. Each host gets its part of the level by share
+                // instead, at most one burst of its own: a bucket twice as deep, while the
+                // spare quota pays for it. A fleet-wide surge spends at most the global
+                // burst of it.
+                let level = u128::try_from(self.credit_level / FRAME).unwrap_or(0);
+                let q = u128::from(self.quota.max(1));
+                let n = level * u128::from(share) + self.credit_carry.min(q - 1);
+                self.credit_carry = n % q;
+                let burst = u128::from(self.burst) * u128::from(share) / q;
+                credit = u64::try_from((n / q).min(level).min(burst)).unwrap_or(u64::MAX);
+            } else if share > 0 && h.denials > 0 && self.joining == 0 {
+                // The host's part of the level, in proportion to what it refused among what
+                // the fleet refused, and at most that.
+                let level = u128::try_from(self.credit_level / FRAME).unwrap_or(0);
+                let d = u128::from(self.denials_sum.max(h.denials));
+                // (The carry of a split by another sum is below that sum, not this one.)
+                let n = level * u128::from(h.denials) + self.credit_carry.min(d - 1);
+                self.credit_carry = n % d;
+                credit = u64::try_from((n / d).min(level))
+                    .unwrap_or(u64::MAX)
+                    .min(h.denials);
+            }
+            // The credit outstanding (this one replacing the host's last) stays within
+            // the cap, whatever the level did since the others' grants, and within the
+            // level: the others' credits of this round are in the level until their
+            // reports say they were spent, so a part of the whole level would hand them
+            // out twice (and the level, clamped at 0 once the reports come, would forget
+            // it).
+            let others_credit = self.credit_sum - h.credit;
             let level = u64::try_from(self.credit_level / FRAME).unwrap_or(0);
-            credit = credit.min(level.saturating_sub(others_credit));
-        }
-        h.credit = credit;
-        self.credit_sum = others_credit + credit;
-        if renew {
-            // The renewed credits are the earlier leader's level: this one starts there.
-            self.credit_level = self.credit_level.max(i128::from(self.credit_sum) * FRAME);
-        }
+            credit = credit
+                .min(self.credit_cap.saturating_sub(others_credit))
+                .min(level.saturating_sub(others_credit));
+            h.credit = credit;
+            self.credit_sum = others_credit + credit;
+            credit
+        };
         // A joiner's share while learning runs as BOOTSTRAP does (burst 1): the grant
         // only limits a FAIL_OPEN host at once and keeps a BOOTSTRAP one as it was.
         granted.map(|share| {
@@ -874,10 +872,10 @@ impl RuleAllocator {
             .collect()
     }
 
-    /// While gathering: the credit `host` said its last grant carried, renewed once a
+    /// While learning: the credit `host` said its last grant carried, renewed once a
     /// learning period (`HostState::renewed_in`; 0 for a second grant in the same period)
-    /// and within what the cap leaves, counted in the credit outstanding and the level as
-    /// a renewal after gathering is.
+    /// and within what the cap leaves, counted in the credit outstanding; the level starts
+    /// at least at the credits renewed (the earlier leader's level).
     fn renew_credit(&mut self, host: &str) -> u64 {
         let (cap, period) = (self.credit_cap, self.learning_until);
         let Some(h) = self.hosts.get_mut(host) else {
@@ -1653,9 +1651,6 @@ mod tests {
         }
     }
 
-    /// A restarted allocator learning: a host holding nothing (FAIL_OPEN after a long
-    /// outage, or BOOTSTRAP) gets the joiner's share with one token at once, capped by
-    /// what the others hold; the holders are renewed; nothing sums above the quota.
     /// A new leader renews the credit each host says its last grant carried once, not at
     /// every grant of its learning period: a grant's credit replaces what is left in the
     /// bucket, so renewed at every report the same credit was admitted again every
@@ -1715,6 +1710,9 @@ mod tests {
         }
     }
 
+    /// A restarted allocator learning: a host holding nothing (FAIL_OPEN after a long
+    /// outage, or BOOTSTRAP) gets the joiner's share with one token at once, capped by
+    /// what the others hold; the holders are renewed; nothing sums above the quota.
     #[test]
     fn a_learning_allocator_grants_a_joiners_share_to_hosts_that_hold_nothing() {
         let ttl = Duration::from_secs(3);

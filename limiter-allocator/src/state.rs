@@ -145,6 +145,7 @@ impl State {
         move |r: &mut RuleAllocator| {
             r.learning_joiner_share = fleet_size.default_share(r.quota);
             r.joiner_from_reports = fleet_size == JoinerSizing::Reported;
+            r.fleet_size = fleet_size.configured();
             r.credit_cap = alloc::credit_cap_for(r.quota, interval, pct);
         }
     }
@@ -239,6 +240,8 @@ impl State {
             fresh.refresh_ns = r.refresh_ns;
             fresh.gather_ns = r.gather_ns;
             fresh.learning_joiner_share = r.learning_joiner_share;
+            fresh.joiner_from_reports = r.joiner_from_reports;
+            fresh.fleet_size = r.fleet_size;
             fresh.credit_cap = r.credit_cap;
             *r = fresh;
         }
@@ -986,6 +989,29 @@ mod tests {
         );
         assert_eq!(plain.handle(&req("h", 900, 0), 3 * S).grants[0].rate, 1000);
         assert!(plain.owns("web"));
+    }
+
+    /// A rule moved in learns with the allocator's own joiner sizing: without a
+    /// fleet_size in its file, a joiner's share follows the fleet_size the host reports
+    /// (before, the move kept only the default share: quota ÷ the daemons' default).
+    #[test]
+    fn a_rule_moved_in_keeps_the_joiners_sizing_from_the_reports() {
+        let mut s = web_state();
+        s.set_fleet_size(JoinerSizing::Reported);
+        s.shard_as("b");
+        s.assign("web", Some("a"), 0);
+        let t = 60 * S;
+        s.assign("web", Some("b"), t);
+        let joiner = ReportRequest {
+            fleet_size: 4,
+            ..req("j", 900, 0)
+        };
+        let g = &s.handle(&joiner, t + 1).grants[0];
+        assert_eq!(
+            g.rate,
+            limiter_fleet::share::Share::bootstrap_rate(1000, 4),
+            "{g:?}"
+        );
     }
 
     #[test]

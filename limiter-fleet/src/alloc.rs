@@ -172,6 +172,12 @@ impl HostState {
         self.granted.unwrap_or(self.held)
     }
 
+    /// What it may enforce now: what it said it holds (an earlier allocator's grant, or
+    /// this one's before the host has it) or this allocator's last grant, the larger.
+    fn claim(&self) -> u64 {
+        self.held.max(self.enforced())
+    }
+
     /// A host with demand that enforces no share: it said it holds nothing (BOOTSTRAP,
     /// FAIL_OPEN, a lease lapsed) and its last grant from this allocator, if any, was not
     /// a zero grant (closed: it admits nothing). What it admits is outside every share.
@@ -221,6 +227,9 @@ pub struct RuleAllocator {
     /// While learning: Σ of the claims each capped by the host's fair share (its
     /// `target`), as of the last allocation.
     fair_held_sum: u64,
+    /// While learning: Σ of what each host may enforce ([`HostState::claim`]), from
+    /// which a renewal lifted above what a host holds takes its room.
+    claimed_sum: u64,
     /// No host lapses before this (a lower bound: the oldest report plus the TTL).
     next_expiry: u64,
     /// The most credit (frames) the fleet may hold at once; 0: no credit. See
@@ -261,6 +270,13 @@ pub struct RuleAllocator {
     /// none gets `learning_joiner_share`. false: `learning_joiner_share` for every host
     /// (the allocator's own `fleet_size`).
     pub joiner_from_reports: bool,
+    /// The fleet's size as the allocator's file sets it (0: none; with
+    /// `joiner_from_reports`, the largest the hosts report). A learning allocator that
+    /// hears from that many hosts knows every share in force, and may lift a renewal
+    /// into the room their claims leave.
+    pub fleet_size: u32,
+    /// While learning: the hosts heard from are at least the fleet's size.
+    fleet_heard: bool,
 }
 
 /// `computed` moved back so that the allocation is recomputed at the next grant, or a
@@ -279,8 +295,11 @@ fn recompute_soon(computed: Option<(u64, u64)>, refresh_ns: u64, now: u64) -> Op
 /// allocator could have granted it more for the demands reported, so a larger claim is a
 /// lie or a stale lease), scaled down if together these holdings (`fair_held_sum`) exceed
 /// the quota; a host holding nothing gets `joiner` (a joiner's share, quota ÷ fleet_size;
-/// 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends). While gathering, a
-/// holding is extended as it is.
+/// 0: none, it stays in BOOTSTRAP or FAIL_OPEN until learning ends). A host holding less
+/// than a joiner's share gets up to that share within its fair share, as one holding
+/// nothing would (else a renewal that fell with a low first demand stays there for the
+/// lease TTL); [`RuleAllocator::capped_grant`] takes that lift from the room the claims
+/// leave. While gathering, a holding is extended as it is.
 fn renewal(
     h: &HostState,
     fair_held_sum: u64,
@@ -297,7 +316,7 @@ fn renewal(
     } else if fair_held_sum > quota {
         (u128::from(held) * u128::from(quota) / u128::from(fair_held_sum)) as u64
     } else {
-        held
+        h.held.max(joiner).min(h.target.share)
     };
     Allocation {
         share,
@@ -371,6 +390,7 @@ impl RuleAllocator {
             computed: None,
             enforced_sum: 0,
             fair_held_sum: 0,
+            claimed_sum: 0,
             next_expiry: u64::MAX,
             credit_cap: 0,
             credit_level: 0,
@@ -382,6 +402,8 @@ impl RuleAllocator {
             oversubscribed: true,
             learning_joiner_share: 0,
             joiner_from_reports: false,
+            fleet_size: 0,
+            fleet_heard: false,
         }
     }
 
@@ -705,7 +727,21 @@ impl RuleAllocator {
         };
         let own = h.enforced();
         let others = enforced_sum - own;
-        let share = target.share.min(quota.saturating_sub(others));
+        let mut share = target.share.min(quota.saturating_sub(others));
+        if learning && h.held > 0 {
+            // A renewal lifted above what the host holds (to a joiner's share) comes out
+            // of the room every host's claim leaves (the shares an earlier allocator
+            // granted are in force beside this one's until their leases are renewed), and
+            // only once the whole fleet has been heard from: a host not heard from may
+            // hold that room.
+            let held = renewal(h, fair_held_sum, quota, 0, gathering).share;
+            let room = if self.fleet_heard {
+                quota.saturating_sub(self.claimed_sum - h.claim())
+            } else {
+                0
+            };
+            share = share.min(held.max(room));
+        }
         // While learning, a host holding nothing gets no zero grant (it stays in
         // BOOTSTRAP or FAIL_OPEN), nor does anyone while gathering (it keeps its lease);
         // a claim with no room left is closed as outside learning.
@@ -721,7 +757,9 @@ impl RuleAllocator {
         // usage says nothing of what a granted burst wastes.
         h.steady = h.in_force() > 0 && share > 0 && !joiner && !h.joiner;
         h.joiner = joiner;
+        let claim = h.claim();
         h.granted = granted;
+        self.claimed_sum = self.claimed_sum - claim + h.claim();
         self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
@@ -808,6 +846,16 @@ impl RuleAllocator {
                 .hosts
                 .values()
                 .fold(0, |sum, h| sum.saturating_add(h.held.min(h.target.share)));
+            self.claimed_sum = self
+                .hosts
+                .values()
+                .fold(0, |sum, h| sum.saturating_add(h.claim()));
+            let size = if self.joiner_from_reports {
+                self.hosts.values().map(|h| h.fleet_size).max().unwrap_or(0)
+            } else {
+                self.fleet_size
+            };
+            self.fleet_heard = size > 0 && self.hosts.len() >= size as usize;
             return;
         }
         self.reallocate(now);
@@ -1048,6 +1096,92 @@ mod tests {
         // After the TTL: max-min fair.
         let g = r.grants(3_000_000_001);
         assert_eq!(RuleAllocator::granted_sum(&g), 1000);
+    }
+
+    /// The fleet lab's start (a fresh fleet, its first leader learning) for a fleet of
+    /// `fleet_size` of which three hosts report: lb-2's sender started late, so its first
+    /// interval offered 380/s, and its renewal (what it holds, at most its fair share)
+    /// fell with it. Returns (the joiner's share, lb-2's fallen grant, every host's grant
+    /// after its demand was back for three reports, all still learning).
+    fn learning_start(fleet_size: u32) -> (u64, u64, Vec<u64>) {
+        let s = 1_000_000_000u64;
+        let (quota, hosts) = (2400u64, ["lb-1", "lb-2", "lb-3"]);
+        let mut r = RuleAllocator::new(quota, 240, Duration::from_secs(4), 0);
+        r.gather_ns = s / 2;
+        r.fleet_size = fleet_size;
+        r.learning_joiner_share = crate::share::Share::bootstrap_rate(quota, fleet_size);
+        let joiner = r.learning_joiner_share;
+        // Joining: nobody holds anything, each gets the joiner's share.
+        for h in hosts {
+            r.report(h, Report { demand: 0, held: 0 }, s / 10);
+        }
+        for h in hosts {
+            assert_eq!(r.grant_for(h, s / 10).map(|g| g.rate), Some(joiner));
+        }
+        let mut t = 6 * s / 10;
+        for (h, demand) in [("lb-1", 1500), ("lb-2", 380), ("lb-3", 1500)] {
+            r.report(
+                h,
+                Report {
+                    demand,
+                    held: joiner,
+                },
+                t,
+            );
+        }
+        let mut held: Vec<u64> = hosts
+            .iter()
+            .map(|h| r.grant_for(h, t).map_or(0, |g| g.rate))
+            .collect();
+        let fallen = held[1];
+        for _ in 0..3 {
+            t += s / 2;
+            assert!(r.learning(t));
+            for (h, held) in hosts.iter().zip(&held) {
+                r.report(
+                    h,
+                    Report {
+                        demand: 1500,
+                        held: *held,
+                    },
+                    t,
+                );
+            }
+            held = hosts
+                .iter()
+                .map(|h| r.grant_for(h, t).map_or(0, |g| g.rate))
+                .collect();
+        }
+        assert!(r.learning(t));
+        (joiner, fallen, held)
+    }
+
+    /// Once its demand is back, a learning allocator that has heard from the whole
+    /// fleet grants a host at least what it would grant one holding nothing (the
+    /// joiner's share, within its fair share and the room the others' claims leave).
+    /// Before, a renewal could only fall while learning: the host stayed at its low
+    /// share for the rest of the lease TTL while the others could not use the rest (the
+    /// fleet lab admitted 2,260/s of its 2,400 over its first seconds).
+    #[test]
+    fn a_learning_renewal_below_a_joiners_share_rises_back_to_it() {
+        let (joiner, fallen, g) = learning_start(3);
+        assert!(
+            fallen <= 380,
+            "a renewal is within the fair share: {fallen}"
+        );
+        assert!(
+            g.iter().all(|&share| share >= joiner),
+            "every host at least a joiner's {joiner} while learning: {g:?}"
+        );
+        assert!(g.iter().sum::<u64>() <= 2400, "{g:?}");
+    }
+
+    /// A host not heard from may hold the room the others' claims leave (an earlier
+    /// leader's grant): with a fourth host in the fleet silent, nothing is lifted.
+    #[test]
+    fn a_learning_renewal_is_not_lifted_before_the_whole_fleet_is_heard() {
+        let (_, fallen, g) = learning_start(4);
+        assert_eq!(g[1], fallen, "{g:?}");
     }
 
     #[test]

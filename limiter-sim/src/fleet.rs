@@ -186,6 +186,7 @@ fn new_allocator(t: &Tenant, sc: &Scenario, now: u64) -> RuleAllocator {
     r.credit_idle_unused = sc.credit_idle_unused;
     if sc.learning_joiners {
         r.learning_joiner_share = Share::bootstrap_rate(t.quota, sc.params.fleet_size);
+        r.fleet_size = sc.params.fleet_size;
     }
     r
 }

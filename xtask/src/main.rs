@@ -460,12 +460,19 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
             .filter_map(|name| exes.iter().find(|(_, f, _)| f == name))
             .collect()
     };
-    let (waiting, busy, alone) = (pick(&plan.waiting), pick(&plan.busy), pick(&plan.alone));
+    let (waiting, priority, busy, alone) = (
+        pick(&plan.waiting),
+        pick(&plan.priority),
+        pick(&plan.busy),
+        pick(&plan.alone),
+    );
     println!(
-        "\nxtask: {} test files in two lanes side by side (beside the others: {}), then {} \
-         that need the CPUs to themselves, one at a time ({})",
-        waiting.len() + busy.len(),
+        "\nxtask: {} test files in three lanes side by side (beside the others: {}; at nice \
+         {}: {}), then {} that need the CPUs to themselves, one at a time ({})",
+        waiting.len() + priority.len() + busy.len(),
         plan.waiting.join(", "),
+        lanes::PRIORITY_NICE,
+        plan.priority.join(", "),
         alone.len(),
         plan.alone.join(", ")
     );
@@ -473,15 +480,21 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
     std::thread::scope(|scope| {
         // Each file's output whole when it ends, so that the lanes do not interleave.
         let beside = scope.spawn(|| run(&waiting, timed_tests::Output::Whole));
+        let prioritised = scope.spawn(|| match lanes::set_thread_nice(lanes::PRIORITY_NICE) {
+            Ok(()) => run(&priority, timed_tests::Output::Whole),
+            Err(e) => (Vec::new(), vec![format!("{e:#}")]),
+        });
         let (t, f) = run(&busy, timed_tests::Output::Whole);
         timings.extend(t);
         failed.extend(f);
-        match beside.join() {
-            Ok((t, f)) => {
-                timings.extend(t);
-                failed.extend(f);
+        for (lane, name) in [(beside, "waiting"), (prioritised, "priority")] {
+            match lane.join() {
+                Ok((t, f)) => {
+                    timings.extend(t);
+                    failed.extend(f);
+                }
+                Err(_) => failed.push(format!("the {name} lane's thread panicked")),
             }
-            Err(_) => failed.push("the waiting lane's thread panicked".to_string()),
         }
     });
     if let Some(pid) = lanes::alone_after()? {

@@ -736,7 +736,7 @@ impl RuleAllocator {
             // hold that room.
             let held = renewal(h, fair_held_sum, quota, 0, gathering).share;
             let room = if self.fleet_heard {
-                quota.saturating_sub(self.claimed_sum - h.claim())
+                quota.saturating_sub(self.claimed_sum.saturating_sub(h.claim()))
             } else {
                 0
             };
@@ -759,7 +759,14 @@ impl RuleAllocator {
         h.joiner = joiner;
         let claim = h.claim();
         h.granted = granted;
-        self.claimed_sum = self.claimed_sum - claim + h.claim();
+        if learning {
+            // Kept through a batch of grants (`refresh` sums it once per batch); outside
+            // learning it is not read, and not kept.
+            self.claimed_sum = self
+                .claimed_sum
+                .saturating_sub(claim)
+                .saturating_add(h.claim());
+        }
         self.joining = self.joining + usize::from(h.joining()) - usize::from(was);
         let saturated = h.demand > share;
         self.enforced_sum = others + granted.unwrap_or(0);
@@ -869,7 +876,9 @@ impl RuleAllocator {
             return;
         }
         let demands: Vec<u64> = self.hosts.values().map(|h| h.demand).collect();
-        self.oversubscribed = demands.iter().sum::<u64>() > self.quota;
+        // Saturating: a demand is a report's claim, u64::MAX included, and a wrapped sum
+        // would call a fleet asking for everything undersubscribed.
+        self.oversubscribed = demands.iter().fold(0u64, |s, d| s.saturating_add(*d)) > self.quota;
         for (h, a) in self.hosts.values_mut().zip(allocate(self.quota, &demands)) {
             h.target = a;
         }
@@ -2041,6 +2050,17 @@ mod tests {
         assert!(r.outstanding(1) <= 3000);
         r.expire(10_000_000_000);
         assert_eq!(r.hosts(), 0);
+        // Demands whose sum wraps (u64::MAX + 2 = 1 in release builds, which CI runs):
+        // still oversubscribed.
+        let mut r = RuleAllocator::new(3000, 300, Duration::from_secs(3), 0);
+        for (host, demand) in [("a", u64::MAX), ("b", 2)] {
+            r.report(host, Report { demand, held: 0 }, 1);
+        }
+        r.grant_for("a", 1);
+        assert!(
+            r.oversubscribed,
+            "a fleet asking for everything is oversubscribed"
+        );
     }
 
     proptest! {

@@ -31,8 +31,12 @@ impl PacketSocket {
     /// socket uses protocol 0 and receives nothing.
     pub fn bind(ifindex: u32, receive: bool) -> Result<PacketSocket> {
         let proto = if receive { ETH_P_ALL.to_be() } else { 0 };
+        // Protocol 0 at socket(2): a socket opened with ETH_P_ALL takes in every
+        // interface's frames until bind(2) narrows it to one, and other tests flood the
+        // same addresses on pairs of their own (`tests/harness.rs`). The protocol is set
+        // by the bind, which hooks the socket to `ifindex` alone.
         // SAFETY: plain socket(2).
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
         if raw < 0 {
             return Err(last_err("socket(AF_PACKET)"));
         }
@@ -79,6 +83,37 @@ impl PacketSocket {
         Ok(())
     }
 
+    /// Takes one frame into `buf` (`flags`: `MSG_DONTWAIT` or 0, then the socket's receive
+    /// timeout applies); `None` when none came or a signal interrupted the wait.
+    pub fn recv(&self, buf: &mut [u8], flags: i32) -> Result<Option<ReceivedFrame>> {
+        // SAFETY: an all-zero sockaddr_ll is valid.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut addr_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        // SAFETY: buf and addr are valid for the sizes passed.
+        let n = unsafe {
+            libc::recvfrom(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                flags,
+                (&raw mut addr).cast(),
+                &mut addr_len,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            return match err.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
+                _ => bail!("recvfrom: {err}"),
+            };
+        }
+        Ok(Some(ReceivedFrame {
+            len: (n as usize).min(buf.len()),
+            ifindex: addr.sll_ifindex as u32,
+            outgoing: addr.sll_pkttype == libc::PACKET_OUTGOING,
+        }))
+    }
+
     /// Sends `frames` with one sendmmsg; returns how many the kernel took.
     pub fn send_batch(&self, frames: &[&[u8]]) -> Result<usize> {
         let mut iovs: Vec<libc::iovec> = frames
@@ -112,6 +147,15 @@ impl PacketSocket {
         }
         Ok(n as usize)
     }
+}
+
+/// One frame a [`PacketSocket`] took in: its length in the buffer, the interface it came
+/// through, and whether it was leaving that interface rather than arriving.
+#[derive(Clone, Copy, Debug)]
+pub struct ReceivedFrame {
+    pub len: usize,
+    pub ifindex: u32,
+    pub outgoing: bool,
 }
 
 /// What to send.
@@ -349,7 +393,8 @@ impl Receiver {
         socket.setsockopt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &buf)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
-        let handle = std::thread::spawn(move || receive_loop(&socket, &stop_flag, &filter));
+        let handle =
+            std::thread::spawn(move || receive_loop(&socket, ifindex, &stop_flag, &filter));
         Ok(Receiver {
             stop,
             handle: Some(handle),
@@ -377,36 +422,21 @@ impl Drop for Receiver {
 
 fn receive_loop(
     socket: &PacketSocket,
+    ifindex: u32,
     stop: &AtomicBool,
     filter: &dyn Fn(&[u8]) -> bool,
 ) -> Result<ReceiveReport> {
     let mut report = ReceiveReport::default();
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::Relaxed) {
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        let mut addr_len = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-        // SAFETY: buf and addr are valid for the sizes passed.
-        let n = unsafe {
-            libc::recvfrom(
-                socket.fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                0,
-                (&raw mut addr).cast(),
-                &mut addr_len,
-            )
+        let Some(received) = socket.recv(&mut buf, 0)? else {
+            continue;
         };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            match err.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
-                _ => bail!("recvfrom: {err}"),
-            }
-        }
-        if addr.sll_pkttype == libc::PACKET_OUTGOING {
+        // The bind admits no other interface's frames; a receiver still counts only its own.
+        if received.outgoing || received.ifindex != ifindex {
             continue;
         }
-        if filter(&buf[..n as usize]) {
+        if filter(&buf[..received.len]) {
             report.matched += 1;
         }
     }

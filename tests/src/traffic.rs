@@ -33,8 +33,8 @@ impl PacketSocket {
         let proto = if receive { ETH_P_ALL.to_be() } else { 0 };
         // Protocol 0 at socket(2): a socket opened with ETH_P_ALL takes in every
         // interface's frames until bind(2) narrows it to one, and other tests flood the
-        // same addresses on pairs of their own (`tests/harness.rs`). The protocol is set
-        // by the bind, which hooks the socket to `ifindex` alone.
+        // same addresses on pairs of their own (`tests/tests/harness.rs`). The protocol
+        // is set by the bind, which hooks the socket to `ifindex` alone.
         // SAFETY: plain socket(2).
         let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
         if raw < 0 {

@@ -51,7 +51,7 @@ pub const ALONE: &[&str] = &["abuse", "saturation", "scrape_load", "accuracy"];
 /// beside other work: beside a guest slowed by a loaded machine one of its hosts admitted
 /// 769 frames/s of a 1,000/s share, and two of its tests side by side read 2,920/s of
 /// 3,000 while one started its daemons. At −5 the scheduler gives its runnable threads
-/// three times the weight of a lane's (nice 0) and 28 times the guest's (nice 10), so
+/// three times the weight of a lane's or CI's guest's (nice 0), so
 /// what it needs it gets when it needs it; what it leaves goes to the others.
 pub const PRIORITY: &[&str] = &["fleet"];
 
@@ -78,7 +78,7 @@ pub fn set_thread_nice(nice: i32) -> anyhow::Result<()> {
 
 /// `LIMITER_ALONE_AFTER_PID`: a process (CI's 6.1 guest) the [`ALONE`] files wait for,
 /// so that none runs beside its emulation. With both CPUs busy from the build to the end
-/// of the lanes, the guest (at nice 10, on what the lanes leave) ran past them on a slow
+/// of the lanes, the guest (then at nice 10, on what the lanes left) ran past them on a slow
 /// machine and beside `abuse`, whose two-CPU flood then saw one CPU meter 103 k of 1.3 M
 /// frames and failed; on a fast machine it ends before the lanes do and nothing waits.
 pub const ALONE_AFTER_PID: &str = "LIMITER_ALONE_AFTER_PID";

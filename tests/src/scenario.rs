@@ -16,6 +16,22 @@ use crate::{
     traffic::{PacketSocket, ReceiveReport, Receiver, SendPlan, SendReport},
 };
 
+/// The build `Program::attach` tries first in `mode`: the only one a test that attaches
+/// once needs verified up front. `Program::load` verifies all three builds, each of them
+/// seconds of a guest's emulated verifier (`e2e` in CI's 6.1 guest: 61 s with all three);
+/// a build the attach falls back to (the multi-buffer build at a jumbo MTU) is verified
+/// when it is tried, and every build's verification is `kernel_report`'s check.
+pub fn first_build(
+    mode: limiter_user::config::XdpMode,
+) -> &'static [limiter_user::host::object::Variant] {
+    use limiter_user::{config::XdpMode, host::object::Variant};
+    match mode {
+        XdpMode::Native | XdpMode::Auto => &[Variant::Linear],
+        XdpMode::Generic => &[Variant::MultiBuffer],
+        XdpMode::Tc => &[Variant::Tc],
+    }
+}
+
 /// Address of the sending (peer) end.
 pub const PEER_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// Address the traffic is sent to (the limited end).
@@ -360,11 +376,14 @@ impl Limited {
         };
         let pair = VethPair::new(queues)?;
         let config = Config::parse(config_text, Path::new("<scenario config>"))?;
-        let mut program = Program::load(&LoadOptions {
-            pin_dir: pin_dir.map(Path::to_path_buf),
-            max_sources: config.max_sources,
-            handoff_array: None,
-        })?;
+        let mut program = Program::load_builds(
+            &LoadOptions {
+                pin_dir: pin_dir.map(Path::to_path_buf),
+                max_sources: config.max_sources,
+                handoff_array: None,
+            },
+            first_build(mode),
+        )?;
         let mut maps = program.maps()?;
         let table = apply_rules(&mut maps, &config)?;
         let attachment = program.attach(&pair.host, mode)?;

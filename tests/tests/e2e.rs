@@ -7,7 +7,7 @@ use std::{path::Path, time::Duration};
 
 use limiter_tests::{
     netns::{ip, VethPair},
-    scenario::{flood, flood_timed, model_admits, udp_to_host, PinDir},
+    scenario::{first_build, flood, flood_timed, model_admits, udp_to_host, PinDir},
     tools,
     traffic::SendPlan,
 };
@@ -38,11 +38,14 @@ fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode, expected_variant
         Path::new("<e2e>"),
     )
     .unwrap();
-    let mut program = Program::load(&LoadOptions {
-        pin_dir: Some(pins.path.clone()),
-        max_sources: 1024,
-        handoff_array: None,
-    })
+    let mut program = Program::load_builds(
+        &LoadOptions {
+            pin_dir: Some(pins.path.clone()),
+            max_sources: 1024,
+            handoff_array: None,
+        },
+        first_build(mode),
+    )
     .expect("loading the program");
     let mut maps = program.maps().unwrap();
     let table = apply_rules(&mut maps, &config).unwrap();
@@ -152,11 +155,16 @@ fn jumbo_mtu_runs_the_multi_buffer_build() {
         Path::new("<e2e>"),
     )
     .unwrap();
-    let mut program = Program::load(&LoadOptions {
-        pin_dir: None,
-        max_sources: 1024,
-        handoff_array: None,
-    })
+    // The linear build, as the daemon's native start: the kernel refuses to attach it
+    // at this MTU, and the multi-buffer build is verified and attached instead.
+    let mut program = Program::load_builds(
+        &LoadOptions {
+            pin_dir: None,
+            max_sources: 1024,
+            handoff_array: None,
+        },
+        first_build(XdpMode::Native),
+    )
     .expect("loading the program");
     let mut maps = program.maps().unwrap();
     let table = apply_rules(&mut maps, &config).unwrap();
@@ -202,11 +210,16 @@ fn jumbo_mtu_runs_the_multi_buffer_build() {
 #[test]
 fn maps_are_pinned_with_btf() {
     let pins = PinDir::new();
-    let _program = Program::load(&LoadOptions {
-        pin_dir: Some(pins.path.clone()),
-        max_sources: 1024,
-        handoff_array: None,
-    })
+    // The maps alone (no build verified), as a daemon sharing the hook through libxdp
+    // starts: the loader creates and pins every map before any program is loaded.
+    let _program = Program::load_builds(
+        &LoadOptions {
+            pin_dir: Some(pins.path.clone()),
+            max_sources: 1024,
+            handoff_array: None,
+        },
+        &[],
+    )
     .expect("loading the program");
     for name in limiter_common::abi::map_name::ALL {
         assert!(pins.path.join(name).exists(), "{name} is not pinned");

@@ -26,7 +26,7 @@ use std::{
 use limiter_tests::{
     frame::{self, FrameBuilder},
     netns::{ifindex, ip, spawn_in_netns, VethPair},
-    scenario::PinDir,
+    scenario::{first_build, PinDir},
     traffic::{send, PacketSocket, SendPlan},
 };
 use limiter_user::{
@@ -192,11 +192,14 @@ fn run(mode: XdpMode, encap: Encap, decapsulate: bool) -> (u64, u64, u64, u64, f
         Path::new("<tunnels>"),
     )
     .unwrap();
-    let mut program = Program::load(&LoadOptions {
-        pin_dir: Some(pins.path.clone()),
-        max_sources: 1024,
-        handoff_array: None,
-    })
+    let mut program = Program::load_builds(
+        &LoadOptions {
+            pin_dir: Some(pins.path.clone()),
+            max_sources: 1024,
+            handoff_array: None,
+        },
+        first_build(mode),
+    )
     .expect("loading the program");
     let mut maps = program.maps().unwrap();
     let table = apply_rules(&mut maps, &config).unwrap();

@@ -151,35 +151,106 @@ pub fn wait_for_exit(pid: u32, max: std::time::Duration) {
     }
 }
 
+/// Rows of [`ALONE`] files that need neither CPU to themselves: they run at the end of
+/// the [`PRIORITY`] lane (beside the others, at its nice value), and the rest of their
+/// file alone as before. Each is a substring of test names, as libtest's filters take
+/// them; the alone run skips the same substrings, so every test runs once whatever its
+/// name (a row renamed out of these runs alone, where it always ran; a pattern that
+/// matches no test is an error, [`check_light_parts`]).
+/// `accuracy`'s 1,000/s rows offer at most 10,000 frames/s from one paced sender, and
+/// its malformed rows count frames, not rates: ≈ 28 s of the ≈ 150 s it ran alone, at
+/// 0.3 CPUs.
+pub const LIGHT_ROWS: &[(&str, &[&str])] = &[("accuracy", &["_packets_1k", "_malformed_"])];
+
+/// One test executable's run: the file, and the filters passed to it (none: every test).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part<'a> {
+    pub file: &'a str,
+    pub args: Vec<String>,
+    /// One of [`LIGHT_ROWS`]: named rows, which must match some test.
+    pub light: bool,
+}
+
+impl<'a> Part<'a> {
+    fn whole(file: &'a str) -> Part<'a> {
+        Part {
+            file,
+            args: Vec::new(),
+            light: false,
+        }
+    }
+
+    /// `file` and, when it has some, its filters: how the run names it.
+    pub fn label(&self) -> String {
+        if self.args.is_empty() {
+            self.file.to_string()
+        } else {
+            format!("{} ({})", self.file, self.args.join(" "))
+        }
+    }
+}
+
 /// The files of one run, by lane, each in the order given.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Plan<'a> {
     /// [`WAITING`].
-    pub waiting: Vec<&'a str>,
-    /// [`PRIORITY`].
-    pub priority: Vec<&'a str>,
+    pub waiting: Vec<Part<'a>>,
+    /// [`PRIORITY`], then the [`LIGHT_ROWS`] of the [`ALONE`] files.
+    pub priority: Vec<Part<'a>>,
     /// Every other file (a file not named here lands here), first.
-    pub busy: Vec<&'a str>,
-    /// [`ALONE`], last, in [`ALONE`]'s order.
-    pub alone: Vec<&'a str>,
+    pub busy: Vec<Part<'a>>,
+    /// [`ALONE`], last, in [`ALONE`]'s order, without their [`LIGHT_ROWS`].
+    pub alone: Vec<Part<'a>>,
 }
 
 pub fn plan<'a>(files: &[&'a str]) -> Plan<'a> {
     let mut plan = Plan::default();
     for &file in files {
         if WAITING.contains(&file) {
-            plan.waiting.push(file);
+            plan.waiting.push(Part::whole(file));
         } else if PRIORITY.contains(&file) {
-            plan.priority.push(file);
+            plan.priority.push(Part::whole(file));
         } else if !ALONE.contains(&file) {
-            plan.busy.push(file);
+            plan.busy.push(Part::whole(file));
         }
     }
-    plan.alone = ALONE
-        .iter()
-        .filter_map(|alone| files.iter().find(|&&f| f == *alone).copied())
-        .collect();
+    for &file in ALONE {
+        if !files.contains(&file) {
+            continue;
+        }
+        match LIGHT_ROWS.iter().find(|(f, _)| *f == file) {
+            Some((_, rows)) => {
+                plan.priority.push(Part {
+                    file,
+                    args: rows.iter().map(|r| r.to_string()).collect(),
+                    light: true,
+                });
+                plan.alone.push(Part {
+                    file,
+                    args: rows
+                        .iter()
+                        .flat_map(|r| ["--skip".to_string(), r.to_string()])
+                        .collect(),
+                    light: false,
+                });
+            }
+            None => plan.alone.push(Part::whole(file)),
+        }
+    }
     plan
+}
+
+/// A [`LIGHT_ROWS`] run that ran no test is an error: its patterns name rows that are no
+/// longer there (the rows still run, alone: nothing is lost but the time).
+pub fn check_light_parts(part: &Part, tests_run: usize) -> anyhow::Result<()> {
+    if part.light && tests_run == 0 {
+        anyhow::bail!(
+            "{}: no test matched; lanes::LIGHT_ROWS names rows {} no longer has",
+            part.label(),
+            part.file
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -247,22 +318,74 @@ mod tests {
             "scrape_load",
         ];
         let plan = plan(&files);
-        assert_eq!(plan.waiting, ["replicas"]);
+        fn names<'a>(parts: &[Part<'a>]) -> Vec<&'a str> {
+            parts.iter().map(|p| p.file).collect()
+        }
+        assert_eq!(names(&plan.waiting), ["replicas"]);
         // In ALONE's order, not the files'.
         let at = |f: &&str| ALONE.iter().position(|a| a == f);
-        assert!(
-            plan.alone.windows(2).all(|w| at(&w[0]) < at(&w[1])),
-            "{:?}",
-            plan.alone
-        );
-        let mut alone = plan.alone.clone();
-        alone.sort_unstable();
-        assert_eq!(alone, ["accuracy", "scrape_load"]);
-        assert_eq!(plan.priority, ["fleet"]);
-        assert_eq!(plan.busy, ["cli", "fleet_lab", "new_file"]);
-        let mut all: Vec<&str> = [plan.waiting, plan.priority, plan.busy, plan.alone].concat();
-        all.sort_unstable();
-        assert_eq!(all, files);
+        let alone = names(&plan.alone);
+        assert!(alone.windows(2).all(|w| at(&w[0]) < at(&w[1])), "{alone:?}");
+        let mut sorted = alone.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, ["accuracy", "scrape_load"]);
+        assert_eq!(names(&plan.priority), ["fleet", "accuracy"]);
+        assert_eq!(names(&plan.busy), ["cli", "fleet_lab", "new_file"]);
+        // Every file whole once, but accuracy: its light rows beside the others, the rest
+        // alone.
+        let whole: Vec<&str> = [&plan.waiting, &plan.priority, &plan.busy, &plan.alone]
+            .into_iter()
+            .flatten()
+            .filter(|p| p.args.is_empty())
+            .map(|p| p.file)
+            .collect();
+        let mut whole = whole;
+        whole.sort_unstable();
+        let mut expected: Vec<&str> = files.iter().copied().filter(|f| *f != "accuracy").collect();
+        expected.sort_unstable();
+        assert_eq!(whole, expected);
+    }
+
+    /// libtest runs a test when its name contains any filter, and skips it when it
+    /// contains any `--skip` one: the light run and the alone run of a file take every
+    /// test between them, each once, whatever the names.
+    #[test]
+    fn the_light_rows_and_the_rest_of_their_file_run_every_test_once() {
+        let (file, rows) = LIGHT_ROWS[0];
+        let plan = plan(&[file]);
+        let light = &plan.priority[0];
+        let rest = &plan.alone[0];
+        assert!(light.light && !rest.light, "{plan:?}");
+        let runs = |args: &[String], test: &str| -> bool {
+            let mut filters = Vec::new();
+            let mut skips = Vec::new();
+            let mut it = args.iter();
+            while let Some(a) = it.next() {
+                if a == "--skip" {
+                    skips.push(it.next().expect("--skip takes a pattern").as_str());
+                } else {
+                    filters.push(a.as_str());
+                }
+            }
+            (filters.is_empty() || filters.iter().any(|f| test.contains(f)))
+                && !skips.iter().any(|s| test.contains(s))
+        };
+        let names = [
+            format!("native{}", rows[0]),
+            format!("generic{}frames", rows[rows.len() - 1]),
+            "native_packets_100k".to_string(),
+            "tc_bytes_100mbit".to_string(),
+            "renamed_row".to_string(),
+        ];
+        for name in &names {
+            let (a, b) = (runs(&light.args, name), runs(&rest.args, name));
+            assert!(a != b, "{name}: light run {a}, alone run {b}");
+        }
+        assert!(runs(&light.args, &names[0]) && runs(&light.args, &names[1]));
+        let e = check_light_parts(light, 0).unwrap_err().to_string();
+        assert!(e.contains("LIGHT_ROWS") && e.contains(file), "{e}");
+        assert!(check_light_parts(light, 2).is_ok());
+        assert!(check_light_parts(rest, 0).is_ok());
     }
 
     #[test]
@@ -271,6 +394,10 @@ mod tests {
         assert!(PRIORITY
             .iter()
             .all(|f| !ALONE.contains(f) && !WAITING.contains(f)));
+        // Light rows are rows of a file that otherwise runs alone.
+        assert!(LIGHT_ROWS
+            .iter()
+            .all(|(f, rows)| ALONE.contains(f) && !rows.is_empty()));
     }
 
     /// The nice value set on a lane's thread is what the test executables it starts run

@@ -434,16 +434,19 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
     // the table at the end; the executables in the lanes `lanes::plan` gives.
     let mut exes = guest::test_executables(&build_with_tests(&["--test", "*"], true)?);
     exes.sort();
-    let run = |lane: &[&(std::path::PathBuf, String, std::path::PathBuf)],
-               output: timed_tests::Output| {
+    type Exe = (std::path::PathBuf, String, std::path::PathBuf);
+    let run = |lane: &[(&Exe, &lanes::Part)], output: timed_tests::Output| {
         let mut timings = Vec::new();
         let mut failed = Vec::new();
-        for (dir, file, exe) in lane {
-            match timed_tests::run(exe, file, dir, &[], output) {
+        for ((dir, file, exe), part) in lane {
+            match timed_tests::run(exe, file, dir, &part.args, output) {
                 Ok((passed, t)) => {
+                    if let Err(e) = lanes::check_light_parts(part, t.len()) {
+                        failed.push(format!("{e:#}"));
+                    }
                     timings.extend(t);
                     if !passed {
-                        failed.push(format!("test target {file} failed"));
+                        failed.push(format!("test target {} failed", part.label()));
                     }
                 }
                 Err(e) => failed.push(format!("{e:#}")),
@@ -454,27 +457,41 @@ fn test(selection: &[String], no_run: bool) -> Result<()> {
     let files: Vec<&str> = exes.iter().map(|(_, f, _)| f.as_str()).collect();
     let plan = lanes::plan(&files);
     // In the plan's order.
-    let pick = |names: &[&str]| -> Vec<_> {
-        names
+    fn pick<'e, 'p>(
+        exes: &'e [Exe],
+        parts: &'p [lanes::Part<'p>],
+    ) -> Vec<(&'e Exe, &'p lanes::Part<'p>)> {
+        parts
             .iter()
-            .filter_map(|name| exes.iter().find(|(_, f, _)| f == name))
+            .filter_map(|part| {
+                exes.iter()
+                    .find(|(_, f, _)| f == part.file)
+                    .map(|exe| (exe, part))
+            })
             .collect()
-    };
+    }
     let (waiting, priority, busy, alone) = (
-        pick(&plan.waiting),
-        pick(&plan.priority),
-        pick(&plan.busy),
-        pick(&plan.alone),
+        pick(&exes, &plan.waiting),
+        pick(&exes, &plan.priority),
+        pick(&exes, &plan.busy),
+        pick(&exes, &plan.alone),
     );
+    let labels = |parts: &[lanes::Part]| {
+        parts
+            .iter()
+            .map(lanes::Part::label)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!(
         "\nxtask: {} test files in three lanes side by side (beside the others: {}; at nice \
          {}: {}), then {} that need the CPUs to themselves, one at a time ({})",
         waiting.len() + priority.len() + busy.len(),
-        plan.waiting.join(", "),
+        labels(&plan.waiting),
         lanes::PRIORITY_NICE,
-        plan.priority.join(", "),
+        labels(&plan.priority),
         alone.len(),
-        plan.alone.join(", ")
+        labels(&plan.alone)
     );
     let mut timings = Vec::new();
     std::thread::scope(|scope| {

@@ -32,6 +32,21 @@ pub fn first_build(
     }
 }
 
+/// The program for a test that attaches once in `mode`: its [`first_build`] verified,
+/// the maps pinned under `pins`, room for 1,024 sources.
+pub fn load_for(
+    mode: limiter_user::config::XdpMode,
+    pins: &PinDir,
+) -> Result<limiter_user::attach::program::Program> {
+    use limiter_user::attach::program::{LoadOptions, Program};
+    let opts = LoadOptions {
+        pin_dir: Some(pins.path.clone()),
+        max_sources: 1024,
+        handoff_array: None,
+    };
+    Program::load_builds(&opts, first_build(mode)).context("loading the program")
+}
+
 /// Address of the sending (peer) end.
 pub const PEER_V4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// Address the traffic is sent to (the limited end).

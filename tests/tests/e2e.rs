@@ -7,7 +7,7 @@ use std::{path::Path, time::Duration};
 
 use limiter_tests::{
     netns::{ip, VethPair},
-    scenario::{first_build, flood, flood_timed, model_admits, udp_to_host, PinDir},
+    scenario::{first_build, flood, flood_timed, load_for, model_admits, udp_to_host, PinDir},
     tools,
     traffic::SendPlan,
 };
@@ -38,15 +38,7 @@ fn rate_is_enforced(mode: XdpMode, expected_mode: AttachedMode, expected_variant
         Path::new("<e2e>"),
     )
     .unwrap();
-    let mut program = Program::load_builds(
-        &LoadOptions {
-            pin_dir: Some(pins.path.clone()),
-            max_sources: 1024,
-            handoff_array: None,
-        },
-        first_build(mode),
-    )
-    .expect("loading the program");
+    let mut program = load_for(mode, &pins).unwrap();
     let mut maps = program.maps().unwrap();
     let table = apply_rules(&mut maps, &config).unwrap();
     let slot = table.slots["e2e"];

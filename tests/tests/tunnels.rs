@@ -26,11 +26,10 @@ use std::{
 use limiter_tests::{
     frame::{self, FrameBuilder},
     netns::{ifindex, ip, spawn_in_netns, VethPair},
-    scenario::{first_build, PinDir},
+    scenario::{load_for, PinDir},
     traffic::{send, PacketSocket, SendPlan},
 };
 use limiter_user::{
-    attach::program::{LoadOptions, Program},
     config::{Config, XdpMode},
     daemon::{apply_rules, apply_tunnels},
 };
@@ -192,15 +191,7 @@ fn run(mode: XdpMode, encap: Encap, decapsulate: bool) -> (u64, u64, u64, u64, f
         Path::new("<tunnels>"),
     )
     .unwrap();
-    let mut program = Program::load_builds(
-        &LoadOptions {
-            pin_dir: Some(pins.path.clone()),
-            max_sources: 1024,
-            handoff_array: None,
-        },
-        first_build(mode),
-    )
-    .expect("loading the program");
+    let mut program = load_for(mode, &pins).unwrap();
     let mut maps = program.maps().unwrap();
     let table = apply_rules(&mut maps, &config).unwrap();
     apply_tunnels(&mut maps, &config).unwrap();

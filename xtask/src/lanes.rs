@@ -340,13 +340,12 @@ mod tests {
         assert_eq!(names(&plan.busy), ["cli", "fleet_lab", "new_file"]);
         // Every file whole once, but accuracy: its light rows beside the others, the rest
         // alone.
-        let whole: Vec<&str> = [&plan.waiting, &plan.priority, &plan.busy, &plan.alone]
+        let mut whole: Vec<&str> = [&plan.waiting, &plan.priority, &plan.busy, &plan.alone]
             .into_iter()
             .flatten()
             .filter(|p| p.args.is_empty())
             .map(|p| p.file)
             .collect();
-        let mut whole = whole;
         whole.sort_unstable();
         let mut expected: Vec<&str> = files.iter().copied().filter(|f| *f != "accuracy").collect();
         expected.sort_unstable();
